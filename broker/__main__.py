@@ -1,0 +1,5 @@
+"""``python -m broker`` is the ``rpcbus`` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,106 @@
+"""The ``rpcbus`` command: ``node``, ``call``, ``demo``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from typing import Any
+
+import click
+
+from . import config as config_mod
+from . import logs
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """rpcbus: a clustered RPC broker. Clients provide and call named RPCs through any node."""
+
+
+def _use_uvloop(wanted: bool) -> str:
+    if wanted:
+        try:
+            import uvloop
+        except ImportError:
+            return "asyncio"
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        return "uvloop"
+    return "asyncio"
+
+
+@main.command()
+@click.option("--host", default=None, help="Address to listen on [127.0.0.1].")
+@click.option("--port", type=int, default=None, help="Port for WebSocket and HTTP (0: any free) [6020].")
+@click.option("--name", default=None, help="Node name [node-<random>].")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="TOML file (see conf/rpcbus.toml).")
+def node(host: str | None, port: int | None, name: str | None, config_file: str | None) -> None:
+    """Run one broker node until SIGTERM or Ctrl-C (then drain and exit 0)."""
+    from .node import Node
+
+    try:
+        cfg = config_mod.load(config_file, overrides={
+            "node": {"host": host, "port": port, "name": name}})
+    except config_mod.ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    node_ = Node(cfg)
+    logs.configure(cfg.log.level, cfg.log.format, node=node_.name)
+    loop_kind = _use_uvloop(cfg.server.uvloop)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, node_.stop)
+        import structlog
+        structlog.get_logger("rpcbus.cli").info("node_starting", loop=loop_kind,
+                                                 host=cfg.node.host, port=cfg.node.port)
+        await node_.run()
+
+    try:
+        asyncio.run(run())
+    except OSError as exc:  # the port is taken, the address is wrong, ...
+        raise click.ClickException(f"cannot listen on {cfg.node.host}:{cfg.node.port}: {exc}")
+
+
+@main.command()
+@click.argument("rpc")
+@click.argument("data", default="null")
+@click.option("--url", default="ws://127.0.0.1:6020", show_default=True,
+              help="Node to connect to.")
+@click.option("--timeout", type=float, default=None, help="Seconds the call may take.")
+def call(rpc: str, data: str, url: str, timeout: float | None) -> None:
+    """Call RPC with DATA (JSON) once and print the answer as JSON (exit 1 on error)."""
+    import clients
+
+    try:
+        payload = json.loads(data)
+    except ValueError as exc:
+        raise click.UsageError(f"DATA is not JSON: {exc}") from None
+
+    async def run() -> Any:
+        async with clients.connect(url) as c:
+            return await c.call(rpc, payload, timeout=timeout)
+
+    logs.configure("warning", "auto")
+    try:
+        result = asyncio.run(run())
+    except clients.RpcError as exc:
+        click.echo(f"{exc.code}: {exc.message}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(result, default=repr))
+
+
+@main.command()
+@click.option("--calls", default=5, show_default=True, help="How many calls the demo makes.")
+def demo(calls: int) -> None:
+    """Start a node, provide two RPCs, call them, show what happens, stop cleanly."""
+    from .demo import run_demo
+
+    logs.configure("warning", "auto")
+    sys.exit(asyncio.run(run_demo(calls)))
+
+
+if __name__ == "__main__":
+    main()

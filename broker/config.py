@@ -1,0 +1,199 @@
+"""One typed configuration: defaults ← TOML file ← ``RPCBUS_SECTION_KEY`` env vars ← CLI flags.
+
+conf/rpcbus.toml lists every option with its default (a test keeps the two in
+step). Unknown sections or keys, in the file or in ``RPCBUS_*`` variables, are
+errors that name the key; so are values of the wrong type or out of range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+ENV_PREFIX = "RPCBUS_"
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the text names the key."""
+
+
+@dataclass
+class NodeSection:
+    name: str = ""              # empty: "node-" + a random suffix
+    host: str = "127.0.0.1"
+    port: int = 6020
+
+
+@dataclass
+class RpcSection:
+    ack_timeout: float = 1.0
+    response_timeout: float = 10.0
+    max_timeout: float = 300.0
+    timer_granularity: float = 0.01
+
+
+@dataclass
+class LimitsSection:
+    max_frame_bytes: int = 1 << 20
+    max_name_length: int = 128
+    max_names_per_message: int = 1000
+    max_invalid_messages: int = 10
+    invalid_window: float = 10.0
+    max_inflight_per_connection: int = 10000
+    max_write_buffer_bytes: int = 64 << 20
+    auth_timeout: float = 10.0
+
+
+@dataclass
+class AuthSection:
+    mode: str = "none"
+
+
+@dataclass
+class ServerSection:
+    ping_interval: float = 20.0
+    ping_timeout: float = 20.0
+    close_timeout: float = 5.0
+    drain_timeout: float = 10.0
+    uvloop: bool = True
+
+
+@dataclass
+class LogSection:
+    level: str = "info"
+    format: str = "auto"
+
+
+@dataclass
+class Config:
+    node: NodeSection = field(default_factory=NodeSection)
+    rpc: RpcSection = field(default_factory=RpcSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
+    auth: AuthSection = field(default_factory=AuthSection)
+    server: ServerSection = field(default_factory=ServerSection)
+    log: LogSection = field(default_factory=LogSection)
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+_CHOICES = {
+    ("auth", "mode"): ("none",),
+    ("log", "level"): ("debug", "info", "warning", "error"),
+    ("log", "format"): ("auto", "json", "console"),
+}
+_MAY_BE_ZERO = {("node", "port"), ("server", "ping_interval"), ("server", "ping_timeout")}
+
+
+def _coerce(key: str, kind: type, value: Any) -> Any:
+    if kind is bool:
+        if isinstance(value, str):
+            low = value.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+        if type(value) is bool:
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        elif type(value) is int:
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if kind is float:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        elif type(value) in (int, float):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def _field_types(section: Any) -> dict[str, type]:
+    hints = {"str": str, "int": int, "float": float, "bool": bool}
+    return {f.name: hints[f.type] for f in dataclasses.fields(section)}
+
+
+def _apply(config: Config, values: Mapping[str, Mapping[str, Any]], origin: str) -> None:
+    for section_name, entries in values.items():
+        section = getattr(config, section_name, None) if section_name in _sections() else None
+        if section is None:
+            raise ConfigError(f"{origin}: unknown section [{section_name}]")
+        if not isinstance(entries, Mapping):
+            raise ConfigError(f"{origin}: [{section_name}] must be a table")
+        types = _field_types(section)
+        for key, value in entries.items():
+            if key not in types:
+                raise ConfigError(f"{origin}: unknown key {section_name}.{key}")
+            setattr(section, key, _coerce(f"{origin}: {section_name}.{key}", types[key], value))
+
+
+def _sections() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(Config))
+
+
+def _env_values(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    sections = sorted(_sections(), key=len, reverse=True)
+    for var, value in env.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        rest = var[len(ENV_PREFIX):].lower()
+        for section in sections:
+            if rest.startswith(section + "_"):
+                out.setdefault(section, {})[rest[len(section) + 1:]] = value
+                break
+        else:
+            raise ConfigError(f"environment: unknown variable {var}")
+    return out
+
+
+def _validate(config: Config) -> None:
+    for section_name in _sections():
+        section = getattr(config, section_name)
+        for key, kind in _field_types(section).items():
+            value = getattr(section, key)
+            choices = _CHOICES.get((section_name, key))
+            if choices is not None and value not in choices:
+                raise ConfigError(f"{section_name}.{key}: must be one of {', '.join(choices)}")
+            if kind in (int, float) and (section_name, key) not in _MAY_BE_ZERO and value <= 0:
+                raise ConfigError(f"{section_name}.{key}: must be positive, got {value}")
+            if kind in (int, float) and value < 0:
+                raise ConfigError(f"{section_name}.{key}: must not be negative, got {value}")
+    if not 0 <= config.node.port <= 65535:
+        raise ConfigError(f"node.port: must be 0-65535, got {config.node.port}")
+    if config.rpc.response_timeout > config.rpc.max_timeout:
+        raise ConfigError("rpc.response_timeout: must not exceed rpc.max_timeout")
+
+
+def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Config:
+    """Build the configuration; raises ConfigError naming the first bad key."""
+    config = Config()
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        _apply(config, data, str(path))
+    _apply(config, _env_values(os.environ if env is None else env), "environment")
+    if overrides:
+        _apply(config, {s: {k: v for k, v in e.items() if v is not None}
+                        for s, e in overrides.items()}, "command line")
+    _validate(config)
+    return config

@@ -1,0 +1,184 @@
+"""One broker node: the websockets server, its sessions, the router, the deadline sweep.
+
+``Node.run()`` serves until ``stop()`` (SIGTERM/SIGINT in ``rpcbus node``), then
+shuts down in bounded steps, like uvicorn: stop listening and report not
+ready; answer new REQUESTs with SHUTTING_DOWN; let calls in flight finish for
+up to ``server.drain_timeout`` seconds; close every connection with 1001
+(going away); return. Cancelling ``run()`` skips the drain and closes at once.
+
+The same port answers plain HTTP through websockets' ``process_request``:
+``GET /healthz`` (200 when serving, 503 otherwise) and ``GET /stats`` (JSON
+counters: the router's outcomes and drops, frames and messages per direction).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections import Counter
+from typing import Any
+
+import structlog
+from websockets.asyncio.server import serve
+from websockets.frames import CloseCode
+
+from .config import Config
+from .router import Router
+from .session import Session
+
+log = structlog.get_logger("rpcbus.node")
+
+
+class Node:
+    """Composition root of one node; see the module docstring for its life."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.name = config.node.name or f"node-{secrets.token_hex(3)}"
+        self.router = Router(
+            ack_timeout=config.rpc.ack_timeout,
+            response_timeout=config.rpc.response_timeout,
+            max_timeout=config.rpc.max_timeout,
+            granularity=config.rpc.timer_granularity,
+            max_name=config.limits.max_name_length,
+            now=time.monotonic(),  # asyncio's clock
+        )
+        self.sessions: set[Session] = set()
+        self.stats: Counter[str] = Counter()
+        self.ready = False
+        self.draining = False
+        self.url = ""
+        self.port = 0
+        self._session_seq = 0
+        self._started = time.time()
+        self._stop = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._closed_totals: Counter[str] = Counter()
+
+    # -- life ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Begin the graceful shutdown (safe to call more than once, from a signal handler)."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        cfg = self.config
+        if cfg.auth.mode == "none":
+            log.warning("auth_disabled", detail="every client may provide and call anything",
+                        loopback_only=cfg.node.host in ("127.0.0.1", "::1", "localhost"))
+        server = await serve(
+            self._handler, cfg.node.host, cfg.node.port,
+            process_request=self._http,
+            create_connection=self._new_session,
+            compression=None,
+            max_size=cfg.limits.max_frame_bytes,
+            ping_interval=cfg.server.ping_interval or None,
+            ping_timeout=cfg.server.ping_timeout or None,
+            close_timeout=cfg.server.close_timeout,
+            server_header=None,
+        )
+        ticker = asyncio.create_task(self._tick_forever(), name="rpcbus-ticker")
+        try:
+            self.port = server.sockets[0].getsockname()[1]
+            host = cfg.node.host if ":" not in cfg.node.host else f"[{cfg.node.host}]"
+            self.url = f"ws://{host}:{self.port}"
+            self.ready = True
+            log.info("node_ready", node=self.name, url=self.url, port=self.port)
+            await self._stop.wait()
+            await self._shutdown(server)
+        finally:
+            ticker.cancel()
+            server.close(close_connections=True)
+            await server.wait_closed()
+            log.info("node_stopped", node=self.name, **self.router.stats.as_dict())
+
+    async def _shutdown(self, server: Any) -> None:
+        self.ready = False
+        self.draining = True
+        server.server.close()  # stop listening; existing connections stay
+        pending = self.router.pending
+        log.info("node_draining", node=self.name, pending=pending,
+                 deadline_s=self.config.server.drain_timeout)
+        if pending:
+            try:
+                async with asyncio.timeout(self.config.server.drain_timeout):
+                    await self._drained.wait()
+            except TimeoutError:
+                log.warning("drain_timeout", node=self.name, abandoned=self.router.pending)
+        for session in list(self.sessions):
+            session.flush()
+            session.fail_now(CloseCode.GOING_AWAY, "node shutting down")
+
+    async def _tick_forever(self) -> None:
+        """The one timer of the node: sweeps deadlines every ``rpc.timer_granularity``."""
+        loop = asyncio.get_running_loop()
+        interval = self.config.rpc.timer_granularity
+        router = self.router
+        while True:
+            await asyncio.sleep(interval)
+            router.tick(loop.time())
+            if self.draining and router.pending == 0:
+                self._drained.set()
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def _new_session(self, protocol: Any, server: Any, **kwargs: Any) -> Session:
+        return Session(protocol, server, node=self, **kwargs)
+
+    async def _handler(self, session: Session) -> None:
+        """websockets' per-connection coroutine: the session works from callbacks, so wait."""
+        self.sessions.add(session)
+        self.stats["connections"] += 1
+        try:
+            await session.wait_closed()
+        finally:
+            self.sessions.discard(session)
+
+    def new_session_id(self) -> str:
+        self._session_seq += 1
+        return f"s{self._session_seq}"
+
+    def session_closed(self, session: Session) -> None:
+        self.router.drop_peer(session, asyncio.get_running_loop().time())
+        totals = self._closed_totals
+        totals["frames_in"] += session.frames_in
+        totals["frames_out"] += session.frames_out
+        totals["messages_out"] += session.messages_out
+        totals["dropped_out"] += session.dropped_out
+
+    # -- HTTP ----------------------------------------------------------------------------
+
+    def _http(self, connection: Any, request: Any) -> Any:
+        path = request.path.split("?", 1)[0]
+        if path == "/healthz":
+            if self.ready:
+                return connection.respond(200, "ok\n")
+            return connection.respond(503, "draining\n" if self.draining else "starting\n")
+        if path == "/stats":
+            response = connection.respond(200, json.dumps(self.snapshot()) + "\n")
+            response.headers["Content-Type"] = "application/json"
+            return response
+        return None  # everything else: the WebSocket handshake
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters for /stats and the benchmarks: outcomes, drops, frames and messages."""
+        totals = Counter(self._closed_totals)
+        for s in self.sessions:
+            totals["frames_in"] += s.frames_in
+            totals["frames_out"] += s.frames_out
+            totals["messages_out"] += s.messages_out
+            totals["dropped_out"] += s.dropped_out
+        return {
+            "node": self.name,
+            "url": self.url,
+            "state": "draining" if self.draining else ("ready" if self.ready else "starting"),
+            "uptime_s": round(time.time() - self._started, 3),
+            "sessions": len(self.sessions),
+            "pending": self.router.pending,
+            "timers": self.router.timers,
+            "providers": self.router.provider_counts(),
+            "router": self.router.stats.as_dict(),
+            "io": {**dict(self.stats), **dict(totals)},
+        }

@@ -1,0 +1,95 @@
+"""Start and stop a node as a child process: for the demo, the benchmarks and the tests.
+
+The child logs JSON lines on stderr; a reader thread keeps the last lines and
+notices ``node_ready`` (which carries the URL, so ``--port 0`` works).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+
+class NodeProcess:
+    """One ``rpcbus node`` child; ``start()`` returns once it serves, ``stop()`` drains it."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None,
+                 echo: bool = False) -> None:
+        self.args = ["--port", "0", *args] if "--port" not in args else list(args)
+        self.env = {**os.environ, "RPCBUS_LOG_FORMAT": "json", **(env or {})}
+        self.echo = echo
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.name = ""
+        self.lines: collections.deque[dict[str, Any]] = collections.deque(maxlen=2000)
+        self._ready = threading.Event()
+
+    def start(self, timeout: float = 30.0) -> "NodeProcess":
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "broker", "node", *self.args],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env=self.env)
+        threading.Thread(target=self._read, daemon=True, name="node-log-reader").start()
+        if not self._ready.wait(timeout) or not self.url:
+            self.kill()
+            tail = "\n".join(json.dumps(line) for line in list(self.lines)[-20:])
+            raise RuntimeError(f"node did not become ready within {timeout}s:\n{tail}")
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            text = raw.decode(errors="replace").rstrip()
+            if self.echo:
+                print(text, file=sys.stderr)
+            try:
+                line = json.loads(text)
+            except ValueError:
+                line = {"event": "raw", "text": text}
+            if not isinstance(line, dict):
+                line = {"event": "raw", "text": text}
+            self.lines.append(line)
+            if line.get("event") == "node_ready":
+                self.url, self.name = line["url"], line["node"]
+                self._ready.set()
+        self._ready.set()  # exited: let start() report it
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [line for line in list(self.lines) if line.get("event") == name]
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM (graceful drain), then SIGKILL after ``timeout``; returns the exit code."""
+        if self.proc is None:
+            return 0
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "NodeProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,306 @@
+"""The RPC routing state machine of one node. Pure: no sockets, no clock, no tasks.
+
+Events come in as method calls (a request from a caller, an accept, answer,
+reject or error from a provider, a peer gone, a ``tick`` with ``now``);
+messages go out through ``peer.send(msg)`` on the peers involved. The node
+shell (broker/node.py) feeds it and flushes what peers were sent.
+
+Per call (docs/protocol.md has the diagram)::
+
+    request ──▶ choose an untried provider ──▶ AWAIT_ACK ──accept──▶ ACCEPTED
+                        ▲                         │  │                 │
+                        └── reject / ack timeout ─┘  └─── answer ──────┴──▶ done
+                            / provider gone           (RESPONSE or ERROR)
+
+* Every attempt gets a fresh id assigned here; only the provider chosen for
+  that attempt can accept, answer or reject it. Anything else is dropped and
+  counted (``late`` for ids no longer pending, ``foreign`` for the wrong peer).
+* A finished call leaves every table at once (the call map and the deadlines).
+* Exactly one outcome reaches the caller: RESPONSE, or ERROR with one of
+  NO_PROVIDER, RESPONSE_TIMEOUT, PROVIDER_ERROR, PROVIDER_GONE, INVALID_MESSAGE.
+  The response deadline is never retried (the provider may have run the call).
+* No attempt starts once the call's time is up.
+
+A peer is any object with ``send(msg)``, ``closed`` (bool), ``label`` (how
+providers see it as a caller), ``inflight`` (calls it made that are pending,
+kept up to date here) and ``provides`` (a set of names, kept here).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Protocol
+
+from clients import errors
+from clients.deadlines import Deadlines
+from clients.protocol import (
+    CANCEL,
+    DEFAULT_MAX_NAME,
+    ERROR,
+    MAX_ERROR_MESSAGE,
+    REQUEST,
+    RESPONSE,
+    valid_name,
+)
+
+
+class Peer(Protocol):
+    closed: bool
+    label: str
+    inflight: int
+    provides: set[str]
+
+    def send(self, msg: list[Any]) -> None: ...
+
+
+class Call:
+    """One call from a caller, across all its attempts."""
+
+    __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
+                 "accepted", "tried", "slot")
+
+    def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float) -> None:
+        self.id = 0                       # the current attempt's id
+        self.caller = caller
+        self.cid = cid                    # the caller's own id for the call
+        self.name = name
+        self.data = data
+        self.deadline = deadline
+        self.provider: Peer | None = None
+        self.accepted = False
+        self.tried: set[Peer] | None = None  # earlier providers; None while on the first
+        self.slot = 0                     # where the current deadline is filed
+
+
+class RouterStats:
+    """Counters; every drop is counted here (the node logs and exports them)."""
+
+    __slots__ = ("calls", "ok", "provider_errors", "no_provider", "response_timeouts",
+                 "ack_timeouts", "rejects", "provider_gone", "retries", "late", "foreign",
+                 "discarded", "invalid_names")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Router:
+    """Calls, attempts, deadlines and the choice of provider for one node."""
+
+    def __init__(self, *, ack_timeout: float, response_timeout: float, max_timeout: float,
+                 now: float, granularity: float = 0.01, max_name: int = DEFAULT_MAX_NAME,
+                 rand: Callable[[], float] = random.random) -> None:
+        self.ack_timeout = ack_timeout
+        self.response_timeout = response_timeout
+        self.max_timeout = max_timeout
+        self.max_name = max_name
+        self._rand = rand
+        self._providers: dict[str, list[Peer]] = {}
+        self._calls: dict[int, Call] = {}
+        self._provider_peers: set[Peer] = set()  # peers that ever provided: only they hold attempts
+        self._deadlines = Deadlines(granularity, now)
+        self._seq = 0
+        self.stats = RouterStats()
+
+    # -- what a node can be asked about ------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Attempts in flight (each call has exactly one at a time)."""
+        return len(self._calls)
+
+    @property
+    def timers(self) -> int:
+        return len(self._deadlines)
+
+    def providers_of(self, name: str) -> list[Peer]:
+        return list(self._providers.get(name, ()))
+
+    def provider_counts(self) -> dict[str, int]:
+        return {name: len(peers) for name, peers in self._providers.items()}
+
+    # -- providers -----------------------------------------------------------------
+
+    def provide(self, peer: Peer, names: list[str]) -> None:
+        """Add ``peer`` as a provider of each name (idempotent)."""
+        self._provider_peers.add(peer)
+        for name in names:
+            peers = self._providers.setdefault(name, [])
+            if peer not in peers:
+                peers.append(peer)
+            peer.provides.add(name)
+
+    def unprovide(self, peer: Peer, names: list[str]) -> None:
+        """Stop choosing ``peer`` for these names; its calls in flight go on."""
+        for name in names:
+            peers = self._providers.get(name)
+            if peers is not None and peer in peers:
+                peers.remove(peer)
+                if not peers:
+                    del self._providers[name]
+            peer.provides.discard(name)
+
+    def drop_peer(self, peer: Peer, now: float) -> None:
+        """``peer`` disconnected: unaccepted attempts go elsewhere, accepted ones fail now.
+
+        Calls it made as a caller finish as usual; their outcomes are discarded
+        (counted) because the peer is closed.
+        """
+        if peer not in self._provider_peers:
+            return
+        self._provider_peers.discard(peer)
+        self.unprovide(peer, list(peer.provides))
+        for call in [c for c in self._calls.values() if c.provider is peer]:
+            if call.accepted:
+                self._end_attempt(call)
+                self.stats.provider_gone += 1
+                self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
+                                      f"the provider of {call.name!r} disconnected"])
+            else:
+                self._retry(call, now)
+
+    # -- calls -----------------------------------------------------------------------
+
+    def request(self, caller: Peer, cid: int, name: str, data: Any,
+                timeout_ms: int | None, now: float) -> None:
+        """A caller's REQUEST: choose a provider and send it the call, or answer an error."""
+        self.stats.calls += 1
+        caller.inflight += 1
+        if timeout_ms is None:
+            deadline = now + self.response_timeout
+        else:
+            timeout = timeout_ms / 1000.0
+            deadline = now + (timeout if timeout < self.max_timeout else self.max_timeout)
+        call = Call(caller, cid, name, data, deadline)
+        providers = self._providers.get(name)
+        if providers is None:
+            if not valid_name(name, self.max_name):
+                self.stats.invalid_names += 1
+                self._conclude(call, [ERROR, cid, errors.INVALID_MESSAGE,
+                                      f"invalid rpc name {name[:64]!r}"])
+                return
+            self.stats.no_provider += 1
+            self._conclude(call, [ERROR, cid, errors.NO_PROVIDER, f"no provider for {name!r}"])
+            return
+        self._dispatch(call, providers, now)
+
+    def accept(self, peer: Peer, attempt: int, now: float) -> None:
+        """The provider took the call: from now on only the response deadline applies."""
+        call = self._attempt_of(peer, attempt)
+        if call is None or call.accepted:
+            return
+        call.accepted = True
+        self._deadlines.remove(call.slot, attempt)
+        call.slot = self._deadlines.add(attempt, call, call.deadline)
+
+    def respond(self, peer: Peer, attempt: int, data: Any) -> None:
+        """The provider's answer (an implicit accept): pass it to the caller."""
+        call = self._attempt_of(peer, attempt)
+        if call is None:
+            return
+        self._end_attempt(call)
+        self.stats.ok += 1
+        self._conclude(call, [RESPONSE, call.cid, data])
+
+    def provider_error(self, peer: Peer, attempt: int, message: str) -> None:
+        """The provider's handler failed: the caller gets PROVIDER_ERROR with its message."""
+        call = self._attempt_of(peer, attempt)
+        if call is None:
+            return
+        self._end_attempt(call)
+        self.stats.provider_errors += 1
+        self._conclude(call, [ERROR, call.cid, errors.PROVIDER_ERROR,
+                              message[:MAX_ERROR_MESSAGE]])
+
+    def reject(self, peer: Peer, attempt: int, now: float) -> None:
+        """The provider declined: the call goes to another provider not yet tried."""
+        call = self._attempt_of(peer, attempt)
+        if call is None:
+            return
+        self.stats.rejects += 1
+        self._end_attempt(call)
+        self._retry(call, now)
+
+    def tick(self, now: float) -> None:
+        """Apply every deadline due by ``now``: ack timeouts retry, response timeouts fail."""
+        for call in self._deadlines.expire(now):
+            del self._calls[call.id]
+            provider = call.provider
+            if not provider.closed:
+                provider.send([CANCEL, call.id])
+            if now >= call.deadline:
+                self.stats.response_timeouts += 1
+                self._conclude(call, [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
+                                           f"no response from {call.name!r} in time"])
+            else:
+                self.stats.ack_timeouts += 1
+                self._retry(call, now)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _attempt_of(self, peer: Peer, attempt: int) -> Call | None:
+        call = self._calls.get(attempt)
+        if call is None:
+            self.stats.late += 1
+            return None
+        if call.provider is not peer:
+            self.stats.foreign += 1
+            return None
+        return call
+
+    def _dispatch(self, call: Call, providers: list[Peer], now: float) -> None:
+        tried = call.tried
+        if tried is None:
+            candidates = providers
+        else:
+            candidates = [p for p in providers if p not in tried]
+        n = len(candidates)
+        if n == 0:
+            self.stats.no_provider += 1
+            self._conclude(call, [ERROR, call.cid, errors.NO_PROVIDER,
+                                  f"no provider of {call.name!r} took the call"])
+            return
+        left = call.deadline - now
+        if left <= 0:
+            self.stats.response_timeouts += 1
+            self._conclude(call, [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
+                                  f"time ran out before a provider of {call.name!r} took the call"])
+            return
+        provider = candidates[0] if n == 1 else candidates[int(self._rand() * n)]
+        self._seq += 1
+        attempt = self._seq
+        call.id = attempt
+        call.provider = provider
+        call.accepted = False
+        self._calls[attempt] = call
+        due = now + self.ack_timeout
+        if due > call.deadline:
+            due = call.deadline
+        call.slot = self._deadlines.add(attempt, call, due)
+        provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
+                       call.caller.label])
+
+    def _retry(self, call: Call, now: float) -> None:
+        """Move a call (already out of the tables) to another untried provider."""
+        self.stats.retries += 1
+        if call.tried is None:
+            call.tried = {call.provider}
+        else:
+            call.tried.add(call.provider)
+        self._dispatch(call, self._providers.get(call.name, ()), now)
+
+    def _end_attempt(self, call: Call) -> None:
+        """The current attempt leaves every table (the call map and the deadlines)."""
+        del self._calls[call.id]
+        self._deadlines.remove(call.slot, call.id)
+
+    def _conclude(self, call: Call, msg: list[Any]) -> None:
+        """The call's one outcome; the call must already be out of every table."""
+        call.caller.inflight -= 1
+        if call.caller.closed:
+            self.stats.discarded += 1
+        else:
+            call.caller.send(msg)

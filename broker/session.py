@@ -1,0 +1,242 @@
+"""One client connection to the node: AUTH, input checks, limits, and the router's peer.
+
+A ``Session`` is the websockets ``ServerConnection`` for that client (the node
+passes it as ``create_connection``), with ``FrameIO`` taking data frames as
+they arrive. Each frame is decoded once, each message checked
+(clients/protocol.py) and handed to the router; nothing here creates a Task.
+
+Bad input never takes the node down: a malformed message gets
+``ERROR INVALID_MESSAGE`` naming the problem and a strike; more than
+``limits.max_invalid_messages`` strikes within ``limits.invalid_window``
+seconds close the connection (code 1008). A session with
+``limits.max_inflight_per_connection`` calls pending stops being read until
+half of them have finished (backpressure instead of unbounded memory).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from websockets.asyncio.server import ServerConnection
+from websockets.frames import CloseCode
+from websockets.protocol import OPEN
+
+from clients import errors
+from clients.protocol import (
+    ACCEPT,
+    AUTH,
+    AUTH_OK,
+    ERROR,
+    MAX_ID,
+    OK,
+    PING,
+    PONG,
+    PROTOCOL_VERSION,
+    PROVIDE,
+    REJECT,
+    REQUEST,
+    RESPONSE,
+    UNPROVIDE,
+    ProtocolError,
+    check_from_client,
+    decode,
+)
+from clients.transport import FrameIO
+
+if TYPE_CHECKING:
+    from .node import Node
+
+log = structlog.get_logger("rpcbus.session")
+
+
+class Session(FrameIO, ServerConnection):
+    """A client of this node, as caller and provider (the router's ``Peer``)."""
+
+    def __init__(self, protocol: Any, server: Any, *, node: "Node", **kwargs: Any) -> None:
+        super().__init__(protocol, server, **kwargs)
+        self._init_frame_io()
+        limits = node.config.limits
+        self.node = node
+        self.router = node.router
+        self.sid = node.new_session_id()
+        self.label = self.sid            # how providers see this client as a caller
+        self.closed = False
+        self.authenticated = False
+        self.inflight = 0
+        self.provides: set[str] = set()
+        self.max_out_frame = limits.max_frame_bytes
+        self.max_write_buffer = limits.max_write_buffer_bytes
+        self._max_inflight = limits.max_inflight_per_connection
+        self._reading_paused = False
+        self._strikes = 0
+        self._strike_window_end = 0.0
+        self._auth_timer: Any = None
+
+    # -- websockets hooks --------------------------------------------------------------
+
+    def process_event(self, event: Any) -> None:
+        if self.request is None:          # the handshake request
+            ServerConnection.process_event(self, event)
+        else:
+            self._frame_event(event)
+
+    def _control_event(self, event: Any) -> None:
+        ServerConnection.process_event(self, event)
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._auth_timer = self.loop.call_later(self.node.config.limits.auth_timeout,
+                                                self._auth_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.closed = True
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        self.dropped_out += len(self._out)
+        self._out = []
+        self.node.session_closed(self)
+
+    def _auth_timeout(self) -> None:
+        self._auth_timer = None
+        if not self.authenticated and not self.closed:
+            log.info("auth_timeout", session=self.sid)
+            self.fail_now(CloseCode.POLICY_VIOLATION, "no AUTH in time")
+
+    def flush(self) -> None:
+        super().flush()
+        if self._reading_paused and self.inflight <= self._max_inflight // 2 and not self.closed:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
+        self.dropped_out += 1
+        log.error("unencodable_message", session=self.sid, kind=msg[0], error=str(exc))
+        if msg[0] == RESPONSE:  # the caller must still get its one outcome
+            return [ERROR, msg[1], errors.PROVIDER_ERROR, "the response could not be encoded"]
+        return None
+
+    def on_slow_consumer(self) -> None:
+        self.node.stats["slow_consumers"] += 1
+        log.warning("slow_consumer_closed", session=self.sid,
+                    buffered=self.transport.get_write_buffer_size())
+        super().on_slow_consumer()
+
+    # -- input -------------------------------------------------------------------------
+
+    def text_received(self) -> None:
+        self.invalid(None, "text frames are not supported; send binary msgpack frames")
+
+    def frame_received(self, data: bytes) -> None:
+        try:
+            msgs = decode(data)
+        except ProtocolError as exc:
+            self.invalid(None, str(exc))
+            return
+        self.node.stats["messages_in"] += len(msgs)
+        try:
+            self._handle(msgs)
+        except Exception:  # a bug here must cost one frame, never the node
+            self.node.stats["internal_errors"] += 1
+            log.exception("frame_handling_failed", session=self.sid)
+        if self.inflight >= self._max_inflight and not self._reading_paused and not self.closed:
+            self._reading_paused = True
+            self.node.stats["reads_paused"] += 1
+            self.transport.pause_reading()
+
+    def _handle(self, msgs: list[list[Any]]) -> None:
+        router = self.router
+        node = self.node
+        limits = node.config.limits
+        max_name = limits.max_name_length
+        max_names = limits.max_names_per_message
+        now = self.loop.time()
+        for msg in msgs:
+            problem = check_from_client(msg, max_name, max_names)
+            if problem is not None:
+                self.invalid(_ref_of(msg), problem)
+                if self.closed or self.protocol.state is not OPEN:
+                    return
+                continue
+            kind = msg[0]
+            if not self.authenticated:
+                if kind == AUTH:
+                    self._auth(msg[1])
+                else:
+                    self.send([ERROR, _ref_of(msg), errors.NOT_AUTHENTICATED,
+                               "the first message must be AUTH"])
+                    self._strike()
+                continue
+            if kind == REQUEST:
+                if node.draining:
+                    self.send([ERROR, msg[1], errors.SHUTTING_DOWN, "the node is shutting down"])
+                else:
+                    router.request(self, msg[1], msg[2], msg[3], msg[4], now)
+            elif kind == RESPONSE:
+                router.respond(self, msg[1], msg[2])
+            elif kind == ACCEPT:
+                router.accept(self, msg[1], now)
+            elif kind == REJECT:
+                router.reject(self, msg[1], now)
+            elif kind == ERROR:
+                router.provider_error(self, msg[1], msg[3])
+            elif kind == PROVIDE:
+                router.provide(self, msg[2])
+                self.send([OK, msg[1]])
+            elif kind == UNPROVIDE:
+                router.unprovide(self, msg[2])
+                self.send([OK, msg[1]])
+            elif kind == PING:
+                self.send([PONG, msg[1] if len(msg) > 1 else None])
+            elif kind == AUTH:
+                self.invalid(None, "already authenticated")
+            # PONG: nothing to do
+
+    def _auth(self, params: dict[str, Any]) -> None:
+        name = params.get("name")
+        if name is not None:
+            if type(name) is not str or not 0 < len(name) <= 128:
+                self.invalid(None, "AUTH name must be a string of 1-128 characters")
+                return
+            self.label = f"{name}@{self.sid}"
+        self.authenticated = True
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        limits = self.node.config.limits
+        self.send([AUTH_OK, {
+            "node": self.node.name,
+            "session": self.sid,
+            "protocol": PROTOCOL_VERSION,
+            "max_frame": limits.max_frame_bytes,
+            "max_inflight": limits.max_inflight_per_connection,
+            "ack_timeout_ms": int(self.node.config.rpc.ack_timeout * 1000),
+            "response_timeout_ms": int(self.node.config.rpc.response_timeout * 1000),
+        }])
+
+    def invalid(self, ref: int | None, reason: str) -> None:
+        """Answer a malformed message with INVALID_MESSAGE and count a strike."""
+        self.node.stats["invalid_messages"] += 1
+        self.send([ERROR, ref, errors.INVALID_MESSAGE, reason])
+        self._strike()
+
+    def _strike(self) -> None:
+        now = self.loop.time()
+        if now >= self._strike_window_end:
+            self._strikes = 0
+            self._strike_window_end = now + self.node.config.limits.invalid_window
+        self._strikes += 1
+        if self._strikes > self.node.config.limits.max_invalid_messages:
+            self.node.stats["closed_for_garbage"] += 1
+            log.warning("closing_garbage_sender", session=self.sid, strikes=self._strikes)
+            self.flush()
+            self.fail_now(CloseCode.POLICY_VIOLATION, "too many invalid messages")
+
+
+def _ref_of(msg: list[Any]) -> int | None:
+    """The id a reply to ``msg`` should carry, when it has a usable one."""
+    if len(msg) > 1 and type(msg[1]) is int and 0 <= msg[1] <= MAX_ID:
+        return msg[1]
+    return None

@@ -1,0 +1,123 @@
+"""Errors raised by the SDK, each carrying a stable string ``code`` from the wire.
+
+The tree::
+
+    RpcError                      code: any string; the root, catch it to catch them all
+    ├── NoProviderError           NO_PROVIDER        nobody provides the name (or all refused)
+    ├── ResponseTimeoutError      RESPONSE_TIMEOUT   no answer within the call's deadline
+    ├── ProviderError             PROVIDER_ERROR     the provider's handler raised
+    ├── ProviderGoneError         PROVIDER_GONE      the provider left after accepting the call
+    ├── InvalidMessageError       INVALID_MESSAGE    the node refused what we sent
+    ├── NotAuthenticatedError     NOT_AUTHENTICATED  no or failed AUTH
+    ├── PermissionDeniedError     PERMISSION_DENIED
+    ├── RateLimitedError          RATE_LIMITED
+    ├── ClusterUnavailableError   CLUSTER_UNAVAILABLE
+    ├── ShuttingDownError         SHUTTING_DOWN      the node is draining
+    └── ConnectionLostError       CONNECTION_LOST    raised by the SDK itself
+
+``Reject`` is not an error a caller sees: a provider's handler raises it to hand
+the call to another provider.
+"""
+
+from __future__ import annotations
+
+NO_PROVIDER = "NO_PROVIDER"
+RESPONSE_TIMEOUT = "RESPONSE_TIMEOUT"
+PROVIDER_ERROR = "PROVIDER_ERROR"
+PROVIDER_GONE = "PROVIDER_GONE"
+INVALID_MESSAGE = "INVALID_MESSAGE"
+NOT_AUTHENTICATED = "NOT_AUTHENTICATED"
+PERMISSION_DENIED = "PERMISSION_DENIED"
+RATE_LIMITED = "RATE_LIMITED"
+CLUSTER_UNAVAILABLE = "CLUSTER_UNAVAILABLE"
+SHUTTING_DOWN = "SHUTTING_DOWN"
+CONNECTION_LOST = "CONNECTION_LOST"
+
+
+class RpcError(Exception):
+    """A call or request failed; ``code`` is stable, ``message`` is for people."""
+
+    code: str = "RPC_ERROR"
+
+    def __init__(self, code: str | None = None, message: str = "") -> None:
+        if code is not None:
+            self.code = code
+        self.message = message
+        super().__init__(f"{self.code}: {message}" if message else self.code)
+
+
+class NoProviderError(RpcError):
+    code = NO_PROVIDER
+
+
+class ResponseTimeoutError(RpcError):
+    code = RESPONSE_TIMEOUT
+
+
+class ProviderError(RpcError):
+    code = PROVIDER_ERROR
+
+
+class ProviderGoneError(RpcError):
+    code = PROVIDER_GONE
+
+
+class InvalidMessageError(RpcError):
+    code = INVALID_MESSAGE
+
+
+class NotAuthenticatedError(RpcError):
+    code = NOT_AUTHENTICATED
+
+
+class PermissionDeniedError(RpcError):
+    code = PERMISSION_DENIED
+
+
+class RateLimitedError(RpcError):
+    code = RATE_LIMITED
+
+
+class ClusterUnavailableError(RpcError):
+    code = CLUSTER_UNAVAILABLE
+
+
+class ShuttingDownError(RpcError):
+    code = SHUTTING_DOWN
+
+
+class ConnectionLostError(RpcError):
+    code = CONNECTION_LOST
+
+
+_BY_CODE: dict[str, type[RpcError]] = {
+    cls.code: cls
+    for cls in (
+        NoProviderError,
+        ResponseTimeoutError,
+        ProviderError,
+        ProviderGoneError,
+        InvalidMessageError,
+        NotAuthenticatedError,
+        PermissionDeniedError,
+        RateLimitedError,
+        ClusterUnavailableError,
+        ShuttingDownError,
+        ConnectionLostError,
+    )
+}
+
+#: Every code a caller may see, in the order docs/protocol.md lists them.
+CODES = tuple(_BY_CODE)
+
+
+def error_from_code(code: str, message: str = "") -> RpcError:
+    """The most specific error for a wire code; unknown codes give a plain RpcError."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return RpcError(code, message)
+    return cls(None, message)
+
+
+class Reject(Exception):
+    """Raised by a provider's handler to hand the call to another provider."""

@@ -1,0 +1,190 @@
+"""The client wire protocol: message kinds, frame codec and validation. Pure: no I/O.
+
+A WebSocket binary frame holds msgpack: either one message or an array of
+messages (so a busy connection sends many per frame). A message is an array
+whose first element is its kind, a small integer. docs/protocol.md is the
+public description; this module is the one implementation of it, used by the
+SDK and by the broker alike.
+
+Shapes (c = client, n = node, p = a client acting as provider)::
+
+    AUTH      c→n  [1, {user?, password?, token?, name?, protocol}]
+    AUTH_OK   n→c  [2, {node, session, protocol, max_frame, ...}]
+    AUTH_FAIL n→c  [3, code, message]
+    PROVIDE   c→n  [4, ref, [name, ...]]          answered by OK or ERROR
+    UNPROVIDE c→n  [5, ref, [name, ...]]          answered by OK or ERROR
+    OK        n→c  [6, ref]
+    REQUEST   c→n  [16, cid, name, data, timeout_ms | nil]
+    REQUEST   n→p  [16, id, name, data, time_left_ms, caller]
+    ACCEPT    p→n  [17, id]
+    RESPONSE  p→n  [18, id, data]        n→c [18, cid, data]
+    REJECT    p→n  [19, id]
+    ERROR     p→n  [20, id, code, message]
+              n→c  [20, ref | nil, code, message]
+    CANCEL    n→p  [21, id]               the node gave up on this attempt
+    PING      any  [30, payload]          answered by PONG with the same payload
+    PONG      any  [31, payload]
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+
+AUTH = 1
+AUTH_OK = 2
+AUTH_FAIL = 3
+PROVIDE = 4
+UNPROVIDE = 5
+OK = 6
+REQUEST = 16
+ACCEPT = 17
+RESPONSE = 18
+REJECT = 19
+ERROR = 20
+CANCEL = 21
+PING = 30
+PONG = 31
+
+KIND_NAMES = {
+    AUTH: "AUTH",
+    AUTH_OK: "AUTH_OK",
+    AUTH_FAIL: "AUTH_FAIL",
+    PROVIDE: "PROVIDE",
+    UNPROVIDE: "UNPROVIDE",
+    OK: "OK",
+    REQUEST: "REQUEST",
+    ACCEPT: "ACCEPT",
+    RESPONSE: "RESPONSE",
+    REJECT: "REJECT",
+    ERROR: "ERROR",
+    CANCEL: "CANCEL",
+    PING: "PING",
+    PONG: "PONG",
+}
+
+#: Largest id or call id on the wire (msgpack uint64).
+MAX_ID = 2**64 - 1
+#: RPC names: a letter, digit or underscore first, then also ``. : / -``.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]*")
+DEFAULT_MAX_NAME = 128
+#: Longest error message a peer may send; longer ones are cut, not refused.
+MAX_ERROR_MESSAGE = 4096
+
+
+class ProtocolError(ValueError):
+    """A frame or message that does not follow the protocol; the text says why."""
+
+
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+
+
+def encode(messages: list[list[Any]]) -> bytes:
+    """One frame for a non-empty list of messages.
+
+    Raises TypeError (from msgpack) when a message holds a value msgpack
+    cannot encode; the caller decides what to do with the batch.
+    """
+    if len(messages) == 1:
+        return _packb(messages[0])
+    return _packb(messages)
+
+
+def decode(frame: bytes) -> list[list[Any]]:
+    """The messages of one frame, as lists; raises ProtocolError on anything else.
+
+    Only the outer shape is checked here (a message is a non-empty array
+    starting with an integer kind); fields are checked by ``check_from_client``
+    or by the SDK where they are used.
+    """
+    try:
+        obj = _unpackb(frame, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several types; all mean "not msgpack"
+        raise ProtocolError(f"frame is not valid msgpack ({type(exc).__name__})") from None
+    if type(obj) is not list or not obj:
+        raise ProtocolError("frame must be a message or a non-empty array of messages")
+    if type(obj[0]) is int:
+        return [obj]
+    for msg in obj:
+        if type(msg) is not list or not msg or type(msg[0]) is not int:
+            raise ProtocolError("every message must be an array starting with its kind")
+    return obj
+
+
+def valid_name(name: Any, max_len: int = DEFAULT_MAX_NAME) -> bool:
+    """True for a usable RPC name (see NAME_PATTERN), at most ``max_len`` characters."""
+    return (
+        type(name) is str
+        and 0 < len(name) <= max_len
+        and NAME_PATTERN.fullmatch(name) is not None
+    )
+
+
+def _is_id(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_ID
+
+
+def _names_problem(names: Any, max_len: int, max_names: int) -> str | None:
+    if type(names) is not list or not names:
+        return "names must be a non-empty array of strings"
+    if len(names) > max_names:
+        return f"at most {max_names} names per message"
+    for name in names:
+        if not valid_name(name, max_len):
+            return f"invalid rpc name {str(name)[:64]!r}: 1-{max_len} of A-Z a-z 0-9 _ . : / -"
+    return None
+
+
+def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
+                      max_names: int = 1000) -> str | None:
+    """Why a message a client sent to the node is malformed, or None when it is fine.
+
+    The REQUEST name is only checked for type and length here; the router looks
+    names up first and runs the full pattern check only on a miss.
+    """
+    kind = msg[0]
+    n = len(msg)
+    if kind == REQUEST:
+        if n != 5:
+            return "REQUEST takes [16, cid, name, data, timeout_ms|nil]"
+        if not _is_id(msg[1]):
+            return "REQUEST cid must be an unsigned integer"
+        name = msg[2]
+        if type(name) is not str or not 0 < len(name) <= max_name:
+            return f"REQUEST name must be a string of 1-{max_name} characters"
+        timeout = msg[4]
+        if timeout is not None and (type(timeout) is not int or timeout <= 0):
+            return "REQUEST timeout_ms must be a positive integer or nil"
+        return None
+    if kind == RESPONSE:
+        if n != 3 or not _is_id(msg[1]):
+            return "RESPONSE takes [18, id, data]"
+        return None
+    if kind == ACCEPT or kind == REJECT:
+        if n != 2 or not _is_id(msg[1]):
+            return f"{KIND_NAMES[kind]} takes [{kind}, id]"
+        return None
+    if kind == ERROR:
+        if n != 4 or not _is_id(msg[1]) or type(msg[2]) is not str or type(msg[3]) is not str:
+            return "ERROR takes [20, id, code, message]"
+        return None
+    if kind == PROVIDE or kind == UNPROVIDE:
+        if n != 3 or not _is_id(msg[1]):
+            return f"{KIND_NAMES[kind]} takes [{kind}, ref, [name, ...]]"
+        return _names_problem(msg[2], max_name, max_names)
+    if kind == PING or kind == PONG:
+        if n > 2:
+            return f"{KIND_NAMES[kind]} takes [{kind}] or [{kind}, payload]"
+        return None
+    if kind == AUTH:
+        if n != 2 or type(msg[1]) is not dict:
+            return "AUTH takes [1, {user, password, token, name, protocol}]"
+        return None
+    if kind in KIND_NAMES:
+        return f"{KIND_NAMES[kind]} is not sent by clients"
+    return f"unknown message kind {kind}"

@@ -147,6 +147,9 @@ class Node:
         totals["frames_out"] += session.frames_out
         totals["messages_out"] += session.messages_out
         totals["dropped_out"] += session.dropped_out
+        log.info("session_closed", session=session.sid, label=session.label,
+                 frames_in=session.frames_in, frames_out=session.frames_out,
+                 dropped_out=session.dropped_out)
 
     # -- HTTP ----------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ class NodeProcess:
         self.name = ""
         self.lines: collections.deque[dict[str, Any]] = collections.deque(maxlen=2000)
         self._ready = threading.Event()
+        self._new_line = threading.Condition()
 
     def start(self, timeout: float = 30.0) -> "NodeProcess":
         self.proc = subprocess.Popen(
@@ -54,11 +55,26 @@ class NodeProcess:
                 line = {"event": "raw", "text": text}
             if not isinstance(line, dict):
                 line = {"event": "raw", "text": text}
-            self.lines.append(line)
+            with self._new_line:
+                self.lines.append(line)
+                self._new_line.notify_all()
             if line.get("event") == "node_ready":
                 self.url, self.name = line["url"], line["node"]
                 self._ready.set()
         self._ready.set()  # exited: let start() report it
+
+    def wait_event(self, name: str, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
+        """Block until the node logs event ``name`` with these fields; raises TimeoutError."""
+        def found() -> dict[str, Any] | None:
+            for line in list(self.lines):
+                if line.get("event") == name and all(line.get(k) == v for k, v in fields.items()):
+                    return line
+            return None
+
+        with self._new_line:
+            if not self._new_line.wait_for(found, timeout):
+                raise TimeoutError(f"node logged no {name} {fields} within {timeout}s")
+            return found()  # type: ignore[return-value]
 
     @property
     def pid(self) -> int:

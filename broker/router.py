@@ -154,8 +154,8 @@ class Router:
         self._provider_peers.discard(peer)
         self.unprovide(peer, list(peer.provides))
         for call in [c for c in self._calls.values() if c.provider is peer]:
+            self._end_attempt(call)
             if call.accepted:
-                self._end_attempt(call)
                 self.stats.provider_gone += 1
                 self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
                                       f"the provider of {call.name!r} disconnected"])

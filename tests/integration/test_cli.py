@@ -1,0 +1,63 @@
+"""The rpcbus command: call, node start-up errors, graceful stop on SIGTERM."""
+
+import asyncio
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import clients
+
+
+def rpcbus(*args, timeout=30):
+    return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+async def test_call_prints_the_answer_as_json_and_fails_with_the_code(node):
+    async with clients.connect(node.url) as prov:
+        await prov.provide("math.add", lambda d: {"sum": d["a"] + d["b"]})
+        ok = await asyncio.to_thread(rpcbus, "call", "math.add", '{"a": 1, "b": 2}',
+                                     "--url", node.url)
+        assert ok.returncode == 0, ok.stderr
+        assert ok.stdout.strip() == '{"sum": 3}'
+        missing = await asyncio.to_thread(rpcbus, "call", "no.such.rpc", "--url", node.url)
+        assert missing.returncode == 1 and missing.stderr.startswith("NO_PROVIDER")
+        bad = await asyncio.to_thread(rpcbus, "call", "math.add", "{nope", "--url", node.url)
+        assert bad.returncode == 2 and "not JSON" in bad.stderr
+
+
+def test_node_refuses_an_unknown_config_key(tmp_path):
+    conf = tmp_path / "bad.toml"
+    conf.write_text("[rpc]\nack_timeout = 1.0\nretries = 3\n")
+    result = rpcbus("node", "--port", "0", "--config", str(conf))
+    assert result.returncode == 2 and "unknown key rpc.retries" in result.stderr
+
+
+async def test_sigterm_drains_calls_in_flight_refuses_new_ones_and_exits_0(start_node):
+    node = start_node()
+    started = asyncio.Event()
+    release = asyncio.Event()
+    running = 0
+
+    async def slow(data):
+        nonlocal running
+        running += 1
+        if running == 20:
+            started.set()
+        await release.wait()
+        return data
+
+    async with clients.connect(node.url) as prov, clients.connect(node.url) as caller:
+        await prov.provide("slow", slow)
+        calls = [asyncio.create_task(caller.call("slow", i, timeout=10)) for i in range(20)]
+        await started.wait()
+        node.signal(signal.SIGTERM)
+        await asyncio.to_thread(node.wait_event, "node_draining")
+        with pytest.raises(clients.ShuttingDownError):
+            await caller.call("slow", -1)
+        release.set()
+        assert await asyncio.gather(*calls) == list(range(20))
+        code = await asyncio.to_thread(node.proc.wait, 20)
+        assert code == 0

@@ -1,0 +1,227 @@
+"""RPC semantics on one node, through a real node process and real WebSocket clients.
+
+The node runs with ack_timeout 0.3 s and response_timeout 2 s (conftest.FAST).
+"""
+
+import asyncio
+import time
+import urllib.request
+from collections import Counter
+
+import pytest
+
+import clients
+from clients import protocol as p
+
+from .conftest import stats
+from .raw import RawPeer
+
+
+async def test_provide_and_call_with_sync_async_and_context_handlers(node):
+    def add(data):
+        return data["a"] + data["b"]
+
+    async def slow_upper(data):
+        await asyncio.sleep(0.01)
+        return data.upper()
+
+    def whoami(data, ctx):
+        return {"rpc": ctx.rpc, "caller": ctx.caller, "left": ctx.time_left, "id": ctx.call_id}
+
+    async with clients.connect(node.url, name="prov") as prov, \
+            clients.connect(node.url, name="alice") as caller:
+        await prov.provide("math.add", add)
+        await prov.provide("text.upper", slow_upper)
+        await prov.provide("who", whoami)
+        assert await caller.call("math.add", {"a": 1, "b": 2}, timeout=5.0) == 3
+        assert await caller.call("text.upper", "abc") == "ABC"
+        ctx = await caller.call("who", None, timeout=3.0)
+        assert ctx["rpc"] == "who" and ctx["caller"].startswith("alice@")
+        assert 2.0 < ctx["left"] <= 3.0 and isinstance(ctx["id"], int)
+        assert caller.session["node"] == node.name
+
+
+async def test_unknown_rpc_is_no_provider_and_errors_carry_stable_codes(node):
+    async with clients.connect(node.url) as c:
+        with pytest.raises(clients.NoProviderError) as err:
+            await c.call("nobody.home", 1)
+        assert err.value.code == "NO_PROVIDER"
+        with pytest.raises(clients.InvalidMessageError):
+            await c.call("bad name", 1)
+
+
+async def test_handler_exception_answers_provider_error_with_the_message_only(node):
+    def broken(data):
+        raise KeyError("missing field 'x'")
+
+    async def broken_later(data):
+        await asyncio.sleep(0)
+        raise RuntimeError("database down")
+
+    async with clients.connect(node.url) as prov, clients.connect(node.url) as c:
+        await prov.provide("broken", broken)
+        await prov.provide("broken.later", broken_later)
+        with pytest.raises(clients.ProviderError) as err:
+            await c.call("broken")
+        assert err.value.message == "\"missing field 'x'\"" and "Traceback" not in str(err.value)
+        with pytest.raises(clients.ProviderError, match="database down"):
+            await c.call("broken.later")
+
+
+async def test_reject_hands_the_call_to_another_provider(node):
+    seen = Counter()
+
+    def refuse(data):
+        seen["refuse"] += 1
+        raise clients.Reject()
+
+    def serve(data):
+        seen["serve"] += 1
+        return data * 2
+
+    async with clients.connect(node.url) as a, clients.connect(node.url) as b, \
+            clients.connect(node.url) as c:
+        await a.provide("double", refuse)
+        await b.provide("double", serve)
+        results = await asyncio.gather(*(c.call("double", i) for i in range(60)))
+        assert results == [i * 2 for i in range(60)]
+        assert seen["serve"] == 60
+        assert seen["refuse"] > 0  # uniform first choice: all 60 avoiding it has chance 2**-60
+        with pytest.raises(clients.NoProviderError):
+            await b.unprovide("double")
+            await c.call("double", 1)
+
+
+async def test_ack_timeout_moves_the_call_and_the_silent_providers_late_answer_is_dropped(node):
+    silent = await RawPeer.open(node.url)
+    await silent.provide("work")
+    async with clients.connect(node.url) as good, clients.connect(node.url) as c:
+        call = asyncio.create_task(c.call("work", 21, timeout=5))
+        req = await silent.expect(p.REQUEST)         # the only provider so far: it gets it
+        await good.provide("work", lambda d: d * 2)
+        cancel = await silent.expect(p.CANCEL)        # after ack_timeout (0.3 s)
+        assert cancel[1] == req[1]
+        assert await call == 42                       # served by the good provider
+        late_before = stats(node)["router"]["late"]
+        await silent.send([p.RESPONSE, req[1], "too late"])
+        await silent.send([p.PING, 1])
+        await silent.expect(p.PONG)                   # the node has read the late answer
+        assert stats(node)["router"]["late"] == late_before + 1
+    await silent.close()
+
+
+async def test_response_timeout_fails_the_call_and_cancels_the_handler(node):
+    cancelled = asyncio.Event()
+
+    async def forever(data):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with clients.connect(node.url) as prov, clients.connect(node.url) as c:
+        await prov.provide("forever", forever)
+        t0 = time.monotonic()
+        with pytest.raises(clients.ResponseTimeoutError):
+            await c.call("forever", None, timeout=0.5)
+        elapsed = time.monotonic() - t0
+        assert 0.5 <= elapsed < 1.5, elapsed       # the node's deadline, not the client's guard
+        async with asyncio.timeout(5):
+            await cancelled.wait()                  # CANCEL reached the provider's task
+
+
+async def test_provider_lost_before_accepting_the_call_moves_at_once(start_node):
+    node = start_node(RPCBUS_RPC_ACK_TIMEOUT="30")   # so only the disconnect can move it
+    doomed = await RawPeer.open(node.url)
+    await doomed.provide("work")
+    async with clients.connect(node.url) as good, clients.connect(node.url) as c:
+        call = asyncio.create_task(c.call("work", 1, timeout=20))
+        await doomed.expect(p.REQUEST)
+        await good.provide("work", lambda d: d + 1)
+        t0 = time.monotonic()
+        doomed.abort()
+        assert await call == 2
+        assert time.monotonic() - t0 < 10             # far below the 30 s ack timeout
+
+
+async def test_provider_lost_after_accepting_fails_the_call_with_provider_gone(node):
+    doomed = await RawPeer.open(node.url)
+    await doomed.provide("work")
+    async with clients.connect(node.url) as c:
+        call = asyncio.create_task(c.call("work", 1, timeout=30))
+        req = await doomed.expect(p.REQUEST)
+        await doomed.send([p.ACCEPT, req[1]])
+        await doomed.send([p.PING, 1])
+        await doomed.expect(p.PONG)
+        doomed.abort()
+        with pytest.raises(clients.ProviderGoneError):
+            async with asyncio.timeout(10):            # not the 30 s response timeout
+                await call
+
+
+async def test_caller_gone_its_answer_is_discarded_quietly(node):
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def wait_then_answer(data):
+        started.set()
+        await release.wait()
+        return "answer for nobody"
+
+    async with clients.connect(node.url) as prov:
+        await prov.provide("later", wait_then_answer)
+        caller = await RawPeer.open(node.url)
+        await caller.send([p.REQUEST, 1, "later", None, 5000])
+        await started.wait()
+        before = stats(node)["router"]["discarded"]
+        caller.abort()
+        await asyncio.to_thread(node.wait_event, "session_closed", session=caller.session)
+        release.set()
+        async with clients.connect(node.url) as c:   # the node still serves
+            await prov.provide("ping", lambda d: "pong")
+            assert await c.call("ping") == "pong"
+        assert stats(node)["router"]["discarded"] == before + 1
+
+
+async def test_thousands_of_concurrent_calls_all_answered_correctly(node):
+    async with clients.connect(node.url) as p1, clients.connect(node.url) as p2, \
+            clients.connect(node.url) as p3, clients.connect(node.url) as c1, \
+            clients.connect(node.url) as c2:
+        async def square_later(x):
+            await asyncio.sleep(0)
+            return x * x
+
+        await p1.provide("sq", lambda x: x * x)
+        await p2.provide("sq", square_later)
+        await p3.provide("sq", lambda x: x * x)
+        calls = [c.call("sq", i, timeout=30) for i in range(4000) for c in (c1, c2)]
+        results = await asyncio.gather(*calls)
+        assert results == [i * i for i in range(4000) for _ in (c1, c2)]
+    s = stats(node)
+    assert s["pending"] == 0 and s["timers"] == 0     # every finished call left every table
+
+
+async def test_connection_lost_fails_pending_calls_at_once(start_node):
+    node = start_node()
+    async with clients.connect(node.url) as prov:
+        async def hold(data):
+            await asyncio.Event().wait()
+
+        await prov.provide("hold", hold)
+        c = await clients.connect(node.url)
+        calls = [asyncio.create_task(c.call("hold", i, timeout=60)) for i in range(5)]
+        await asyncio.sleep(0)
+        node.kill()
+        for call in calls:
+            with pytest.raises(clients.ConnectionLostError):
+                async with asyncio.timeout(10):
+                    await call
+        with pytest.raises(clients.ConnectionLostError):
+            await c.call("hold", 1)
+
+
+def test_healthz_answers_on_the_websocket_port(node):
+    http = node.url.replace("ws://", "http://")
+    with urllib.request.urlopen(f"{http}/healthz", timeout=5) as r:
+        assert r.status == 200 and r.read() == b"ok\n"

@@ -1,0 +1,46 @@
+"""Configuration: the documented file is the defaults; precedence; errors name the key."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from broker import config
+
+CONF = Path(__file__).parents[2] / "conf" / "rpcbus.toml"
+
+
+def test_the_shipped_file_lists_every_option_with_its_default():
+    with open(CONF, "rb") as f:
+        shipped = tomllib.load(f)
+    assert shipped == config.Config().as_dict()
+
+
+def test_file_then_env_then_flags(tmp_path):
+    f = tmp_path / "n.toml"
+    f.write_text('[rpc]\nack_timeout = 2\n[node]\nport = 7000\nname = "file"\n')
+    env = {"RPCBUS_RPC_ACK_TIMEOUT": "3.5", "RPCBUS_NODE_NAME": "env", "HOME": "/x"}
+    cfg = config.load(f, env=env, overrides={"node": {"name": "flag", "port": None}})
+    assert cfg.rpc.ack_timeout == 3.5
+    assert cfg.node.port == 7000
+    assert cfg.node.name == "flag"
+    assert cfg.server.uvloop is True
+
+
+@pytest.mark.parametrize("text, env, why", [
+    ("[rpc]\nack_timout = 1\n", {}, "unknown key rpc.ack_timout"),
+    ("[nodes]\nport = 1\n", {}, r"unknown section \[nodes\]"),
+    ('[node]\nport = "x"\n', {}, "node.port: expected an integer"),
+    ("[rpc]\nack_timeout = -1\n", {}, "rpc.ack_timeout: must be positive"),
+    ('[log]\nlevel = "loud"\n', {}, "log.level: must be one of"),
+    ("", {"RPCBUS_LIMITS_MAX_FRAME": "1"}, "unknown key limits.max_frame"),
+    ("", {"RPCBUS_NOPE": "1"}, "unknown variable RPCBUS_NOPE"),
+    ("", {"RPCBUS_SERVER_UVLOOP": "perhaps"}, "server.uvloop: expected true or false"),
+    ("[rpc]\nresponse_timeout = 900.0\n", {}, "must not exceed rpc.max_timeout"),
+    ("[rpc\n", {}, "n.toml"),
+])
+def test_bad_values_are_errors_that_name_the_key(tmp_path, text, env, why):
+    f = tmp_path / "n.toml"
+    f.write_text(text)
+    with pytest.raises(config.ConfigError, match=why):
+        config.load(f, env=env)

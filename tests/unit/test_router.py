@@ -1,0 +1,281 @@
+"""The routing state machine, driven with fake peers and a fake clock."""
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.router import Router
+from clients import errors
+from clients.protocol import CANCEL, ERROR, REQUEST, RESPONSE
+
+
+class Peer:
+    def __init__(self, label):
+        self.label = label
+        self.closed = False
+        self.inflight = 0
+        self.provides = set()
+        self.sent = []
+
+    def send(self, msg):
+        assert not self.closed, "the router sent to a closed peer"
+        self.sent.append(msg)
+
+    def take(self):
+        out, self.sent = self.sent, []
+        return out
+
+    def __repr__(self):
+        return self.label
+
+
+def make(**kw):
+    opts = dict(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0, now=0.0)
+    opts.update(kw)
+    return Router(**opts)
+
+
+def requests_to(peer):
+    return [m for m in peer.take() if m[0] == REQUEST]
+
+
+def assert_empty(router, *callers):
+    assert router.pending == 0 and router.timers == 0
+    for c in callers:
+        assert c.inflight == 0
+
+
+def test_call_reaches_the_provider_and_the_answer_reaches_the_caller():
+    r, caller, prov = make(), Peer("c"), Peer("p")
+    r.provide(prov, ["math.add"])
+    r.request(caller, 7, "math.add", {"a": 1}, None, now=0.0)
+    [req] = requests_to(prov)
+    assert req[:4] == [REQUEST, req[1], "math.add", {"a": 1}]
+    assert req[4] == 10_000 and req[5] == "c"       # time left in ms, the caller's label
+    r.respond(prov, req[1], 3)
+    assert caller.take() == [[RESPONSE, 7, 3]]
+    assert_empty(r, caller)
+
+
+def test_only_the_chosen_provider_can_answer_or_accept():
+    r, caller, p1, p2 = make(), Peer("c"), Peer("p1"), Peer("p2")
+    r.provide(p1, ["x"])
+    r.request(caller, 1, "x", None, None, now=0.0)
+    [req] = requests_to(p1)
+    r.respond(p2, req[1], "forged")
+    r.accept(p2, req[1], 0.0)
+    r.reject(p2, req[1], 0.0)
+    assert caller.take() == [] and r.stats.foreign == 3
+    r.respond(p1, req[1], "real")
+    assert caller.take() == [[RESPONSE, 1, "real"]]
+
+
+def test_reject_moves_the_call_to_a_provider_not_yet_tried_then_no_provider():
+    r, caller = make(), Peer("c")
+    provs = [Peer(f"p{i}") for i in range(3)]
+    for p in provs:
+        r.provide(p, ["x"])
+    r.request(caller, 1, "x", None, None, now=0.0)
+    seen = []
+    for _ in range(3):
+        [(p, req)] = [(p, m) for p in provs for m in requests_to(p)]
+        assert p not in seen
+        seen.append(p)
+        r.reject(p, req[1], now=0.0)
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 1, errors.NO_PROVIDER]
+    assert_empty(r, caller)
+
+
+def test_ack_timeout_moves_the_call_cancels_the_silent_provider_and_drops_its_late_answer():
+    r, caller, slow, fast = make(rand=lambda: 0.0), Peer("c"), Peer("slow"), Peer("fast")
+    r.provide(slow, ["x"])
+    r.provide(fast, ["x"])
+    r.request(caller, 1, "x", None, None, now=0.0)
+    [req] = requests_to(slow)                       # rand 0.0 picks the first
+    r.tick(0.99)
+    assert requests_to(fast) == []                  # not yet
+    r.tick(1.02)
+    assert slow.take() == [[CANCEL, req[1]]]
+    [req2] = requests_to(fast)
+    assert req2[1] != req[1] and req2[4] < 10_000
+    r.respond(slow, req[1], "late")                 # dropped, counted
+    assert r.stats.late == 1 and caller.take() == []
+    r.respond(fast, req2[1], "ok")
+    assert caller.take() == [[RESPONSE, 1, "ok"]]
+    assert r.stats.ack_timeouts == 1
+    assert_empty(r, caller)
+
+
+def test_accepted_call_waits_for_the_response_deadline_and_is_never_retried():
+    r, caller, p1, p2 = make(), Peer("c"), Peer("p1"), Peer("p2")
+    r.provide(p1, ["x"])
+    r.provide(p2, ["x"])
+    r.request(caller, 1, "x", None, 2000, now=0.0)
+    [(p, req)] = [(p, m) for p in (p1, p2) for m in requests_to(p)]
+    r.accept(p, req[1], now=0.1)
+    r.tick(1.9)
+    assert caller.take() == []
+    r.tick(2.02)
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 1, errors.RESPONSE_TIMEOUT]
+    assert p.take() == [[CANCEL, req[1]]]
+    other = p2 if p is p1 else p1
+    assert requests_to(other) == []
+    assert_empty(r, caller)
+
+
+def test_callers_timeout_is_capped_and_no_attempt_starts_after_the_deadline():
+    r, caller, p1, p2 = make(ack_timeout=1.0), Peer("c"), Peer("p1"), Peer("p2")
+    r.provide(p1, ["x"])
+    r.request(caller, 1, "x", None, 10**9, now=0.0)
+    [req] = requests_to(p1)
+    assert req[4] == 60_000                          # max_timeout
+    r.respond(p1, req[1], None)
+    caller.take()
+    r.provide(p2, ["x"])
+    r.request(caller, 2, "x", None, 500, now=0.0)   # deadline (0.5 s) before the ack timeout
+    [(p, req)] = [(p, m) for p in (p1, p2) for m in requests_to(p)]
+    r.tick(0.52)
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 2, errors.RESPONSE_TIMEOUT]
+    assert requests_to(p1) == requests_to(p2) == []  # nothing started after the deadline
+    assert_empty(r, caller)
+
+
+def test_provider_gone_before_accept_retries_after_accept_fails_at_once():
+    r, caller, p1, p2 = make(rand=lambda: 0.0), Peer("c"), Peer("p1"), Peer("p2")
+    r.provide(p1, ["x"])
+    r.provide(p2, ["x"])
+    r.request(caller, 1, "x", None, None, now=0.0)
+    r.request(caller, 2, "x", None, None, now=0.0)
+    a, b = requests_to(p1)
+    r.accept(p1, b[1], now=0.0)
+    p1.closed = True
+    r.drop_peer(p1, now=0.1)
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 2, errors.PROVIDER_GONE]
+    [moved] = requests_to(p2)
+    assert moved[2] == "x"
+    r.respond(p2, moved[1], "fine")
+    assert caller.take() == [[RESPONSE, 1, "fine"]]
+    assert r.providers_of("x") == [p2]
+    assert_empty(r, caller)
+
+
+def test_closed_caller_outcomes_are_discarded_and_counted():
+    r, caller, prov = make(), Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    r.request(caller, 1, "x", None, None, now=0.0)
+    [req] = requests_to(prov)
+    caller.closed = True
+    r.drop_peer(caller, now=0.0)
+    r.respond(prov, req[1], "nobody listens")
+    assert r.stats.discarded == 1
+    assert_empty(r, caller)
+
+
+def test_unknown_and_invalid_names():
+    r, caller = make(), Peer("c")
+    r.request(caller, 1, "nobody", None, None, now=0.0)
+    r.request(caller, 2, "bad name!", None, None, now=0.0)
+    (e1, e2) = caller.take()
+    assert e1[:3] == [ERROR, 1, errors.NO_PROVIDER]
+    assert e2[:3] == [ERROR, 2, errors.INVALID_MESSAGE]
+    assert_empty(r, caller)
+
+
+def test_provider_error_passes_the_message_not_more():
+    r, caller, prov = make(), Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    r.request(caller, 1, "x", None, None, now=0.0)
+    [req] = requests_to(prov)
+    r.provider_error(prov, req[1], "boom" * 5000)
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 1, errors.PROVIDER_ERROR] and len(err[3]) == 4096
+
+
+def test_choice_is_uniform_over_providers():
+    r, caller = make(), Peer("c")
+    provs = [Peer(f"p{i}") for i in range(4)]
+    for p in provs:
+        r.provide(p, ["x"])
+    for i in range(8000):
+        r.request(caller, i, "x", None, None, now=0.0)
+    counts = [len(requests_to(p)) for p in provs]
+    # Each count is Binomial(8000, 1/4): sd ~ 38.7; 7 sd bounds fail with p < 1e-11.
+    assert all(abs(c - 2000) < 7 * 38.7 for c in counts), counts
+
+
+def test_unprovide_stops_new_calls_but_lets_calls_in_flight_finish():
+    r, caller, prov = make(), Peer("c"), Peer("p")
+    r.provide(prov, ["x", "y"])
+    r.request(caller, 1, "x", None, None, now=0.0)
+    [req] = requests_to(prov)
+    r.unprovide(prov, ["x"])
+    assert prov.provides == {"y"}
+    r.request(caller, 2, "x", None, None, now=0.0)
+    assert caller.take()[0][:3] == [ERROR, 2, errors.NO_PROVIDER]
+    r.respond(prov, req[1], "done")
+    assert caller.take() == [[RESPONSE, 1, "done"]]
+
+
+# -- every call ends exactly once, whatever happens ------------------------------------
+
+events = st.lists(st.tuples(
+    st.sampled_from(["call", "accept", "respond", "reject", "error", "tick", "drop", "provide"]),
+    st.integers(0, 3), st.integers(0, 50)), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events)
+def test_every_call_gets_exactly_one_outcome_and_tables_empty_afterwards(script):
+    r = make(ack_timeout=0.5, response_timeout=3.0)
+    callers = [Peer(f"c{i}") for i in range(2)]
+    provs = [Peer(f"p{i}") for i in range(4)]
+    for p in provs[:2]:
+        r.provide(p, ["x"])
+    now, cid, made = 0.0, 0, []
+    outcomes = Counter()
+
+    def drain():
+        for c in callers:
+            for m in c.take():
+                assert m[0] in (RESPONSE, ERROR)
+                outcomes[m[1]] += 1
+
+    for kind, who, n in script:
+        live = [p for p in provs if not p.closed]
+        if kind == "call":
+            cid += 1
+            made.append(cid)
+            r.request(callers[who % 2], cid, "x", None, None if n % 2 else 1000 + n * 10, now)
+        elif kind == "tick":
+            now += n / 20
+            r.tick(now)
+        elif kind == "drop" and live:
+            p = live[who % len(live)]
+            p.closed = True
+            r.drop_peer(p, now)
+        elif kind == "provide" and live:
+            r.provide(live[who % len(live)], ["x"])
+        elif live:
+            p = live[who % len(live)]
+            reqs = [m for m in p.sent if m[0] == REQUEST]
+            if reqs:
+                attempt = reqs[n % len(reqs)][1]
+                if kind == "accept":
+                    r.accept(p, attempt, now)
+                elif kind == "respond":
+                    r.respond(p, attempt, "ok")
+                elif kind == "reject":
+                    r.reject(p, attempt, now)
+                else:
+                    r.provider_error(p, attempt, "boom")
+        drain()
+    r.tick(now + 100)
+    drain()
+    assert sorted(outcomes) == made
+    assert all(v == 1 for v in outcomes.values())
+    assert_empty(r, *callers)

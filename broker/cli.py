@@ -19,7 +19,8 @@ def main() -> None:
     """rpcbus: a clustered RPC broker. Clients provide and call named RPCs through any node."""
 
 
-def _use_uvloop(wanted: bool) -> str:
+def use_uvloop(wanted: bool) -> str:
+    """Install uvloop's event loop policy when wanted and installed; returns the loop's name."""
     if wanted:
         try:
             import uvloop
@@ -47,7 +48,7 @@ def node(host: str | None, port: int | None, name: str | None, config_file: str 
         raise click.UsageError(str(exc)) from None
     node_ = Node(cfg)
     logs.configure(cfg.log.level, cfg.log.format, node=node_.name)
-    loop_kind = _use_uvloop(cfg.server.uvloop)
+    loop_kind = use_uvloop(cfg.server.uvloop)
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

@@ -57,25 +57,22 @@ class Call:
     """One call from a caller, across all its attempts."""
 
     __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
-                 "accepted", "tried", "slot")
+                 "accepted", "tried")
 
     def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float) -> None:
-        self.id = 0                       # the current attempt's id
         self.caller = caller
         self.cid = cid                    # the caller's own id for the call
         self.name = name
         self.data = data
         self.deadline = deadline
-        self.provider: Peer | None = None
-        self.accepted = False
         self.tried: set[Peer] | None = None  # earlier providers; None while on the first
-        self.slot = 0                     # where the current deadline is filed
+        # id (the current attempt's), provider and accepted are set by each dispatch.
 
 
 class RouterStats:
     """Counters; every drop is counted here (the node logs and exports them)."""
 
-    __slots__ = ("calls", "ok", "provider_errors", "no_provider", "response_timeouts",
+    __slots__ = ("ok", "provider_errors", "no_provider", "response_timeouts",
                  "ack_timeouts", "rejects", "provider_gone", "retries", "late", "foreign",
                  "discarded", "invalid_names")
 
@@ -114,6 +111,7 @@ class Router:
 
     @property
     def timers(self) -> int:
+        """Deadline entries not yet swept (ids of finished attempts wait there too)."""
         return len(self._deadlines)
 
     def providers_of(self, name: str) -> list[Peer]:
@@ -167,14 +165,14 @@ class Router:
     def request(self, caller: Peer, cid: int, name: str, data: Any,
                 timeout_ms: int | None, now: float) -> None:
         """A caller's REQUEST: choose a provider and send it the call, or answer an error."""
-        self.stats.calls += 1
         caller.inflight += 1
         if timeout_ms is None:
-            deadline = now + self.response_timeout
+            timeout = self.response_timeout
         else:
             timeout = timeout_ms / 1000.0
-            deadline = now + (timeout if timeout < self.max_timeout else self.max_timeout)
-        call = Call(caller, cid, name, data, deadline)
+            if timeout > self.max_timeout:
+                timeout = self.max_timeout
+        call = Call(caller, cid, name, data, now + timeout)
         providers = self._providers.get(name)
         if providers is None:
             if not valid_name(name, self.max_name):
@@ -193,15 +191,14 @@ class Router:
         if call is None or call.accepted:
             return
         call.accepted = True
-        self._deadlines.remove(call.slot, attempt)
-        call.slot = self._deadlines.add(attempt, call, call.deadline)
+        self._deadlines.add(attempt, call.deadline)  # the ack deadline entry will be ignored
 
     def respond(self, peer: Peer, attempt: int, data: Any) -> None:
         """The provider's answer (an implicit accept): pass it to the caller."""
-        call = self._attempt_of(peer, attempt)
-        if call is None:
+        call = self._calls.pop(attempt, None)
+        if call is None or call.provider is not peer:
+            self._stray(peer, attempt, call)
             return
-        self._end_attempt(call)
         self.stats.ok += 1
         self._conclude(call, [RESPONSE, call.cid, data])
 
@@ -226,30 +223,45 @@ class Router:
 
     def tick(self, now: float) -> None:
         """Apply every deadline due by ``now``: ack timeouts retry, response timeouts fail."""
-        for call in self._deadlines.expire(now):
-            del self._calls[call.id]
-            provider = call.provider
-            if not provider.closed:
-                provider.send([CANCEL, call.id])
+        calls = self._calls
+        for attempt in self._deadlines.expire(now):
+            call = calls.get(attempt)
+            if call is None:
+                continue                  # finished long ago: its id just waited here
             if now >= call.deadline:
                 self.stats.response_timeouts += 1
-                self._conclude(call, [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
-                                           f"no response from {call.name!r} in time"])
+                msg = [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
+                       f"no response from {call.name!r} in time"]
+            elif call.accepted:
+                continue                  # the ack deadline of an accepted attempt
             else:
                 self.stats.ack_timeouts += 1
+                msg = None
+            del calls[attempt]
+            if not call.provider.closed:
+                call.provider.send([CANCEL, attempt])
+            if msg is None:
                 self._retry(call, now)
+            else:
+                self._conclude(call, msg)
 
     # -- internals -------------------------------------------------------------------
 
     def _attempt_of(self, peer: Peer, attempt: int) -> Call | None:
         call = self._calls.get(attempt)
-        if call is None:
-            self.stats.late += 1
-            return None
-        if call.provider is not peer:
-            self.stats.foreign += 1
+        if call is None or call.provider is not peer:
+            self._stray(peer, attempt, None)
             return None
         return call
+
+    def _stray(self, peer: Peer, attempt: int, popped: Call | None) -> None:
+        """A message about an attempt that is not pending, or not this peer's: count, drop."""
+        if popped is not None:
+            self._calls[attempt] = popped  # popped by respond(): it stays pending
+        if attempt in self._calls:
+            self.stats.foreign += 1
+        else:
+            self.stats.late += 1
 
     def _dispatch(self, call: Call, providers: list[Peer], now: float) -> None:
         tried = call.tried
@@ -270,16 +282,15 @@ class Router:
                                   f"time ran out before a provider of {call.name!r} took the call"])
             return
         provider = candidates[0] if n == 1 else candidates[int(self._rand() * n)]
-        self._seq += 1
-        attempt = self._seq
+        self._seq = attempt = self._seq + 1
         call.id = attempt
         call.provider = provider
         call.accepted = False
         self._calls[attempt] = call
-        due = now + self.ack_timeout
-        if due > call.deadline:
-            due = call.deadline
-        call.slot = self._deadlines.add(attempt, call, due)
+        if left > self.ack_timeout:
+            self._deadlines.add(attempt, now + self.ack_timeout)
+        else:
+            self._deadlines.add(attempt, call.deadline)
         provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
                        call.caller.label])
 
@@ -293,9 +304,8 @@ class Router:
         self._dispatch(call, self._providers.get(call.name, ()), now)
 
     def _end_attempt(self, call: Call) -> None:
-        """The current attempt leaves every table (the call map and the deadlines)."""
+        """The current attempt leaves the call table (its deadline entry is ignored later)."""
         del self._calls[call.id]
-        self._deadlines.remove(call.slot, call.id)
 
     def _conclude(self, call: Call, msg: list[Any]) -> None:
         """The call's one outcome; the call must already be out of every table."""

@@ -148,51 +148,63 @@ class Session(FrameIO, ServerConnection):
 
     def _handle(self, msgs: list[list[Any]]) -> None:
         router = self.router
-        node = self.node
-        limits = node.config.limits
-        max_name = limits.max_name_length
-        max_names = limits.max_names_per_message
         now = self.loop.time()
+        serving = self.authenticated and not self.node.draining
         for msg in msgs:
-            problem = check_from_client(msg, max_name, max_names)
-            if problem is not None:
-                self.invalid(_ref_of(msg), problem)
-                if self.closed or self.protocol.state is not OPEN:
-                    return
-                continue
+            # Fast paths for the two messages every call carries: the checks are the
+            # ones check_from_client makes (names are checked by the router on a miss).
             kind = msg[0]
-            if not self.authenticated:
-                if kind == AUTH:
-                    self._auth(msg[1])
-                else:
-                    self.send([ERROR, _ref_of(msg), errors.NOT_AUTHENTICATED,
-                               "the first message must be AUTH"])
-                    self._strike()
-                continue
-            if kind == REQUEST:
-                if node.draining:
-                    self.send([ERROR, msg[1], errors.SHUTTING_DOWN, "the node is shutting down"])
-                else:
+            if kind == RESPONSE:
+                if len(msg) == 3 and type(msg[1]) is int and serving:
+                    router.respond(self, msg[1], msg[2])
+                    continue
+            elif kind == REQUEST:
+                if (serving and len(msg) == 5 and type(msg[1]) is int and msg[1] >= 0
+                        and type(msg[2]) is str
+                        and (msg[4] is None or (type(msg[4]) is int and msg[4] > 0))):
                     router.request(self, msg[1], msg[2], msg[3], msg[4], now)
-            elif kind == RESPONSE:
-                router.respond(self, msg[1], msg[2])
-            elif kind == ACCEPT:
-                router.accept(self, msg[1], now)
-            elif kind == REJECT:
-                router.reject(self, msg[1], now)
-            elif kind == ERROR:
-                router.provider_error(self, msg[1], msg[3])
-            elif kind == PROVIDE:
-                router.provide(self, msg[2])
-                self.send([OK, msg[1]])
-            elif kind == UNPROVIDE:
-                router.unprovide(self, msg[2])
-                self.send([OK, msg[1]])
-            elif kind == PING:
-                self.send([PONG, msg[1] if len(msg) > 1 else None])
-            elif kind == AUTH:
-                self.invalid(None, "already authenticated")
-            # PONG: nothing to do
+                    continue
+            self._handle_other(msg, now)
+            if self.closed or self.protocol.state is not OPEN:
+                return
+
+    def _handle_other(self, msg: list[Any], now: float) -> None:
+        """Every message the fast paths did not take, with the full checks."""
+        limits = self.node.config.limits
+        problem = check_from_client(msg, limits.max_name_length, limits.max_names_per_message)
+        if problem is not None:
+            self.invalid(_ref_of(msg), problem)
+            return
+        kind = msg[0]
+        router = self.router
+        if not self.authenticated:
+            if kind == AUTH:
+                self._auth(msg[1])
+            else:
+                self.send([ERROR, _ref_of(msg), errors.NOT_AUTHENTICATED,
+                           "the first message must be AUTH"])
+                self._strike()
+        elif kind == REQUEST:  # only while draining: valid requests take the fast path
+            self.send([ERROR, msg[1], errors.SHUTTING_DOWN, "the node is shutting down"])
+        elif kind == RESPONSE:
+            router.respond(self, msg[1], msg[2])
+        elif kind == ACCEPT:
+            router.accept(self, msg[1], now)
+        elif kind == REJECT:
+            router.reject(self, msg[1], now)
+        elif kind == ERROR:
+            router.provider_error(self, msg[1], msg[3])
+        elif kind == PROVIDE:
+            router.provide(self, msg[2])
+            self.send([OK, msg[1]])
+        elif kind == UNPROVIDE:
+            router.unprovide(self, msg[2])
+            self.send([OK, msg[1]])
+        elif kind == PING:
+            self.send([PONG, msg[1] if len(msg) > 1 else None])
+        elif kind == AUTH:
+            self.invalid(None, "already authenticated")
+        # PONG: nothing to do
 
     def _auth(self, params: dict[str, Any]) -> None:
         name = params.get("name")

@@ -117,7 +117,7 @@ class Client:
         self._ping_interval = ping_interval
         self._wire: _Wire | None = None
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[asyncio.Future[Any], int]] = {}
+        self._pending: dict[int, asyncio.Future[Any]] = {}
         self._handlers: dict[str, tuple[Handler, bool, bool]] = {}
         self._running: dict[int, asyncio.Task[Any]] = {}
         self._new_tasks: list[int] = []
@@ -202,15 +202,13 @@ class Client:
                 raise ValueError("timeout must be positive")
             timeout_ms = int(timeout * 1000) or 1
             guard = timeout
-        slot = self._deadlines.add(cid, cid, loop.time() + guard + self._grace)
-        self._pending[cid] = (fut, slot)
+        self._deadlines.add(cid, loop.time() + guard + self._grace)
+        self._pending[cid] = fut
         self._wire.send([REQUEST, cid, name, data, timeout_ms])
         try:
             return await fut
         finally:
-            entry = self._pending.pop(cid, None)
-            if entry is not None:
-                self._deadlines.remove(entry[1], cid)
+            self._pending.pop(cid, None)
 
     # -- providing -----------------------------------------------------------------------
 
@@ -244,15 +242,13 @@ class Client:
         loop = self._wire.loop
         ref = next(self._ids)
         fut = loop.create_future()
-        slot = self._deadlines.add(ref, ref, loop.time() + self._open_timeout)
-        self._pending[ref] = (fut, slot)
+        self._deadlines.add(ref, loop.time() + self._open_timeout)
+        self._pending[ref] = fut
         self._wire.send([kind, ref] if names is None else [kind, ref, names])
         try:
             return await fut
         finally:
-            entry = self._pending.pop(ref, None)
-            if entry is not None:
-                self._deadlines.remove(entry[1], ref)
+            self._pending.pop(ref, None)
 
     # -- frames in -----------------------------------------------------------------------
 
@@ -299,11 +295,9 @@ class Client:
                 self._auth.set_exception(errors.error_from_code(msg[1], msg[2]))
 
     def _settle(self, ref: int, result: Any, exc: BaseException | None) -> None:
-        entry = self._pending.pop(ref, None)
-        if entry is None:
+        fut = self._pending.pop(ref, None)
+        if fut is None:
             return  # cancelled or timed out here already: a late answer
-        fut, slot = entry
-        self._deadlines.remove(slot, ref)
         if not fut.done():
             if exc is None:
                 fut.set_result(result)
@@ -357,11 +351,9 @@ class Client:
         kind = msg[0]
         if kind == RESPONSE:
             return [ERROR, msg[1], errors.PROVIDER_ERROR, f"result is not serializable: {exc}"]
-        entry = self._pending.pop(msg[1], None) if kind in (REQUEST, PROVIDE) else None
-        if entry is not None:
-            self._deadlines.remove(entry[1], msg[1])
-            if not entry[0].done():
-                entry[0].set_exception(TypeError(f"call data is not serializable: {exc}"))
+        fut = self._pending.pop(msg[1], None) if kind == REQUEST else None
+        if fut is not None and not fut.done():
+            fut.set_exception(TypeError(f"call data is not serializable: {exc}"))
         return None
 
     # -- failure -------------------------------------------------------------------------
@@ -371,9 +363,9 @@ class Client:
         while True:
             await asyncio.sleep(0.05)
             for ref in self._deadlines.expire(loop.time()):
-                entry = self._pending.pop(ref, None)
-                if entry is not None and not entry[0].done():
-                    entry[0].set_exception(errors.ResponseTimeoutError(
+                fut = self._pending.pop(ref, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(errors.ResponseTimeoutError(
                         None, "no answer from the node within the deadline"))
 
     def _on_lost(self, exc: BaseException | None) -> None:
@@ -388,7 +380,7 @@ class Client:
         if self._auth is not None and not self._auth.done():
             self._auth.set_exception(exc)
         pending, self._pending = self._pending, {}
-        for fut, _slot in pending.values():
+        for fut in pending.values():
             if not fut.done():
                 fut.set_exception(exc)
         running, self._running = self._running, {}

@@ -185,6 +185,7 @@ async def test_caller_gone_its_answer_is_discarded_quietly(node):
 
 
 async def test_thousands_of_concurrent_calls_all_answered_correctly(node):
+    before = stats(node)["router"]
     async with clients.connect(node.url) as p1, clients.connect(node.url) as p2, \
             clients.connect(node.url) as p3, clients.connect(node.url) as c1, \
             clients.connect(node.url) as c2:
@@ -199,7 +200,9 @@ async def test_thousands_of_concurrent_calls_all_answered_correctly(node):
         results = await asyncio.gather(*calls)
         assert results == [i * i for i in range(4000) for _ in (c1, c2)]
     s = stats(node)
-    assert s["pending"] == 0 and s["timers"] == 0     # every finished call left every table
+    assert s["pending"] == 0                # every finished call left the call table
+    for key in ("response_timeouts", "ack_timeouts", "late", "foreign", "discarded"):
+        assert s["router"][key] == before[key], key
 
 
 async def test_connection_lost_fails_pending_calls_at_once(start_node):

@@ -41,9 +41,15 @@ def requests_to(peer):
 
 
 def assert_empty(router, *callers):
-    assert router.pending == 0 and router.timers == 0
+    """No call pending, no caller counted in flight, and the deadlines left send nothing."""
+    assert router.pending == 0
     for c in callers:
         assert c.inflight == 0
+    peers = {id(c): c for c in callers}
+    before = {k: len(c.sent) for k, c in peers.items()}
+    router.tick(10_000.0)
+    assert router.timers == 0
+    assert {k: len(c.sent) for k, c in peers.items()} == before
 
 
 def test_call_reaches_the_provider_and_the_answer_reaches_the_caller():

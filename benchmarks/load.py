@@ -1,0 +1,200 @@
+"""One-node load benchmark: calls/s, latency, node CPU per call, messages per frame.
+
+    python -m benchmarks.load                          # deepstream's shape: 1 provider, 4 callers, 200 in flight
+    python -m benchmarks.load --callers 4 --conns 50 --inflight 1   # 200 connections x 1 in flight
+    python -m benchmarks.load --url ws://host:port     # aim at a running node (no node CPU figures)
+
+Providers and callers run in their own processes (benchmarks/workers.py). The
+baseline, measured in the same run with the same callers and shape, is a
+direct echo server on the same I/O stack with no routing hop and no provider:
+``rpcbus ÷ direct`` is the cost of being a broker. Every run is bounded by
+``--duration`` and ``--max-calls``; traffic stays on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from broker.process import NodeProcess
+
+
+def _spawn(role: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.workers", role, *args],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+
+
+def _first_line(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"worker exited with {proc.wait()}")
+    return json.loads(line)
+
+
+def _stats(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url.replace("ws://", "http://") + "/stats", timeout=10) as r:
+        return json.load(r)
+
+
+def _percentile(sorted_values: list[int], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return float(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))])
+
+
+def run_callers(url: str, args: argparse.Namespace, cpu_of: Any = None,
+                stats_url: str | None = None) -> dict[str, Any]:
+    """Run the callers against ``url``; sample node CPU and /stats over the measured window."""
+    per_caller = max(1, args.max_calls // args.callers)
+    start_at = time.time() + 1.5 + args.callers * args.conns * 0.004
+    callers = [_spawn("caller", "--url", url, "--conns", str(args.conns),
+                      "--inflight", str(args.inflight), "--payload", str(args.payload),
+                      "--duration", str(args.duration), "--warmup", str(args.warmup),
+                      "--max-calls", str(per_caller), "--start-at", str(start_at),
+                      "--rpc", args.rpc)
+               for _ in range(args.callers)]
+    time.sleep(max(0.0, start_at + args.warmup - time.time()))
+    cpu0 = cpu_of() if cpu_of else None
+    s0 = _stats(stats_url) if stats_url else None
+    t0 = time.perf_counter()
+    _progress(args.duration)
+    time.sleep(max(0.0, args.duration - (time.perf_counter() - t0)))
+    cpu1 = cpu_of() if cpu_of else None
+    s1 = _stats(stats_url) if stats_url else None
+    results = [json.loads(c.communicate(timeout=args.duration + 60)[0].strip().splitlines()[-1])
+               for c in callers]
+    measured = sum(r["measured"] for r in results)
+    latencies = sorted(v for r in results for v in r["latencies_us"])
+    errors: dict[str, int] = {}
+    for r in results:
+        for code, n in r["errors"].items():
+            errors[code] = errors.get(code, 0) + n
+    out: dict[str, Any] = {
+        "calls_per_s": measured / args.duration,
+        "calls_measured": measured,
+        "calls_total": sum(r["total"] for r in results),
+        "unanswered": sum(r["unanswered"] for r in results),
+        "errors": errors,
+        "p50_us": _percentile(latencies, 0.50),
+        "p99_us": _percentile(latencies, 0.99),
+        "max_us": float(latencies[-1]) if latencies else float("nan"),
+    }
+    if cpu0 is not None and measured:
+        out["node_cpu_us_per_call"] = (cpu1 - cpu0) * 1e6 / measured
+        out["node_cpu_share"] = (cpu1 - cpu0) / args.duration
+    if s0 and s1:
+        d_in = s1["io"].get("frames_in", 0) - s0["io"].get("frames_in", 0)
+        d_min = s1["io"].get("messages_in", 0) - s0["io"].get("messages_in", 0)
+        d_out = s1["io"].get("frames_out", 0) - s0["io"].get("frames_out", 0)
+        d_mout = s1["io"].get("messages_out", 0) - s0["io"].get("messages_out", 0)
+        out["msgs_per_frame_in"] = d_min / d_in if d_in else float("nan")
+        out["msgs_per_frame_out"] = d_mout / d_out if d_out else float("nan")
+    return out
+
+
+def _progress(duration: float) -> None:
+    print(f"  measuring for {duration:.0f} s ...", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="an existing node (default: start one)")
+    ap.add_argument("--providers", type=int, default=1, help="provider processes")
+    ap.add_argument("--callers", type=int, default=4, help="caller processes")
+    ap.add_argument("--conns", type=int, default=1, help="connections per caller process")
+    ap.add_argument("--inflight", type=int, default=50, help="calls in flight per connection")
+    ap.add_argument("--payload", type=int, default=16, help="bytes of data per call")
+    ap.add_argument("--duration", type=float, default=5.0, help="measured seconds")
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
+    ap.add_argument("--max-calls", type=int, default=5_000_000, help="hard cap on calls")
+    ap.add_argument("--rpc", default="bench.echo")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the direct echo baseline")
+    ap.add_argument("--out", help="write the JSON result here too")
+    args = ap.parse_args(argv)
+    shape = (f"{args.providers} provider(s), {args.callers} caller process(es) x {args.conns} "
+             f"conn(s) x {args.inflight} in flight = {args.callers * args.conns * args.inflight}; "
+             f"payload {args.payload} B")
+    print(f"shape: {shape}", file=sys.stderr)
+    result: dict[str, Any] = {"shape": shape, "args": vars(args)}
+
+    if not args.no_baseline:
+        print("baseline: direct echo server (same I/O stack, no routing) ...", file=sys.stderr)
+        echo = _spawn("echo")
+        try:
+            result["baseline"] = run_callers(_first_line(echo)["url"], args,
+                                             cpu_of=_cpu_reader(echo.pid))
+        finally:
+            echo.kill()
+            echo.wait()
+
+    node = None
+    providers: list[subprocess.Popen[str]] = []
+    try:
+        url = args.url
+        if url is None:
+            node = NodeProcess().start()
+            url = node.url
+        print(f"rpcbus node at {url} ...", file=sys.stderr)
+        providers = [_spawn("provider", "--url", url, "--rpc", args.rpc)
+                     for _ in range(args.providers)]
+        for prov in providers:
+            _first_line(prov)
+        result["rpcbus"] = run_callers(url, args, cpu_of=_cpu_reader(node.pid) if node else None,
+                                       stats_url=url)
+    finally:
+        for prov in providers:
+            prov.kill()
+            prov.wait()
+        if node is not None:
+            node.stop()
+
+    if "baseline" in result:
+        base = result["baseline"]
+        result["ratio_calls_per_s"] = result["rpcbus"]["calls_per_s"] / base["calls_per_s"]
+        result["ratio_p99"] = result["rpcbus"]["p99_us"] / base["p99_us"]
+    print(_summary(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+def _cpu_reader(pid: int) -> Any:
+    import psutil
+
+    proc = psutil.Process(pid)
+
+    def read() -> float:
+        t = proc.cpu_times()
+        return t.user + t.system
+
+    return read
+
+
+def _summary(result: dict[str, Any]) -> str:
+    lines = [f"shape: {result['shape']}",
+             f"{'':10} {'calls/s':>10} {'p50 µs':>8} {'p99 µs':>8} {'max µs':>8} "
+             f"{'CPU µs/call':>12} {'msgs/frame in/out':>18} errors"]
+    for key in ("baseline", "rpcbus"):
+        r = result.get(key)
+        if r is None:
+            continue
+        frames = (f"{r['msgs_per_frame_in']:.1f}/{r['msgs_per_frame_out']:.1f}"
+                  if "msgs_per_frame_in" in r else "-")
+        lines.append(f"{key:10} {r['calls_per_s']:>10,.0f} {r['p50_us']:>8.0f} {r['p99_us']:>8.0f} "
+                     f"{r['max_us']:>8.0f} {r.get('node_cpu_us_per_call', float('nan')):>12.2f} "
+                     f"{frames:>18} {r['errors'] or '-'} unanswered={r['unanswered']}")
+    if "ratio_calls_per_s" in result:
+        lines.append(f"rpcbus ÷ direct: throughput {result['ratio_calls_per_s']:.2f}, "
+                     f"p99 {result['ratio_p99']:.2f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Load-generator processes: a lean caller, an SDK provider, and a direct echo server.
+
+Each runs as ``python -m benchmarks.workers ROLE ...`` in its own process, so
+the load generator never competes with the node inside one interpreter. A
+caller prints one JSON line with its counts and latency sample at the end.
+
+The caller keeps W calls in flight per connection without a Task or future per
+call: each RESPONSE immediately sends the next REQUEST from the frame
+callback (like wrk's pipelining), so the figures measure the node, not the
+caller's own overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect as ws_connect
+from websockets.asyncio.server import ServerConnection, serve
+
+import clients
+from broker.cli import use_uvloop
+from clients import protocol as p
+from clients.transport import FrameIO
+
+
+class _CallerWire(FrameIO, ClientConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_frame_io()
+        self.run: "CallerRun | None" = None
+
+    def process_event(self, event: Any) -> None:
+        if self.response is None:
+            ClientConnection.process_event(self, event)
+        else:
+            self._frame_event(event)
+
+    def _control_event(self, event: Any) -> None:
+        ClientConnection.process_event(self, event)
+
+    def frame_received(self, data: bytes) -> None:
+        self.run.on_frame(self, data)
+
+
+class CallerRun:
+    """Counts and samples calls over [start, end); stops sending at ``stop_at`` or the cap."""
+
+    def __init__(self, rpc: str, payload: bytes, start: float, end: float, cap: int,
+                 sample_every: int) -> None:
+        self.rpc, self.payload = rpc, payload
+        self.start, self.end, self.cap = start, end, cap
+        self.sample_every = sample_every
+        self.sent_at: dict[int, float] = {}
+        self.next_id = 0
+        self.measured = 0
+        self.total = 0
+        self.errors: dict[str, int] = {}
+        self.latencies_us: list[int] = []
+        self.done = asyncio.Event()
+
+    def send_one(self, wire: _CallerWire, now: float) -> None:
+        if now >= self.end or self.total >= self.cap:
+            if not self.sent_at:
+                self.done.set()
+            return
+        self.next_id += 1
+        self.sent_at[self.next_id] = now
+        wire.send([p.REQUEST, self.next_id, self.rpc, self.payload, 10_000])
+
+    def on_frame(self, wire: _CallerWire, data: bytes) -> None:
+        now = time.perf_counter()
+        for msg in p.decode(data):
+            kind = msg[0]
+            if kind not in (p.RESPONSE, p.ERROR):
+                continue
+            sent = self.sent_at.pop(msg[1], None)
+            if sent is None:
+                continue
+            self.total += 1
+            if kind == p.ERROR:
+                self.errors[msg[2]] = self.errors.get(msg[2], 0) + 1
+            elif self.start <= now < self.end:
+                self.measured += 1
+                if self.measured % self.sample_every == 0:
+                    self.latencies_us.append(int((now - sent) * 1e6))
+            self.send_one(wire, now)
+
+
+async def run_caller(args: argparse.Namespace) -> None:
+    wires = []
+    for _ in range(args.conns):
+        wire = await ws_connect(args.url, create_connection=_CallerWire, compression=None,
+                                max_size=None, ping_interval=None)
+        wires.append(wire)
+    loop = asyncio.get_running_loop()
+    for wire in wires:  # AUTH, then wait for AUTH_OK through the plain path below
+        fut = loop.create_future()
+        wire.run = _AuthWaiter(fut)
+        wire.send([p.AUTH, {"protocol": p.PROTOCOL_VERSION, "name": "bench-caller"}])
+        await fut
+    # Wall clock to agree with the other processes on when to start; then perf_counter.
+    await asyncio.sleep(max(0.0, args.start_at - time.time()))
+    t0 = time.perf_counter()
+    run = CallerRun(args.rpc, os.urandom(args.payload), t0 + args.warmup,
+                    t0 + args.warmup + args.duration, args.max_calls, args.sample_every)
+    for wire in wires:
+        wire.run = run
+        for _ in range(args.inflight):
+            run.send_one(wire, t0)
+    try:
+        async with asyncio.timeout(args.warmup + args.duration + 15):
+            await run.done.wait()
+    except TimeoutError:
+        pass
+    print(json.dumps({"measured": run.measured, "total": run.total, "errors": run.errors,
+                      "unanswered": len(run.sent_at), "latencies_us": run.latencies_us,
+                      "sample_every": run.sample_every}), flush=True)
+
+
+class _AuthWaiter:
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+
+    def on_frame(self, wire: Any, data: bytes) -> None:
+        for msg in p.decode(data):
+            if msg[0] == p.AUTH_OK and not self.fut.done():
+                self.fut.set_result(None)
+
+
+async def run_provider(args: argparse.Namespace) -> None:
+    async with clients.connect(args.url, name="bench-provider", ping_interval=None) as c:
+        await c.provide(args.rpc, lambda data: data)
+        print(json.dumps({"ready": True}), flush=True)
+        await asyncio.Event().wait()  # until killed
+
+
+class _EchoSession(FrameIO, ServerConnection):
+    """The baseline: answers every REQUEST itself, on the same I/O stack, with no routing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_frame_io()
+
+    def process_event(self, event: Any) -> None:
+        if self.request is None:
+            ServerConnection.process_event(self, event)
+        else:
+            self._frame_event(event)
+
+    def _control_event(self, event: Any) -> None:
+        ServerConnection.process_event(self, event)
+
+    def frame_received(self, data: bytes) -> None:
+        for msg in p.decode(data):
+            if msg[0] == p.REQUEST:
+                self.send([p.RESPONSE, msg[1], msg[3]])
+            elif msg[0] == p.AUTH:
+                self.send([p.AUTH_OK, {"node": "echo", "session": "e"}])
+
+
+async def run_echo(args: argparse.Namespace) -> None:
+    async def handler(conn: Any) -> None:
+        await conn.wait_closed()
+
+    async with serve(handler, "127.0.0.1", 0, create_connection=_EchoSession, compression=None,
+                     max_size=None, ping_interval=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        print(json.dumps({"url": f"ws://127.0.0.1:{port}"}), flush=True)
+        await asyncio.Event().wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.workers")
+    ap.add_argument("role", choices=["caller", "provider", "echo"])
+    ap.add_argument("--url", default="")
+    ap.add_argument("--rpc", default="bench.echo")
+    ap.add_argument("--conns", type=int, default=1)
+    ap.add_argument("--inflight", type=int, default=50)
+    ap.add_argument("--payload", type=int, default=16)
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--max-calls", type=int, default=10_000_000)
+    ap.add_argument("--sample-every", type=int, default=4)
+    ap.add_argument("--start-at", type=float, default=0.0)
+    args = ap.parse_args(argv)
+    use_uvloop(True)
+    role = {"caller": run_caller, "provider": run_provider, "echo": run_echo}[args.role]
+    try:
+        asyncio.run(role(args))
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -59,6 +59,7 @@ class CallerRun:
         self.sent_at: dict[int, float] = {}
         self.next_id = 0
         self.measured = 0
+        self.last_measured = start  # when the last measured call ended (the cap may end early)
         self.total = 0
         self.errors: dict[str, int] = {}
         self.latencies_us: list[int] = []
@@ -87,6 +88,7 @@ class CallerRun:
                 self.errors[msg[2]] = self.errors.get(msg[2], 0) + 1
             elif self.start <= now < self.end:
                 self.measured += 1
+                self.last_measured = now
                 if self.measured % self.sample_every == 0:
                     self.latencies_us.append(int((now - sent) * 1e6))
             self.send_one(wire, now)
@@ -118,7 +120,10 @@ async def run_caller(args: argparse.Namespace) -> None:
             await run.done.wait()
     except TimeoutError:
         pass
-    print(json.dumps({"measured": run.measured, "total": run.total, "errors": run.errors,
+    capped = run.total >= run.cap
+    span = (run.last_measured - run.start) if capped else args.duration
+    print(json.dumps({"measured": run.measured, "span": span, "capped": capped,
+                      "total": run.total, "errors": run.errors,
                       "unanswered": len(run.sent_at), "latencies_us": run.latencies_us,
                       "sample_every": run.sample_every}), flush=True)
 

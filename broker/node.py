@@ -144,6 +144,7 @@ class Node:
         self.router.drop_peer(session, asyncio.get_running_loop().time())
         totals = self._closed_totals
         totals["frames_in"] += session.frames_in
+        totals["fast_frames_in"] += session.fast_frames_in
         totals["frames_out"] += session.frames_out
         totals["messages_out"] += session.messages_out
         totals["dropped_out"] += session.dropped_out
@@ -170,6 +171,7 @@ class Node:
         totals = Counter(self._closed_totals)
         for s in self.sessions:
             totals["frames_in"] += s.frames_in
+            totals["fast_frames_in"] += s.fast_frames_in
             totals["frames_out"] += s.frames_out
             totals["messages_out"] += s.messages_out
             totals["dropped_out"] += s.dropped_out

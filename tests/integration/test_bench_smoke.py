@@ -1,0 +1,21 @@
+"""The load benchmark still runs end to end (a tiny run; real runs are manual)."""
+
+import json
+import subprocess
+import sys
+
+
+def test_load_benchmark_smoke(tmp_path):
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.load", "--duration", "0.5", "--warmup", "0.2",
+         "--callers", "1", "--inflight", "20", "--max-calls", "30000", "--out", str(out)],
+        capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    for side in ("baseline", "rpcbus"):
+        r = result[side]
+        assert r["calls_measured"] > 0 and r["errors"] == {} and r["unanswered"] == 0, r
+    assert result["rpcbus"]["node_cpu_us_per_call"] > 0
+    assert result["rpcbus"]["msgs_per_frame_in"] >= 1
+    assert "rpcbus ÷ direct" in run.stdout

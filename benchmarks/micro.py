@@ -1,0 +1,80 @@
+"""Micro benchmarks of the pure parts, apart from the end-to-end load (no sockets).
+
+    python -m benchmarks.micro
+
+Prints µs per operation for the router (one call: REQUEST in, RESPONSE in) and
+the codec (decode, check and encode one message of a 60-message frame), each
+next to a baseline measured in the same run: a dict insert + delete, the least
+any call table must do. Ratios to it compare across machines; microseconds
+do not.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from broker.router import Router
+from clients.protocol import REQUEST, check_from_client, decode, encode
+
+
+class _Peer:
+    __slots__ = ("label", "closed", "inflight", "provides", "out")
+
+    def __init__(self, label: str) -> None:
+        self.label, self.closed, self.inflight = label, False, 0
+        self.provides: set[str] = set()
+        self.out: list[list[Any]] = []
+
+    def send(self, msg: list[Any]) -> None:
+        self.out.append(msg)
+
+
+def _per_op(fn: Any, n: int) -> float:
+    fn(n // 10)  # warm up
+    t0 = time.perf_counter()
+    fn(n)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def bench_router(n: int) -> None:
+    r = Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0, now=0.0)
+    caller, prov = _Peer("c"), _Peer("p")
+    r.provide(prov, ["bench.echo"])
+    data = b"x" * 16
+    to_prov, to_caller = prov.out, caller.out
+    for i in range(n):
+        r.request(caller, i, "bench.echo", data, 10_000, 0.0)
+        r.respond(prov, to_prov.pop()[1], data)
+        to_caller.pop()
+    r.tick(100.0)
+
+
+def bench_codec(n: int) -> None:
+    frame = encode([[REQUEST, i, "bench.echo", b"x" * 16, 10_000] for i in range(60)])
+    for _ in range(max(1, n // 60)):
+        msgs = decode(frame)
+        for m in msgs:
+            check_from_client(m)
+        encode(msgs)
+
+
+def bench_dict(n: int) -> None:
+    d: dict[int, int] = {}
+    for i in range(n):
+        d[i] = i
+        del d[i]
+
+
+def main() -> None:
+    n = 300_000
+    base = _per_op(bench_dict, n)
+    router = _per_op(bench_router, n)
+    codec = _per_op(bench_codec, n)
+    print(f"baseline dict insert+delete   {base:6.3f} µs")
+    print(f"router, one call              {router:6.3f} µs   {router / base:5.1f}x baseline")
+    print(f"codec, per message            {codec:6.3f} µs   {codec / base:5.1f}x baseline")
+
+
+if __name__ == "__main__":
+    main()

@@ -30,19 +30,7 @@ from clients.transport import FrameIO
 
 
 class _CallerWire(FrameIO, ClientConnection):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_frame_io()
-        self.run: "CallerRun | None" = None
-
-    def process_event(self, event: Any) -> None:
-        if self.response is None:
-            ClientConnection.process_event(self, event)
-        else:
-            self._frame_event(event)
-
-    def _control_event(self, event: Any) -> None:
-        ClientConnection.process_event(self, event)
+    run: "CallerRun | _AuthWaiter"
 
     def frame_received(self, data: bytes) -> None:
         self.run.on_frame(self, data)
@@ -147,19 +135,6 @@ async def run_provider(args: argparse.Namespace) -> None:
 
 class _EchoSession(FrameIO, ServerConnection):
     """The baseline: answers every REQUEST itself, on the same I/O stack, with no routing."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_frame_io()
-
-    def process_event(self, event: Any) -> None:
-        if self.request is None:
-            ServerConnection.process_event(self, event)
-        else:
-            self._frame_event(event)
-
-    def _control_event(self, event: Any) -> None:
-        ServerConnection.process_event(self, event)
 
     def frame_received(self, data: bytes) -> None:
         for msg in p.decode(data):

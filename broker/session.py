@@ -55,7 +55,6 @@ class Session(FrameIO, ServerConnection):
 
     def __init__(self, protocol: Any, server: Any, *, node: "Node", **kwargs: Any) -> None:
         super().__init__(protocol, server, **kwargs)
-        self._init_frame_io()
         limits = node.config.limits
         self.node = node
         self.router = node.router
@@ -74,15 +73,6 @@ class Session(FrameIO, ServerConnection):
         self._auth_timer: Any = None
 
     # -- websockets hooks --------------------------------------------------------------
-
-    def process_event(self, event: Any) -> None:
-        if self.request is None:          # the handshake request
-            ServerConnection.process_event(self, event)
-        else:
-            self._frame_event(event)
-
-    def _control_event(self, event: Any) -> None:
-        ServerConnection.process_event(self, event)
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)

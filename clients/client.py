@@ -29,6 +29,7 @@ from typing import Any, Awaitable, Callable
 
 import structlog
 from websockets.asyncio.client import ClientConnection, connect as ws_connect
+from websockets.exceptions import WebSocketException
 
 from . import errors
 from .deadlines import Deadlines
@@ -73,19 +74,6 @@ class _Wire(FrameIO, ClientConnection):
     """The client's websockets connection, with frames handed to the Client as they arrive."""
 
     owner: "Client"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_frame_io()
-
-    def process_event(self, event: Any) -> None:
-        if self.response is None:
-            ClientConnection.process_event(self, event)
-        else:
-            self._frame_event(event)
-
-    def _control_event(self, event: Any) -> None:
-        ClientConnection.process_event(self, event)
 
     def frame_received(self, data: bytes) -> None:
         self.owner._on_frame(data)
@@ -148,7 +136,7 @@ class Client:
                     params["name"] = self.name
                 wire.send([AUTH, params])
                 self.session = await self._auth
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, WebSocketException) as exc:
             await self._abort()
             raise errors.ConnectionLostError(None, f"cannot connect to {self.url}: {exc}") from exc
         except BaseException:

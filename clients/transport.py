@@ -32,7 +32,7 @@ from typing import Any
 import os
 
 import msgpack
-from websockets.frames import BINARY, CONT, TEXT, CloseCode
+from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
 from websockets.protocol import OPEN, SERVER
 
 try:
@@ -102,15 +102,17 @@ def _at_frame_boundary(protocol: Any) -> bool:
 class FrameIO:
     """Mixin for a websockets asyncio connection; see the module docstring.
 
-    Subclasses implement ``frame_received(data)`` (one binary message, called
-    from ``data_received``: it must not block and should not raise) and may
+    List it first: ``class Session(FrameIO, ServerConnection)``. Subclasses
+    implement ``frame_received(data)`` (one binary message, called from
+    ``data_received``: it must not block and should not raise) and may
     override ``text_received``, ``unencodable`` and ``on_slow_consumer``.
     """
 
     max_out_frame = 1 << 20
     max_write_buffer = 64 << 20
 
-    def _init_frame_io(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._out: list[list[Any]] = []
         self._fragments: list[bytes] | None = None
         self._fragment_text = False
@@ -187,8 +189,14 @@ class FrameIO:
             return  # still waiting for the rest of the same frame
         self._inbuf = bytearray(buf[pos:]) if pos < n else b""
 
-    def _frame_event(self, event: Any) -> None:
-        """Route a frame event after the handshake (call from ``process_event``)."""
+    def process_event(self, event: Any) -> None:
+        """websockets' hook: the handshake event goes to it, frames come here."""
+        if isinstance(event, Frame):
+            self._frame_event(event)
+        else:
+            super().process_event(event)
+
+    def _frame_event(self, event: Frame) -> None:
         opcode = event.opcode
         if opcode is BINARY or opcode is TEXT:
             if event.fin:
@@ -212,11 +220,8 @@ class FrameIO:
                     self.text_received()
                 else:
                     self.frame_received(data)
-        else:
-            self._control_event(event)
-
-    def _control_event(self, event: Any) -> None:
-        raise NotImplementedError  # set by the concrete class to its base's process_event
+        else:  # control frames: websockets answers pings, matches pongs, closes
+            super().process_event(event)
 
     def frame_received(self, data: bytes) -> None:
         raise NotImplementedError

@@ -68,6 +68,23 @@ async def test_handler_exception_answers_provider_error_with_the_message_only(no
             await c.call("broken.later")
 
 
+async def test_values_msgpack_cannot_carry_fail_that_call_only(node):
+    async with clients.connect(node.url) as prov, clients.connect(node.url) as c:
+        await prov.provide("odd", lambda d: object() if d == "object" else d)
+        results = await asyncio.gather(c.call("odd", "object"), c.call("odd", "fine"),
+                                       return_exceptions=True)
+        assert isinstance(results[0], clients.ProviderError)
+        assert "not serializable" in results[0].message and results[1] == "fine"
+        with pytest.raises(TypeError, match="not serializable"):
+            await c.call("odd", {1, 2})
+        assert await c.call("odd", "still fine") == "still fine"
+
+
+async def test_unreachable_node_is_connection_lost():
+    with pytest.raises(clients.ConnectionLostError, match="cannot connect"):
+        await clients.connect("ws://127.0.0.1:9", open_timeout=2)
+
+
 async def test_reject_hands_the_call_to_another_provider(node):
     seen = Counter()
 

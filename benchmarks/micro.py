@@ -19,10 +19,10 @@ from clients.protocol import REQUEST, check_from_client, decode, encode
 
 
 class _Peer:
-    __slots__ = ("label", "closed", "inflight", "provides", "out")
+    __slots__ = ("label", "closed", "inflight", "provides", "out", "is_node")
 
     def __init__(self, label: str) -> None:
-        self.label, self.closed, self.inflight = label, False, 0
+        self.label, self.closed, self.inflight, self.is_node = label, False, 0, False
         self.provides: set[str] = set()
         self.out: list[list[Any]] = []
 

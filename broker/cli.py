@@ -35,15 +35,19 @@ def use_uvloop(wanted: bool) -> str:
 @click.option("--host", default=None, help="Address to listen on [127.0.0.1].")
 @click.option("--port", type=int, default=None, help="Port for WebSocket and HTTP (0: any free) [6020].")
 @click.option("--name", default=None, help="Node name [node-<random>].")
+@click.option("--redis", "redis_url", default=None,
+              help="Join the cluster on this Redis (redis://host:port/db).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               default=None, help="TOML file (see conf/rpcbus.toml).")
-def node(host: str | None, port: int | None, name: str | None, config_file: str | None) -> None:
+def node(host: str | None, port: int | None, name: str | None, redis_url: str | None,
+         config_file: str | None) -> None:
     """Run one broker node until SIGTERM or Ctrl-C (then drain and exit 0)."""
     from .node import Node
 
     try:
         cfg = config_mod.load(config_file, overrides={
-            "node": {"host": host, "port": port, "name": name}})
+            "node": {"host": host, "port": port, "name": name},
+            "cluster": {"redis_url": redis_url}})
     except config_mod.ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     node_ = Node(cfg)

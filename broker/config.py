@@ -63,6 +63,18 @@ class ServerSection:
 
 
 @dataclass
+class ClusterSection:
+    redis_url: str = ""             # empty: a standalone node
+    namespace: str = "rpcbus"
+    heartbeat_interval: float = 1.0
+    heartbeat_misses: int = 3
+    provider_cache_ttl: float = 60.0
+    negative_ttl: float = 1.0
+    query_timeout: float = 0.25
+    prefer_local: bool = False
+
+
+@dataclass
 class LogSection:
     level: str = "info"
     format: str = "auto"
@@ -75,6 +87,7 @@ class Config:
     limits: LimitsSection = field(default_factory=LimitsSection)
     auth: AuthSection = field(default_factory=AuthSection)
     server: ServerSection = field(default_factory=ServerSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
     log: LogSection = field(default_factory=LogSection)
 
     def as_dict(self) -> dict[str, dict[str, Any]]:

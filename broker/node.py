@@ -44,7 +44,9 @@ class Node:
             granularity=config.rpc.timer_granularity,
             max_name=config.limits.max_name_length,
             now=time.monotonic(),  # asyncio's clock
+            prefer_local=config.cluster.prefer_local,
         )
+        self.link: Any = None  # the ClusterLink when cluster.redis_url is set
         self.sessions: set[Session] = set()
         self.stats: Counter[str] = Counter()
         self.ready = False
@@ -79,17 +81,28 @@ class Node:
             close_timeout=cfg.server.close_timeout,
             server_header=None,
         )
+        self.port = server.sockets[0].getsockname()[1]
+        host = cfg.node.host if ":" not in cfg.node.host else f"[{cfg.node.host}]"
+        self.url = f"ws://{host}:{self.port}"
+        bus = None
+        if cfg.cluster.redis_url:
+            from cluster.link import ClusterLink
+            self.link = ClusterLink(self.router, cfg.cluster, self.name, self.url,
+                                    self._heartbeat_info)
+            bus = asyncio.create_task(self.link.run(), name="rpcbus-bus")
         ticker = asyncio.create_task(self._tick_forever(), name="rpcbus-ticker")
         try:
-            self.port = server.sockets[0].getsockname()[1]
-            host = cfg.node.host if ":" not in cfg.node.host else f"[{cfg.node.host}]"
-            self.url = f"ws://{host}:{self.port}"
             self.ready = True
-            log.info("node_ready", node=self.name, url=self.url, port=self.port)
+            if self.link is not None:
+                self.link.set_state("ready")
+            log.info("node_ready", node=self.name, url=self.url, port=self.port,
+                     cluster=bool(self.link))
             await self._stop.wait()
             await self._shutdown(server)
         finally:
             ticker.cancel()
+            if bus is not None:
+                bus.cancel()
             server.close(close_connections=True)
             await server.wait_closed()
             log.info("node_stopped", node=self.name, **self.router.stats.as_dict())
@@ -98,6 +111,8 @@ class Node:
         self.ready = False
         self.draining = True
         server.server.close()  # stop listening; existing connections stay
+        if self.link is not None:
+            self.link.set_state("terminating")  # other nodes stop sending new calls
         pending = self.router.pending
         log.info("node_draining", node=self.name, pending=pending,
                  deadline_s=self.config.server.drain_timeout)
@@ -118,7 +133,10 @@ class Node:
         router = self.router
         while True:
             await asyncio.sleep(interval)
-            router.tick(loop.time())
+            now = loop.time()
+            router.tick(now)
+            if self.link is not None:
+                self.link.tick(now)
             if self.draining and router.pending == 0:
                 self._drained.set()
 
@@ -166,6 +184,12 @@ class Node:
             return response
         return None  # everything else: the WebSocket handshake
 
+    def _heartbeat_info(self) -> dict[str, Any]:
+        """What this node tells the cluster in every heartbeat (for ``rpcbus status``)."""
+        return {"connections": len(self.sessions), "pending": self.router.pending,
+                "uptime_s": round(time.time() - self._started, 1),
+                "providers": self.router.provider_counts()}
+
     def snapshot(self) -> dict[str, Any]:
         """Counters for /stats and the benchmarks: outcomes, drops, frames and messages."""
         totals = Counter(self._closed_totals)
@@ -186,4 +210,5 @@ class Node:
             "providers": self.router.provider_counts(),
             "router": self.router.stats.as_dict(),
             "io": {**dict(self.stats), **dict(totals)},
+            "cluster": self.link.snapshot() if self.link is not None else None,
         }

@@ -23,7 +23,19 @@ Per call (docs/protocol.md has the diagram)::
 
 A peer is any object with ``send(msg)``, ``closed`` (bool), ``label`` (how
 providers see it as a caller), ``inflight`` (calls it made that are pending,
-kept up to date here) and ``provides`` (a set of names, kept here).
+kept up to date here), ``provides`` (a set of names, kept here) and
+``is_node``: False for a client's session, True for another node of the
+cluster, as a provider (its REQUESTs become INVOKEs) or as a caller (INVOKEs
+it sent; they may only go to local providers, and an accept is reported back).
+
+In a cluster the router also asks a ``ClusterView`` (cluster/link.py) for the
+other nodes that provide a name. The chance of a target is its provider count
+over the cluster-wide count: each local provider counts 1, a node counts its
+number of providers. A call for a name whose providers elsewhere are being
+discovered waits, with its deadline, until ``resume(name)``. A node attempt
+is first acknowledged (``ack``: the node has it) within the ack timeout;
+after that it waits for the node's ACCEPT, answer or REJECT until the
+call's deadline, and the node gets to try its own providers.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from typing import Any, Callable, Protocol
 from clients import errors
 from clients.deadlines import Deadlines
 from clients.protocol import (
+    ACCEPT,
     CANCEL,
     DEFAULT_MAX_NAME,
     ERROR,
@@ -49,15 +62,30 @@ class Peer(Protocol):
     label: str
     inflight: int
     provides: set[str]
+    is_node: bool
 
     def send(self, msg: list[Any]) -> None: ...
+
+
+class ClusterView(Protocol):
+    available: bool  # False while the cluster bus is down
+
+    def targets(self, name: str, now: float, discover: bool) -> list[tuple[Peer, int]] | None:
+        """Other nodes providing ``name`` as (node peer, provider count).
+
+        None when ``discover`` and the answer is not known yet: a discovery
+        has started and ``Router.resume(name)`` will follow.
+        """
+
+    def silent(self, name: str, node: Peer) -> None:
+        """``node`` did not acknowledge an attempt for ``name`` in time."""
 
 
 class Call:
     """One call from a caller, across all its attempts."""
 
     __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
-                 "accepted", "tried")
+                 "accepted", "acked", "tried", "local_only")
 
     def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float) -> None:
         self.caller = caller
@@ -66,7 +94,8 @@ class Call:
         self.data = data
         self.deadline = deadline
         self.tried: set[Peer] | None = None  # earlier providers; None while on the first
-        # id (the current attempt's), provider and accepted are set by each dispatch.
+        self.local_only = caller.is_node     # an INVOKE: never forwarded to a third node
+        # id (the current attempt's), provider, accepted and acked are set by each dispatch.
 
 
 class RouterStats:
@@ -74,7 +103,7 @@ class RouterStats:
 
     __slots__ = ("ok", "provider_errors", "no_provider", "response_timeouts",
                  "ack_timeouts", "rejects", "provider_gone", "retries", "late", "foreign",
-                 "discarded", "invalid_names")
+                 "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled")
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -89,12 +118,17 @@ class Router:
 
     def __init__(self, *, ack_timeout: float, response_timeout: float, max_timeout: float,
                  now: float, granularity: float = 0.01, max_name: int = DEFAULT_MAX_NAME,
-                 rand: Callable[[], float] = random.random) -> None:
+                 rand: Callable[[], float] = random.random,
+                 cluster: ClusterView | None = None, prefer_local: bool = False) -> None:
         self.ack_timeout = ack_timeout
         self.response_timeout = response_timeout
         self.max_timeout = max_timeout
         self.max_name = max_name
         self._rand = rand
+        self.cluster = cluster
+        self.prefer_local = prefer_local
+        self._parked: dict[str, list[Call]] = {}
+        self.count_changed: Callable[[str, int], None] | None = None  # (name, local count)
         self._providers: dict[str, list[Peer]] = {}
         self._calls: dict[int, Call] = {}
         self._provider_peers: set[Peer] = set()  # peers that ever provided: only they hold attempts
@@ -129,6 +163,8 @@ class Router:
             peers = self._providers.setdefault(name, [])
             if peer not in peers:
                 peers.append(peer)
+                if self.count_changed is not None:
+                    self.count_changed(name, len(peers))
             peer.provides.add(name)
 
     def unprovide(self, peer: Peer, names: list[str]) -> None:
@@ -139,15 +175,18 @@ class Router:
                 peers.remove(peer)
                 if not peers:
                     del self._providers[name]
+                if self.count_changed is not None:
+                    self.count_changed(name, len(peers))
             peer.provides.discard(name)
 
     def drop_peer(self, peer: Peer, now: float) -> None:
-        """``peer`` disconnected: unaccepted attempts go elsewhere, accepted ones fail now.
+        """``peer`` (a client, or a node) is gone: unaccepted attempts go elsewhere,
+        accepted ones fail now with PROVIDER_GONE.
 
         Calls it made as a caller finish as usual; their outcomes are discarded
         (counted) because the peer is closed.
         """
-        if peer not in self._provider_peers:
+        if peer not in self._provider_peers and not peer.is_node:
             return
         self._provider_peers.discard(peer)
         self.unprovide(peer, list(peer.provides))
@@ -156,15 +195,34 @@ class Router:
             if call.accepted:
                 self.stats.provider_gone += 1
                 self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
-                                      f"the provider of {call.name!r} disconnected"])
+                                      f"the provider of {call.name!r} is gone"])
             else:
                 self._retry(call, now)
+
+    def cluster_down(self, now: float) -> None:
+        """The bus is down: attempts at other nodes cannot finish; waiting calls resume.
+
+        An attempt the node had acknowledged may be running there, so it fails
+        with CLUSTER_UNAVAILABLE rather than run twice; one it had not goes to a
+        local provider if there is one.
+        """
+        for call in [c for c in self._calls.values() if c.provider is not None
+                     and c.provider.is_node]:
+            self._end_attempt(call)
+            if call.accepted or call.acked:
+                self.stats.cluster_unavailable += 1
+                self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                                      "the cluster bus went down during the call"])
+            else:
+                self._retry(call, now)
+        for name in list(self._parked):
+            self.resume(name, now)
 
     # -- calls -----------------------------------------------------------------------
 
     def request(self, caller: Peer, cid: int, name: str, data: Any,
                 timeout_ms: int | None, now: float) -> None:
-        """A caller's REQUEST: choose a provider and send it the call, or answer an error."""
+        """A REQUEST (or an INVOKE from another node): route it, or answer an error."""
         caller.inflight += 1
         if timeout_ms is None:
             timeout = self.response_timeout
@@ -173,17 +231,31 @@ class Router:
             if timeout > self.max_timeout:
                 timeout = self.max_timeout
         call = Call(caller, cid, name, data, now + timeout)
-        providers = self._providers.get(name)
-        if providers is None:
-            if not valid_name(name, self.max_name):
-                self.stats.invalid_names += 1
-                self._conclude(call, [ERROR, cid, errors.INVALID_MESSAGE,
-                                      f"invalid rpc name {name[:64]!r}"])
-                return
-            self.stats.no_provider += 1
-            self._conclude(call, [ERROR, cid, errors.NO_PROVIDER, f"no provider for {name!r}"])
+        local = self._providers.get(name)
+        if local is not None and self.cluster is None:
+            self._dispatch(call, local, (), now)  # one node: the common case, directly
             return
-        self._dispatch(call, providers, now)
+        if local is None and not valid_name(name, self.max_name):
+            self.stats.invalid_names += 1
+            self._conclude(call, [ERROR, cid, errors.INVALID_MESSAGE,
+                                  f"invalid rpc name {name[:64]!r}"])
+            return
+        self._route(call, now, discover=True)
+
+    def resume(self, name: str, now: float) -> None:
+        """Discovery of ``name`` finished: route the calls that waited for it."""
+        for call in self._parked.pop(name, ()):
+            if self._calls.get(call.id) is call:  # not timed out meanwhile
+                del self._calls[call.id]
+                self._route(call, now, discover=False)
+
+    def ack(self, peer: Peer, attempt: int) -> None:
+        """A node has the attempt: it may try all its providers until the call's deadline."""
+        call = self._attempt_of(peer, attempt)
+        if call is None or call.acked or call.accepted:
+            return
+        call.acked = True
+        self._deadlines.add(attempt, call.deadline)  # the ack deadline entry will be ignored
 
     def accept(self, peer: Peer, attempt: int, now: float) -> None:
         """The provider took the call: from now on only the response deadline applies."""
@@ -191,7 +263,10 @@ class Router:
         if call is None or call.accepted:
             return
         call.accepted = True
-        self._deadlines.add(attempt, call.deadline)  # the ack deadline entry will be ignored
+        if not call.acked:
+            self._deadlines.add(attempt, call.deadline)  # the ack deadline entry is ignored
+        if call.caller.is_node:
+            call.caller.send([ACCEPT, call.cid])  # tell the origin node
 
     def respond(self, peer: Peer, attempt: int, data: Any) -> None:
         """The provider's answer (an implicit accept): pass it to the caller."""
@@ -202,24 +277,35 @@ class Router:
         self.stats.ok += 1
         self._conclude(call, [RESPONSE, call.cid, data])
 
-    def provider_error(self, peer: Peer, attempt: int, message: str) -> None:
-        """The provider's handler failed: the caller gets PROVIDER_ERROR with its message."""
+    def provider_error(self, peer: Peer, attempt: int, message: str,
+                       code: str = errors.PROVIDER_ERROR) -> None:
+        """The provider's handler failed (or, from a node, the call failed there)."""
         call = self._attempt_of(peer, attempt)
         if call is None:
             return
         self._end_attempt(call)
         self.stats.provider_errors += 1
-        self._conclude(call, [ERROR, call.cid, errors.PROVIDER_ERROR,
-                              message[:MAX_ERROR_MESSAGE]])
+        self._conclude(call, [ERROR, call.cid, code, message[:MAX_ERROR_MESSAGE]])
 
     def reject(self, peer: Peer, attempt: int, now: float) -> None:
-        """The provider declined: the call goes to another provider not yet tried."""
+        """The provider (or node) declined: the call goes to another target not yet tried."""
         call = self._attempt_of(peer, attempt)
         if call is None:
             return
         self.stats.rejects += 1
         self._end_attempt(call)
         self._retry(call, now)
+
+    def cancel_from(self, caller: Peer, cid: int) -> None:
+        """The origin node gave up the INVOKE ``cid``: stop it here, answer nobody."""
+        for call in self._calls.values():
+            if call.caller is caller and call.cid == cid:
+                self._end_attempt(call)
+                self.stats.cancelled += 1
+                if call.provider is not None and not call.provider.closed:
+                    call.provider.send([CANCEL, call.id])
+                caller.inflight -= 1
+                return
 
     def tick(self, now: float) -> None:
         """Apply every deadline due by ``now``: ack timeouts retry, response timeouts fail."""
@@ -232,18 +318,21 @@ class Router:
                 self.stats.response_timeouts += 1
                 msg = [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
                        f"no response from {call.name!r} in time"]
-            elif call.accepted:
-                continue                  # the ack deadline of an accepted attempt
+            elif call.accepted or call.acked or call.provider is None:
+                continue                  # an ack deadline that no longer applies
             else:
                 self.stats.ack_timeouts += 1
                 msg = None
             del calls[attempt]
-            if not call.provider.closed:
-                call.provider.send([CANCEL, attempt])
-            if msg is None:
-                self._retry(call, now)
-            else:
+            provider = call.provider
+            if provider is not None and not provider.closed:
+                provider.send([CANCEL, attempt])
+            if msg is not None:
                 self._conclude(call, msg)
+                continue
+            if provider.is_node and self.cluster is not None:
+                self.cluster.silent(call.name, provider)
+            self._retry(call, now)
 
     # -- internals -------------------------------------------------------------------
 
@@ -263,17 +352,50 @@ class Router:
         else:
             self.stats.late += 1
 
-    def _dispatch(self, call: Call, providers: list[Peer], now: float) -> None:
-        tried = call.tried
-        if tried is None:
-            candidates = providers
+    def _route(self, call: Call, now: float, discover: bool) -> None:
+        """Find the targets of a call (a call out of every table) and dispatch it."""
+        local = self._providers.get(call.name, ())
+        cluster = self.cluster
+        if cluster is None or call.local_only or (local and self.prefer_local):
+            remote: list[tuple[Peer, int]] | tuple[()] = ()
         else:
-            candidates = [p for p in providers if p not in tried]
-        n = len(candidates)
-        if n == 0:
-            self.stats.no_provider += 1
-            self._conclude(call, [ERROR, call.cid, errors.NO_PROVIDER,
-                                  f"no provider of {call.name!r} took the call"])
+            remote = cluster.targets(call.name, now, discover)
+            if remote is None:
+                self._park(call)
+                return
+        self._dispatch(call, local, remote, now)
+
+    def _park(self, call: Call) -> None:
+        self.stats.parked += 1
+        self._seq = attempt = self._seq + 1
+        call.id = attempt
+        call.provider = None
+        call.accepted = call.acked = False
+        self._calls[attempt] = call
+        self._deadlines.add(attempt, call.deadline)
+        self._parked.setdefault(call.name, []).append(call)
+
+    def _dispatch(self, call: Call, local: list[Peer] | tuple[()],
+                  remote: list[tuple[Peer, int]] | tuple[()], now: float) -> None:
+        tried = call.tried
+        if remote:  # weighted: a local provider counts 1, a node its provider count
+            weighted = [(p, 1) for p in local if tried is None or p not in tried]
+            weighted += [(p, n) for p, n in remote if tried is None or p not in tried]
+            total = sum(n for _, n in weighted)
+            provider = None
+            if total:
+                pick = self._rand() * total
+                for provider, n in weighted:
+                    pick -= n
+                    if pick < 0:
+                        break
+        else:
+            candidates = local if tried is None else [p for p in local if p not in tried]
+            n = len(candidates)
+            provider = (candidates[0] if n == 1 else candidates[int(self._rand() * n)]
+                        if n else None)
+        if provider is None:
+            self._no_target(call)
             return
         left = call.deadline - now
         if left <= 0:
@@ -281,11 +403,10 @@ class Router:
             self._conclude(call, [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
                                   f"time ran out before a provider of {call.name!r} took the call"])
             return
-        provider = candidates[0] if n == 1 else candidates[int(self._rand() * n)]
         self._seq = attempt = self._seq + 1
         call.id = attempt
         call.provider = provider
-        call.accepted = False
+        call.accepted = call.acked = False
         self._calls[attempt] = call
         if left > self.ack_timeout:
             self._deadlines.add(attempt, now + self.ack_timeout)
@@ -294,14 +415,30 @@ class Router:
         provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
                        call.caller.label])
 
+    def _no_target(self, call: Call) -> None:
+        cluster = self.cluster
+        if cluster is not None and not cluster.available and not call.local_only:
+            self.stats.cluster_unavailable += 1
+            self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                                  f"no local provider of {call.name!r} took the call and the "
+                                  "cluster bus is down"])
+            return
+        self.stats.no_provider += 1
+        if call.tried is None:
+            self._conclude(call, [ERROR, call.cid, errors.NO_PROVIDER,
+                                  f"no provider for {call.name!r}"])
+        else:
+            self._conclude(call, [ERROR, call.cid, errors.NO_PROVIDER,
+                                  f"no provider of {call.name!r} took the call"])
+
     def _retry(self, call: Call, now: float) -> None:
-        """Move a call (already out of the tables) to another untried provider."""
+        """Move a call (already out of the tables) to another untried target."""
         self.stats.retries += 1
         if call.tried is None:
             call.tried = {call.provider}
         else:
             call.tried.add(call.provider)
-        self._dispatch(call, self._providers.get(call.name, ()), now)
+        self._route(call, now, discover=False)
 
     def _end_attempt(self, call: Call) -> None:
         """The current attempt leaves the call table (its deadline entry is ignored later)."""

@@ -64,6 +64,7 @@ class Session(FrameIO, ServerConnection):
         self.authenticated = False
         self.inflight = 0
         self.provides: set[str] = set()
+        self.is_node = False             # a client, not another node of the cluster
         self.max_out_frame = limits.max_frame_bytes
         self.max_write_buffer = limits.max_write_buffer_bytes
         self._max_inflight = limits.max_inflight_per_connection

@@ -16,6 +16,7 @@ class Peer:
         self.closed = False
         self.inflight = 0
         self.provides = set()
+        self.is_node = False
         self.sent = []
 
     def send(self, msg):

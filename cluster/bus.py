@@ -1,0 +1,177 @@
+"""The cluster bus over Redis pub/sub: one control topic, one private topic per node.
+
+``publish(topic, msg)`` only queues. One writer task sends everything queued
+per topic as one PUBLISH of one batch (cluster/messages.py), all topics of a
+round in one pipeline; while a round is in flight the next one gathers, so
+batches grow with load (per-message PUBLISH through redis-py stalls near 8k/s).
+One reader task hands every received batch to ``on_batch``.
+
+Faults: any Redis error, or ``stale()`` (the owner noticed its own heartbeats
+stopped coming back: a paused or cut-off Redis), ends the session; the bus
+reports ``on_down``, drops what it had queued (counted in ``dropped``), waits
+with ``Backoff`` and connects again, then reports ``on_up`` so the owner can
+announce itself again. Cancelling ``run()`` stops the bus and closes its
+connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any, Callable
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from .messages import BadBatch, decode_batch, encode_batch
+
+log = structlog.get_logger("rpcbus.bus")
+
+
+class Backoff:
+    """Exponential backoff with full jitter: ``next()`` gives the delay to wait."""
+
+    def __init__(self, minimum: float = 0.1, maximum: float = 5.0,
+                 rand: Callable[[], float] = random.random) -> None:
+        self.minimum, self.maximum, self._rand = minimum, maximum, rand
+        self._attempt = 0
+
+    def next(self) -> float:
+        ceiling = min(self.maximum, self.minimum * (2 ** self._attempt))
+        self._attempt += 1
+        return self.minimum / 2 + self._rand() * (ceiling - self.minimum / 2)
+
+    def reset(self) -> None:
+        self._attempt = 0
+
+
+class Bus:
+    def __init__(self, url: str, namespace: str, me: str,
+                 on_batch: Callable[[str, float, list[list[Any]]], None],
+                 on_up: Callable[[], None], on_down: Callable[[str], None],
+                 backoff: Backoff | None = None) -> None:
+        self.url = url
+        self.me = me
+        self.control = f"{namespace}:ctrl"
+        self.private = self.topic_of(me, namespace)
+        self.namespace = namespace
+        self.up = False
+        self.stats = {"batches_out": 0, "messages_out": 0, "batches_in": 0,
+                      "messages_in": 0, "bad_batches": 0, "dropped": 0, "reconnects": 0}
+        self._on_batch, self._on_up, self._on_down = on_batch, on_up, on_down
+        self._backoff = backoff or Backoff()
+        self._out: dict[str, list[list[Any]]] = {}
+        self._wake = asyncio.Event()
+        self._session: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def topic_of(node: str, namespace: str) -> str:
+        return f"{namespace}:node:{node}"
+
+    def publish(self, topic: str, msg: list[Any]) -> None:
+        """Queue ``msg`` for ``topic``; it leaves with this tick's batch. Dropped while down."""
+        if not self.up:
+            self.stats["dropped"] += 1
+            return
+        box = self._out.get(topic)
+        if box is None:
+            self._out[topic] = [msg]
+            self._wake.set()
+        else:
+            box.append(msg)
+
+    def stale(self, why: str) -> None:
+        """The owner sees the bus is not delivering: drop this session and reconnect."""
+        if self._session is not None and self.up:
+            log.warning("bus_stale", reason=why)
+            self._session.cancel()
+
+    async def run(self) -> None:
+        """Connect, serve, reconnect with backoff, for ever (until cancelled)."""
+        while True:
+            self._session = asyncio.create_task(self._serve_once())
+            try:
+                await self._session
+                reason = "closed"
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():  # run() itself was cancelled
+                    self._session.cancel()
+                    raise
+                reason = "stale"
+            except (RedisError, OSError) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            if self.up:
+                self.up = False
+                self.stats["dropped"] += sum(len(v) for v in self._out.values())
+                self._out.clear()
+                self._on_down(reason)
+            delay = self._backoff.next()
+            log.warning("bus_down", reason=reason, retry_in_s=round(delay, 3))
+            self.stats["reconnects"] += 1
+            await asyncio.sleep(delay)
+
+    async def _serve_once(self) -> None:
+        pub = aioredis.Redis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        sub = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0)
+        pubsub = sub.pubsub()
+        reader: asyncio.Task[None] | None = None
+        try:
+            await pubsub.subscribe(self.control, self.private)
+            await pub.ping()
+            reader = asyncio.create_task(self._read(pubsub))
+            self.up = True
+            self._backoff.reset()
+            log.info("bus_up", url=_safe(self.url), control=self.control, private=self.private)
+            self._on_up()
+            writer = asyncio.create_task(self._write(pub))
+            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # raise what ended it
+        finally:
+            if reader is not None:
+                reader.cancel()
+            for closer in (pubsub.aclose(), pub.aclose(), sub.aclose()):
+                try:
+                    async with asyncio.timeout(1.0):
+                        await closer
+                except (Exception, asyncio.CancelledError):  # closing a dead link can fail any way
+                    pass
+
+    async def _write(self, pub: Any) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            out, self._out = self._out, {}
+            if not out:
+                continue
+            sent_at = time.monotonic()
+            async with pub.pipeline(transaction=False) as pipe:
+                for topic, msgs in out.items():
+                    pipe.publish(topic, encode_batch(self.me, sent_at, msgs))
+                    self.stats["batches_out"] += 1
+                    self.stats["messages_out"] += len(msgs)
+                await pipe.execute()
+
+    async def _read(self, pubsub: Any) -> None:
+        while True:
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+            if msg is None or msg.get("type") != "message":
+                continue
+            try:
+                sender, sent_at, msgs = decode_batch(msg["data"])
+            except BadBatch:
+                self.stats["bad_batches"] += 1
+                continue
+            self.stats["batches_in"] += 1
+            self.stats["messages_in"] += len(msgs)
+            self._on_batch(sender, sent_at, msgs)
+
+
+def _safe(url: str) -> str:
+    """The URL without a password, for logs."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"

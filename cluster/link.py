@@ -1,0 +1,281 @@
+"""A node's place in the cluster: the bus, membership and provider cache around its router.
+
+``ClusterLink`` is the router's ``ClusterView`` and turns cluster messages into
+router events and router messages into cluster messages:
+
+* ``RemoteNode`` is another node as the router's provider peer: a REQUEST to
+  it is published as INVOKE on that node's private topic, a CANCEL as CANCEL.
+* ``RemoteCaller`` is one INVOKE received from another node, as the router's
+  caller peer: RESPONSE, ERROR and ACCEPT go back to the origin; a
+  NO_PROVIDER outcome becomes REJECT, so the origin tries another node.
+
+An INVOKE is acknowledged (ACK) at once and only started if it is fresh: one
+that waited on the way (a paused node or Redis) longer than half its ack
+window is dropped unacknowledged, because its origin has given it up (or
+will before an ACK could reach it) and may have sent the call elsewhere.
+Its age comes from membership's per-sender clock offsets, not wall clocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from broker.config import ClusterSection
+from clients import errors
+from clients.protocol import ACCEPT, CANCEL as C_CANCEL, ERROR as C_ERROR, REQUEST, RESPONSE as C_RESPONSE
+
+from . import messages as m
+from .bus import Bus
+from .membership import Membership
+from .providers import ProviderCache
+
+if TYPE_CHECKING:
+    from broker.router import Router
+
+log = structlog.get_logger("rpcbus.cluster")
+
+
+class RemoteNode:
+    """Another node, as a provider peer of this node's router."""
+
+    is_node = True
+
+    def __init__(self, link: "ClusterLink", name: str) -> None:
+        self.link = link
+        self.name = self.label = name
+        self.topic = Bus.topic_of(name, link.config.namespace)
+        self.closed = False
+        self.inflight = 0
+        self.provides: set[str] = set()
+
+    def send(self, msg: list[Any]) -> None:
+        if msg[0] == REQUEST:  # [16, id, name, data, left_ms, caller]
+            self.link.bus.publish(self.topic, [m.INVOKE, msg[1], msg[2], msg[3], msg[4],
+                                               self.link.ack_ms, msg[5]])
+        elif msg[0] == C_CANCEL:
+            self.link.bus.publish(self.topic, [m.CANCEL, msg[1]])
+
+
+class RemoteCaller:
+    """One INVOKE from another node, as a caller peer of this node's router."""
+
+    is_node = True
+    closed = False  # publishing to a node that left is harmless
+    provides: set[str] = set()
+
+    __slots__ = ("link", "origin", "id", "label", "inflight")
+
+    def __init__(self, link: "ClusterLink", origin: str, attempt: int, label: str) -> None:
+        self.link, self.origin, self.id, self.label = link, origin, attempt, label
+        self.inflight = 0
+
+    def send(self, msg: list[Any]) -> None:
+        kind = msg[0]
+        topic = Bus.topic_of(self.origin, self.link.config.namespace)
+        if kind == ACCEPT:
+            self.link.bus.publish(topic, [m.ACCEPTED, self.id])
+            return
+        if kind == C_RESPONSE:
+            self.link.bus.publish(topic, [m.RESPONSE, self.id, msg[2]])
+        elif kind == C_ERROR and msg[2] == errors.NO_PROVIDER:
+            self.link.bus.publish(topic, [m.REJECT, self.id])
+        elif kind == C_ERROR:
+            self.link.bus.publish(topic, [m.ERROR, self.id, msg[2], msg[3]])
+        self.link.invoked.pop((self.origin, self.id), None)
+
+
+class ClusterLink:
+    """See the module docstring. ``run()`` serves the bus until cancelled."""
+
+    def __init__(self, router: "Router", config: ClusterSection, me: str, url: str,
+                 info: Any) -> None:
+        self.router = router
+        self.config = config
+        self.me = me
+        self.url = url
+        self._info = info                     # () -> dict for the heartbeat
+        self.ack_ms = int(router.ack_timeout * 1000)
+        self.available = False
+        self.state = m.STARTING
+        self.started = time.time()
+        self.membership = Membership(me, config.heartbeat_interval, config.heartbeat_misses)
+        self.cache = ProviderCache(config.provider_cache_ttl, config.negative_ttl,
+                                   config.query_timeout)
+        self.bus = Bus(config.redis_url, config.namespace, me, self._on_batch,
+                       self._on_up, self._on_down)
+        self.nodes: dict[str, RemoteNode] = {}
+        self.invoked: dict[tuple[str, int], RemoteCaller] = {}
+        self.stats = {"stale_invokes": 0, "nodes_dead": 0}
+        self._next_beat = 0.0
+        self._last_echo = 0.0
+        router.cluster = self
+        router.count_changed = self._count_changed
+
+    # -- ClusterView ---------------------------------------------------------------------
+
+    def targets(self, name: str, now: float, discover: bool) -> list[tuple[Any, int]] | None:
+        if not self.available:
+            return []
+        entry = self.cache.entries.get(name)
+        if entry is None:
+            if not discover:
+                return []
+            publish, done = self.cache.begin_query(name, self.membership.live(), now)
+            if publish:
+                self.bus.publish(self.bus.control, [m.RPC_QUERY, name])
+            if not done:
+                return None
+            entry = self.cache.entries[name]
+        peers = entry.peers
+        if peers is None:
+            peers = entry.peers = [(self._node(n), c) for n, c in entry.targets]
+        return peers
+
+    def silent(self, name: str, node: Any) -> None:
+        log.warning("node_silent", node=node.name, rpc=name)
+        self.cache.forget_node_for(name, node.name)
+
+    # -- life ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.bus.run()
+
+    def set_state(self, state: str) -> None:
+        """Announce ``ready`` or ``terminating`` now (and in every heartbeat after)."""
+        self.state = state
+        self._beat(asyncio.get_running_loop().time())
+
+    def tick(self, now: float) -> None:
+        if now >= self._next_beat:
+            self._beat(now)
+            if self.available and now - self._last_echo > (
+                    self.config.heartbeat_interval * self.config.heartbeat_misses):
+                self.bus.stale("this node's own heartbeats stopped coming back")
+            for name in self.membership.expire(now):
+                self._node_dead(name, now)
+        for name in self.cache.expire(now):
+            self.router.resume(name, now)
+
+    def _beat(self, now: float) -> None:
+        self._next_beat = now + self.config.heartbeat_interval
+        self.bus.publish(self.bus.control, [m.STATE, self.state, self.url, self.started,
+                                            self._info()])
+
+    # -- bus events ----------------------------------------------------------------------
+
+    def _on_up(self) -> None:
+        now = asyncio.get_running_loop().time()
+        self.available = True
+        self._last_echo = now
+        self._beat(now)
+        for name, count in self.router.provider_counts().items():
+            self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, name, count])
+
+    def _on_down(self, reason: str) -> None:
+        now = asyncio.get_running_loop().time()
+        self.available = False
+        log.warning("cluster_unavailable", reason=reason)
+        self.cache = ProviderCache(self.config.provider_cache_ttl, self.config.negative_ttl,
+                                   self.config.query_timeout)  # it can no longer be kept true
+        self.router.cluster_down(now)
+
+    def _count_changed(self, name: str, count: int) -> None:
+        self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, name, count])
+
+    def _on_batch(self, sender: str, sent_at: float, msgs: list[list[Any]]) -> None:
+        now = asyncio.get_running_loop().time()
+        if sender == self.me:
+            if any(msg[0] == m.STATE for msg in msgs):
+                self._last_echo = now
+            return
+        age = self.membership.age(sender, sent_at, now)
+        for msg in msgs:
+            try:
+                self._on_message(sender, msg, age, sent_at, now)
+            except Exception:  # a bug must cost one message, never the bus
+                log.exception("cluster_message_failed", sender=sender, kind=msg[0])
+
+    def _on_message(self, sender: str, msg: list[Any], age: float, sent_at: float,
+                    now: float) -> None:
+        kind = msg[0]
+        router = self.router
+        if kind == m.INVOKE:
+            self._invoke(sender, msg, age, now)
+        elif kind == m.RESPONSE:
+            router.respond(self._node(sender), msg[1], msg[2])
+        elif kind == m.ACK:
+            router.ack(self._node(sender), msg[1])
+        elif kind == m.ACCEPTED:
+            router.accept(self._node(sender), msg[1], now)
+        elif kind == m.REJECT:
+            router.reject(self._node(sender), msg[1], now)
+        elif kind == m.ERROR:
+            router.provider_error(self._node(sender), msg[1], msg[3], msg[2])
+        elif kind == m.CANCEL:
+            caller = self.invoked.pop((sender, msg[1]), None)
+            if caller is not None:
+                router.cancel_from(caller, msg[1])
+        elif kind == m.RPC_QUERY:
+            count = len(router.providers_of(msg[1]))
+            self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, msg[1], count])
+        elif kind == m.PROVIDER_UPDATE:
+            if self.cache.on_update(sender, msg[1], msg[2], now):
+                router.resume(msg[1], now)
+        elif kind == m.STATE:
+            self._state(sender, msg, sent_at, now)
+
+    def _invoke(self, origin: str, msg: list[Any], age: float, now: float) -> None:
+        _, attempt, name, data, left_ms, ack_ms, label = msg
+        if age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0:
+            self.stats["stale_invokes"] += 1
+            log.warning("stale_invoke_dropped", origin=origin, rpc=name, age_ms=int(age * 1000))
+            return
+        topic = Bus.topic_of(origin, self.config.namespace)
+        self.bus.publish(topic, [m.ACK, attempt])
+        caller = RemoteCaller(self, origin, attempt, label)
+        self.invoked[(origin, attempt)] = caller
+        self.router.request(caller, attempt, name, data, int(left_ms - age * 1000), now)
+
+    def _state(self, sender: str, msg: list[Any], sent_at: float, now: float) -> None:
+        _, state, url, started, info = msg
+        new = self.membership.on_state(sender, state, url, started, info, sent_at, now)
+        node = self._node(sender)
+        if state == m.TERMINATING:
+            log.info("node_terminating", node=sender)
+            for name in self.cache.node_gone(sender, now):
+                self.router.resume(name, now)
+        elif new:
+            node.closed = False
+            log.info("node_joined", node=sender, url=url, state=state)
+
+    def _node_dead(self, name: str, now: float) -> None:
+        self.stats["nodes_dead"] += 1
+        log.warning("node_dead", node=name, silent_s=self.config.heartbeat_interval *
+                    self.config.heartbeat_misses)
+        node = self._node(name)
+        node.closed = True
+        for rpc in self.cache.node_gone(name, now):
+            self.router.resume(rpc, now)
+        self.router.drop_peer(node, now)
+
+    def _node(self, name: str) -> RemoteNode:
+        node = self.nodes.get(name)
+        if node is None:
+            node = self.nodes[name] = RemoteNode(self, name)
+        return node
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "available": self.available,
+            "state": self.state,
+            "members": {n: {"state": x.state, "url": x.url} for n, x in
+                        self.membership.members.items()},
+            "cache": {n: e.counts for n, e in self.cache.entries.items()},
+            "queries_sent": self.cache.queries_sent,
+            "bus": dict(self.bus.stats),
+            **self.stats,
+        }

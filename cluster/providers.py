@@ -1,0 +1,144 @@
+"""Which other nodes provide an rpc, and how many providers each has. Pure: ``now`` passed in.
+
+Entries live in ``cachetools.TTLCache``s (``ttl`` for names someone provides,
+the short ``negative_ttl`` for names nobody does) for their time-to-live, and
+are mirrored in a plain dict that the hot path reads: one dict lookup per call
+instead of a TTLCache lookup (≈ 1 µs, 16 % of a node's CPU in a prototype).
+``expire(now)``, run on every tick, keeps the mirror equal to the caches.
+
+An entry is complete knowledge: every live node's count at query time, kept
+up to date by PROVIDER_UPDATE messages. So a query finishes when every node
+membership calls live has answered (0 included) — a healthy cluster never
+waits for the query timeout — or at the timeout with the answers it has.
+Concurrent misses for one name share one query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cachetools import TTLCache
+
+_MAX_NAMES = 1_000_000  # far above any real count: entries leave by TTL, not by size
+
+
+class Entry:
+    """Remote providers of one name: ``targets`` is [(node, count)] with count > 0."""
+
+    __slots__ = ("counts", "targets", "peers")
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = {n: c for n, c in counts.items() if c > 0}
+        self.targets = list(self.counts.items())
+        self.peers: list | None = None  # the owner's memo of targets as its peer objects
+
+    def set(self, node: str, count: int) -> None:
+        if count > 0:
+            self.counts[node] = count
+        else:
+            self.counts.pop(node, None)
+        self.targets = list(self.counts.items())
+        self.peers = None
+
+
+@dataclass
+class Query:
+    expected: set[str]
+    deadline: float
+    answers: dict[str, int] = field(default_factory=dict)
+
+
+class ProviderCache:
+    def __init__(self, ttl: float, negative_ttl: float, query_timeout: float) -> None:
+        self._now = 0.0
+        self.query_timeout = query_timeout
+        self._positive: TTLCache[str, Entry] = TTLCache(_MAX_NAMES, ttl, timer=self._clock)
+        self._negative: TTLCache[str, Entry] = TTLCache(_MAX_NAMES, negative_ttl,
+                                                        timer=self._clock)
+        self.entries: dict[str, Entry] = {}   # the hot path's mirror
+        self.queries: dict[str, Query] = {}
+        self.queries_sent = 0
+
+    def _clock(self) -> float:
+        return self._now
+
+    def begin_query(self, name: str, expected: list[str], now: float) -> tuple[bool, bool]:
+        """A miss for ``name``: (publish a query?, already complete?).
+
+        With no other live node there is nothing to ask: the entry is made
+        (empty) at once.
+        """
+        if name in self.queries:
+            return False, False
+        self._now = now
+        if not expected:
+            self._store(name, {})
+            return False, True
+        self.queries[name] = Query(set(expected), now + self.query_timeout)
+        self.queries_sent += 1
+        return True, False
+
+    def on_update(self, node: str, name: str, count: int, now: float) -> bool:
+        """A PROVIDER_UPDATE from ``node``; True when it completed a query for ``name``."""
+        self._now = now
+        query = self.queries.get(name)
+        if query is not None:
+            query.answers[node] = count
+            query.expected.discard(node)
+            if not query.expected:
+                del self.queries[name]
+                self._store(name, query.answers)
+                return True
+            return False
+        entry = self.entries.get(name)
+        if entry is not None:
+            was_negative = not entry.counts
+            entry.set(node, count)
+            if was_negative and entry.counts:
+                self._store(name, entry.counts)  # now a positive entry, with the long TTL
+        return False
+
+    def node_gone(self, node: str, now: float) -> list[str]:
+        """``node`` left: drop it everywhere; returns names whose queries it completed."""
+        self._now = now
+        for entry in self.entries.values():
+            if node in entry.counts:
+                entry.set(node, 0)
+        done = []
+        for name, query in list(self.queries.items()):
+            query.answers.pop(node, None)
+            query.expected.discard(node)
+            if not query.expected:
+                del self.queries[name]
+                self._store(name, query.answers)
+                done.append(name)
+        return done
+
+    def forget_node_for(self, name: str, node: str) -> None:
+        """``node`` did not acknowledge a call for ``name``: leave it out, and ask afresh
+        once the short negative TTL has passed."""
+        entry = self.entries.get(name)
+        if entry is None or node not in entry.counts:
+            return
+        entry.set(node, 0)
+        self._positive.pop(name, None)
+        self._negative[name] = entry
+
+    def expire(self, now: float) -> list[str]:
+        """Drop entries past their TTL; finish timed-out queries. Returns the finished names."""
+        self._now = now
+        for cache in (self._positive, self._negative):
+            for name, entry in cache.expire():
+                if self.entries.get(name) is entry:
+                    del self.entries[name]
+        done = [name for name, q in self.queries.items() if q.deadline <= now]
+        for name in done:
+            self._store(name, self.queries.pop(name).answers)
+        return done
+
+    def _store(self, name: str, counts: dict[str, int]) -> None:
+        entry = Entry(counts)
+        self._positive.pop(name, None)
+        self._negative.pop(name, None)
+        (self._positive if entry.counts else self._negative)[name] = entry
+        self.entries[name] = entry

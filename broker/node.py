@@ -3,8 +3,9 @@
 ``Node.run()`` serves until ``stop()`` (SIGTERM/SIGINT in ``rpcbus node``), then
 shuts down in bounded steps, like uvicorn: stop listening and report not
 ready; answer new REQUESTs with SHUTTING_DOWN; let calls in flight finish for
-up to ``server.drain_timeout`` seconds; close every connection with 1001
-(going away); return. Cancelling ``run()`` skips the drain and closes at once.
+up to ``server.drain_timeout`` seconds (a second ``stop()`` cuts that short);
+close every connection with 1001 (going away); return. Cancelling ``run()``
+skips the drain and closes at once.
 
 The same port answers plain HTTP through websockets' ``process_request``:
 ``GET /healthz`` (200 when serving, 503 otherwise) and ``GET /stats`` (JSON
@@ -62,7 +63,13 @@ class Node:
     # -- life ----------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Begin the graceful shutdown (safe to call more than once, from a signal handler)."""
+        """Begin the graceful shutdown; called again during it, skip the rest of the drain.
+
+        Safe from a signal handler: a second SIGTERM or Ctrl-C forces a quick exit.
+        """
+        if self._stop.is_set() and not self._drained.is_set():
+            log.warning("drain_skipped", node=self.name, abandoned=self.router.pending)
+            self._drained.set()
         self._stop.set()
 
     async def run(self) -> None:

@@ -93,6 +93,12 @@ class NodeProcess:
         if self.proc is None:
             return 0
         self.signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
+
+    def wait_exit(self, timeout: float = 20.0) -> int:
+        """Wait for the node to exit (SIGKILL after ``timeout``); returns the exit code."""
+        if self.proc is None:
+            return 0
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -112,6 +112,7 @@ class ClusterLink:
         self.stats = {"stale_invokes": 0, "nodes_dead": 0}
         self._next_beat = 0.0
         self._last_echo = 0.0
+        self._last_tick = float("inf")  # no stall before the first tick
         router.cluster = self
         router.count_changed = self._count_changed
 
@@ -150,6 +151,13 @@ class ClusterLink:
         self._beat(asyncio.get_running_loop().time())
 
     def tick(self, now: float) -> None:
+        if now - self._last_tick > self.config.heartbeat_interval:
+            # This process was stopped or starved, not the bus or the peers: nothing
+            # could be heard meanwhile. Give them a fresh chance before judging.
+            log.warning("node_stalled", stalled_s=round(now - self._last_tick, 3))
+            self._last_echo = now
+            self.membership.grace(now)
+        self._last_tick = now
         if now >= self._next_beat:
             self._beat(now)
             if self.available and now - self._last_echo > (

@@ -72,6 +72,11 @@ class Membership:
         m = self.members.get(name)
         return m is not None and m.state == READY
 
+    def grace(self, now: float) -> None:
+        """This node could not listen for a while: count every peer as just heard."""
+        for member in self.members.values():
+            member.last_seen = now
+
     def expire(self, now: float) -> list[str]:
         """Peers silent for ``misses`` intervals: removed and returned."""
         limit = now - self.interval * self.misses

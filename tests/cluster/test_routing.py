@@ -1,0 +1,154 @@
+"""Calls across nodes: reach, weighted choice, discovery, failover, no double execution."""
+
+import asyncio
+import math
+import signal
+from collections import Counter
+
+import pytest
+
+import clients
+
+from .conftest import stats
+
+
+def served_by(name):
+    return lambda data, ctx: {"served_by": name, "data": data}
+
+
+async def test_callers_on_every_node_reach_providers_on_every_other(cluster3):
+    urls = [n.url for n in cluster3.nodes]
+    provs = [await clients.connect(u, name=f"prov-{i + 1}") for i, u in enumerate(urls)]
+    callers = [await clients.connect(u) for u in urls]
+    try:
+        for i, p in enumerate(provs):
+            await p.provide(f"only.n{i + 1}", served_by(f"n{i + 1}"))
+        for ci, c in enumerate(callers):
+            for pi in range(3):
+                got = await c.call(f"only.n{pi + 1}", ci, timeout=5)
+                assert got == {"served_by": f"n{pi + 1}", "data": ci}
+    finally:
+        for c in provs + callers:
+            await c.close()
+
+
+async def test_weighted_choice_follows_provider_counts(cluster3):
+    n1, n2, n3 = cluster3.nodes
+    provs = [await clients.connect(n1.url) for _ in range(3)] + [await clients.connect(n2.url)]
+    try:
+        for i, p in enumerate(provs):
+            await p.provide("weighted", served_by("n1" if i < 3 else "n2"))
+        for caller_node in (n3, n1):               # from a node without providers, and from A
+            async with clients.connect(caller_node.url) as c:
+                got = await asyncio.gather(*(c.call("weighted", i, timeout=30)
+                                             for i in range(4000)))
+                share = Counter(g["served_by"] for g in got)["n1"] / 4000
+                # Binomial(4000, 0.75): sd = sqrt(.75 * .25 / 4000) = 0.00685; 4.9 sd is a
+                # two-sided false-failure chance below one in a million.
+                assert abs(share - 0.75) < 4.9 * math.sqrt(0.75 * 0.25 / 4000), share
+    finally:
+        for p in provs:
+            await p.close()
+
+
+async def test_provide_and_unprovide_reach_other_nodes_before_the_ttl(cluster3):
+    n1, n2, n3 = cluster3.nodes
+    async with clients.connect(n1.url) as p1, clients.connect(n3.url) as p3, \
+            clients.connect(n2.url) as c:
+        await p1.provide("moving", served_by("n1"))
+        assert (await c.call("moving", 0, timeout=5))["served_by"] == "n1"
+        await p1.unprovide("moving")
+        await p3.provide("moving", served_by("n3"))
+        async with asyncio.timeout(5):                # updates, not the 60 s TTL
+            while True:                               # n1's 0 may arrive before n3's 1
+                try:
+                    if (await c.call("moving", 0, timeout=5))["served_by"] == "n3":
+                        break
+                except clients.NoProviderError:
+                    pass
+        await p3.unprovide("moving")
+        async with asyncio.timeout(5):
+            while True:
+                try:
+                    await c.call("moving", 0, timeout=5)
+                except clients.NoProviderError:
+                    break
+
+
+async def test_a_burst_of_calls_to_an_unknown_name_makes_one_query(cluster3):
+    n2 = cluster3.nodes[1]
+    before = stats(n2)["cluster"]["queries_sent"]
+    async with clients.connect(n2.url) as c:
+        got = await asyncio.gather(*(c.call("nobody.provides.this", i, timeout=5)
+                                     for i in range(1000)), return_exceptions=True)
+    assert all(isinstance(g, clients.NoProviderError) for g in got)
+    assert stats(n2)["cluster"]["queries_sent"] == before + 1
+
+
+async def test_reject_and_silent_providers_fail_over_across_nodes(cluster3):
+    n1, n2, n3 = cluster3.nodes
+    runs = Counter()
+
+    def refuse(data):
+        runs[("refuse", data)] += 1
+        raise clients.Reject()
+
+    async def silent(data):
+        runs[("silent", data)] += 1
+        await asyncio.Event().wait()                 # accepts only after the tick: never here
+
+    def good(data):
+        runs[("good", data)] += 1
+        return data
+
+    async with clients.connect(n1.url) as a, clients.connect(n1.url) as b, \
+            clients.connect(n2.url) as g, clients.connect(n3.url) as c:
+        await a.provide("failover", refuse)
+        await g.provide("failover", good)
+        assert await asyncio.gather(*(c.call("failover", i, timeout=10)
+                                      for i in range(200))) == list(range(200))
+        assert all(runs[("good", i)] == 1 for i in range(200))
+        assert any(runs[("refuse", i)] for i in range(200))
+        await a.unprovide("failover")
+        await g.unprovide("failover")
+    async with clients.connect(n1.url) as s, clients.connect(n2.url) as g, \
+            clients.connect(n3.url) as c:
+        s_rpc, s_handler = "failover2", (lambda d: asyncio.sleep(30))  # accepts, never answers
+        await s.provide(s_rpc, s_handler)
+        await g.provide(s_rpc, good)
+        got = await asyncio.gather(*(c.call(s_rpc, 1000 + i, timeout=10) for i in range(50)),
+                                   return_exceptions=True)
+        # Accepted calls are never moved; the others were answered by the good provider.
+        for i, r in enumerate(got):
+            assert r == 1000 + i or isinstance(r, clients.ResponseTimeoutError), r
+
+
+async def test_a_paused_node_does_not_run_calls_the_cluster_gave_up_on(make_cluster):
+    c = make_cluster(nodes=3)
+    n1, n2, n3 = c.nodes
+    runs = Counter()
+
+    def counting(where):
+        def handler(data):
+            runs[data] += 1
+            return where
+        return handler
+
+    async with clients.connect(n1.url) as p1, clients.connect(n2.url) as p2, \
+            clients.connect(n3.url) as caller:
+        await p1.provide("once", counting("n1"))
+        await p2.provide("once", counting("n2"))
+        await caller.call("once", -1, timeout=5)     # discovery done: both nodes known
+        n1.signal(signal.SIGSTOP)      # hung, not dead, for a while
+        try:
+            got = await asyncio.gather(*(caller.call("once", i, timeout=10) for i in range(100)))
+        finally:
+            await asyncio.sleep(1.0)                  # longer than 3 heartbeats (0.6 s)
+            n1.signal(signal.SIGCONT)
+        assert got == ["n2"] * 100                    # re-routed after the ack timeout
+        # After it resumes, n1 must not run the INVOKEs that waited for it meanwhile.
+        async with asyncio.timeout(10):
+            while not stats(n1)["cluster"]["stale_invokes"]:
+                await asyncio.sleep(0.05)
+        assert await caller.call("once", 10_000, timeout=5) in ("n1", "n2")
+    assert all(runs[i] == 1 for i in range(100)), {i: runs[i] for i in range(100) if runs[i] != 1}

@@ -98,13 +98,67 @@ def call(rpc: str, data: str, url: str, timeout: float | None) -> None:
 
 
 @main.command()
-@click.option("--calls", default=5, show_default=True, help="How many calls the demo makes.")
+@click.option("--calls", default=6, show_default=True, help="How many calls the demo makes.")
 def demo(calls: int) -> None:
-    """Start a node, provide two RPCs, call them, show what happens, stop cleanly."""
+    """Start a 3-node cluster, provide RPCs on some nodes, call from others, stop cleanly."""
     from .demo import run_demo
 
     logs.configure("warning", "auto")
     sys.exit(asyncio.run(run_demo(calls)))
+
+
+@main.group()
+def cluster() -> None:
+    """A local cluster for development and demos."""
+
+
+@cluster.command("up")
+@click.option("--nodes", default=3, show_default=True, help="How many nodes.")
+@click.option("--base-port", default=6021, show_default=True,
+              help="First node's port; the others follow (0: any free ports).")
+@click.option("--redis", "redis_url", default=None,
+              help="Use this Redis instead of starting an embedded redis-server.")
+def cluster_up(nodes: int, base_port: int, redis_url: str | None) -> None:
+    """Run redis-server and N nodes until Ctrl-C or SIGTERM, then stop them all."""
+    import threading
+
+    from cluster.local import LocalCluster
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    local = LocalCluster(nodes=nodes, base_port=base_port, redis_url=redis_url)
+    click.echo(f"starting {nodes} node(s) on {local.redis_url} "
+               f"({'embedded redis-server' if local.redis else 'given Redis'}) ...")
+    try:
+        local.start()
+        for node in local.nodes:
+            click.echo(f"  {node.name:<4} {node.url}   (pid {node.pid})")
+        click.echo(f"status: rpcbus status --redis {local.redis_url}    stop: Ctrl-C")
+        stop.wait()
+        click.echo("stopping: nodes drain their calls ...")
+    finally:
+        codes = local.stop()
+    click.echo("stopped: " + ", ".join(f"{n} exit {c}" for n, c in codes.items()))
+    sys.exit(0 if all(c == 0 for c in codes.values()) else 1)
+
+
+@main.command()
+@click.option("--redis", "redis_url", default="redis://127.0.0.1:6379/0", show_default=True)
+@click.option("--namespace", default="rpcbus", show_default=True)
+@click.option("--listen", default=2.5, show_default=True,
+              help="Seconds to listen for heartbeats.")
+def status(redis_url: str, namespace: str, listen: float) -> None:
+    """Show the live nodes and, per rpc name, which nodes provide it."""
+    from cluster.status import collect, render
+
+    try:
+        nodes = asyncio.run(collect(redis_url, namespace, listen))
+    except (OSError, ConnectionError) as exc:
+        raise click.ClickException(f"cannot read {redis_url}: {exc}") from None
+    except Exception as exc:  # redis-py's errors do not share OSError
+        raise click.ClickException(f"cannot read {redis_url}: {exc}") from None
+    click.echo(render(nodes))
 
 
 if __name__ == "__main__":

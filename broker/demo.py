@@ -1,4 +1,4 @@
-"""``rpcbus demo``: one node, one provider, a caller, visible output, a clean stop."""
+"""``rpcbus demo``: a 3-node cluster on an embedded Redis, calls crossing nodes, a clean stop."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import asyncio
 import time
 
 import clients
-
-from .process import NodeProcess
+from cluster.local import LocalCluster
 
 
 def _say(text: str) -> None:
@@ -16,41 +15,49 @@ def _say(text: str) -> None:
 
 async def run_demo(calls: int) -> int:
     """Returns the exit code: 0 when every step did what it should."""
-    _say("starting a node ...")
-    node = await asyncio.to_thread(NodeProcess().start)
-    _say(f"  node {node.name} serves {node.url} (pid {node.pid})")
+    _say("starting redis-server and 3 nodes ...")
+    cluster = await asyncio.to_thread(LocalCluster(nodes=3).start)
+    n1, n2, n3 = cluster.nodes
+    for node in cluster.nodes:
+        _say(f"  node {node.name} serves {node.url}")
+    ok = False
     try:
-        async with clients.connect(node.url, name="demo-provider") as provider, \
-                clients.connect(node.url, name="demo-caller") as caller:
+        async with clients.connect(n1.url, name="adder@n1") as p1, \
+                clients.connect(n2.url, name="adder@n2") as p2, \
+                clients.connect(n2.url, name="greeter@n2") as p3, \
+                clients.connect(n3.url, name="caller@n3") as c3, \
+                clients.connect(n1.url, name="caller@n1") as c1:
 
-            def add(data: dict) -> int:
-                return data["a"] + data["b"]
+            def adder(where: str):
+                return lambda data: {"sum": data["a"] + data["b"], "served_by": where}
 
             async def greet(data: dict, ctx: clients.CallContext) -> str:
-                await asyncio.sleep(0.01)  # an awaiting handler: the node sees ACCEPT first
-                return f"hello {data['name']}, from {ctx.rpc} (you are {ctx.caller})"
+                await asyncio.sleep(0.01)  # an awaiting handler: ACCEPT travels first
+                return f"hello {data['name']}, you are {ctx.caller}"
 
-            await provider.provide("math.add", add)
-            await provider.provide("demo.greet", greet)
-            _say("provider 'demo-provider' provides math.add and demo.greet")
+            await p1.provide("math.add", adder("adder@n1"))
+            await p2.provide("math.add", adder("adder@n2"))
+            await p3.provide("demo.greet", greet)
+            _say("math.add is provided on n1 and n2, demo.greet on n2; callers sit on n3 and n1")
             for i in range(calls):
                 t0 = time.perf_counter()
-                result = await caller.call("math.add", {"a": i, "b": 10 * i}, timeout=5)
-                _say(f"  math.add({i}, {10 * i}) = {result}   "
-                     f"[{(time.perf_counter() - t0) * 1e3:.2f} ms]")
-            _say("  " + await caller.call("demo.greet", {"name": "newcomer"}, timeout=5))
+                r = await c3.call("math.add", {"a": i, "b": 10 * i}, timeout=5)
+                _say(f"  caller@n3 -> math.add({i}, {10 * i}) = {r['sum']:<4} served by "
+                     f"{r['served_by']:<9} [{(time.perf_counter() - t0) * 1e3:.2f} ms]")
+            _say("  caller@n1 -> " + await c1.call("demo.greet", {"name": "newcomer"}, timeout=5))
             try:
-                await caller.call("nobody.provides.this", timeout=5)
+                await c3.call("nobody.provides.this", timeout=5)
             except clients.RpcError as exc:
-                _say(f"  calling an unknown rpc fails cleanly: {exc.code}")
+                _say(f"  an rpc nobody provides fails cleanly: {exc.code}")
             t0 = time.perf_counter()
-            results = await asyncio.gather(*(caller.call("math.add", {"a": i, "b": 1})
+            results = await asyncio.gather(*(c3.call("math.add", {"a": i, "b": 1}, timeout=30)
                                              for i in range(10_000)))
             elapsed = time.perf_counter() - t0
-            ok = results == [i + 1 for i in range(10_000)]
-            _say(f"  10,000 concurrent calls: {'all correct' if ok else 'WRONG ANSWERS'} "
-                 f"in {elapsed:.2f} s ({10_000 / elapsed:,.0f} calls/s through one connection)")
+            ok = [r["sum"] for r in results] == [i + 1 for i in range(10_000)]
+            share = sum(r["served_by"] == "adder@n1" for r in results) / 10_000
+            _say(f"  10,000 concurrent calls from n3: {'all correct' if ok else 'WRONG ANSWERS'} "
+                 f"in {elapsed:.2f} s; {share:.0%} served on n1, {1 - share:.0%} on n2")
     finally:
-        code = await asyncio.to_thread(node.stop)
-    _say(f"node stopped with exit code {code}")
-    return 0 if ok and code == 0 else 1
+        codes = await asyncio.to_thread(cluster.stop)
+    _say("stopped: " + ", ".join(f"{n} exit {c}" for n, c in codes.items()))
+    return 0 if ok and all(c == 0 for c in codes.values()) else 1

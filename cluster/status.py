@@ -1,0 +1,58 @@
+"""``rpcbus status``: listen to the cluster's heartbeats for a moment and show who is there."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from . import messages as m
+
+
+async def collect(url: str, namespace: str, listen_s: float) -> dict[str, dict[str, Any]]:
+    """The latest STATE of every node heard within ``listen_s`` seconds, by node name."""
+    client = aioredis.Redis.from_url(url, socket_connect_timeout=3.0)
+    pubsub = client.pubsub()
+    nodes: dict[str, dict[str, Any]] = {}
+    try:
+        await pubsub.subscribe(f"{namespace}:ctrl")
+        deadline = time.monotonic() + listen_s
+        while (left := deadline - time.monotonic()) > 0:
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+            if msg is None or msg.get("type") != "message":
+                continue
+            try:
+                sender, _, msgs = m.decode_batch(msg["data"])
+            except m.BadBatch:
+                continue
+            for x in msgs:
+                if x[0] == m.STATE:
+                    nodes[sender] = {"state": x[1], "url": x[2], "started": x[3], **x[4]}
+    finally:
+        await pubsub.aclose()
+        await client.aclose()
+    return nodes
+
+
+def render(nodes: dict[str, dict[str, Any]]) -> str:
+    if not nodes:
+        return "no node heard on this Redis and namespace"
+    lines = [f"{'node':<12} {'state':<12} {'url':<28} {'uptime':>8} {'conns':>6} "
+             f"{'providers':>9} {'in flight':>9}"]
+    by_rpc: dict[str, dict[str, int]] = {}
+    for name in sorted(nodes):
+        n = nodes[name]
+        providers = n.get("providers", {})
+        for rpc, count in providers.items():
+            by_rpc.setdefault(rpc, {})[name] = count
+        lines.append(f"{name:<12} {n['state']:<12} {n['url']:<28} {n.get('uptime_s', 0):>7.0f}s "
+                     f"{n.get('connections', 0):>6} {sum(providers.values()):>9} "
+                     f"{n.get('pending', 0):>9}")
+    lines.append("")
+    lines.append(f"{'rpc':<32} providers per node")
+    for rpc in sorted(by_rpc):
+        per = ", ".join(f"{node}: {count}" for node, count in sorted(by_rpc[rpc].items()))
+        lines.append(f"{rpc:<32} {per}")
+    return "\n".join(lines)

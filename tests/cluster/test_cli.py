@@ -1,0 +1,48 @@
+"""rpcbus cluster up and rpcbus status, as a user runs them."""
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import clients
+
+
+async def test_cluster_up_status_and_a_clean_stop():
+    up = subprocess.Popen([sys.executable, "-m", "broker", "cluster", "up", "--nodes", "2",
+                           "--base-port", "0"], stdout=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        async with asyncio.timeout(30):
+            while not lines or "stop: Ctrl-C" not in lines[-1]:
+                lines.append(await asyncio.to_thread(up.stdout.readline))
+                assert lines[-1], "cluster up exited early: " + "".join(lines)
+        text = "".join(lines)
+        urls = re.findall(r"ws://127\.0\.0\.1:\d+", text)
+        pids = [int(p) for p in re.findall(r"pid (\d+)", text)]
+        redis_url = re.search(r"redis://\S+", text).group(0)
+        assert len(urls) == 2 and len(pids) == 2
+        async with clients.connect(urls[0]) as prov:
+            await prov.provide("billing.charge", lambda d: d)
+            status = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "broker", "status", "--redis", redis_url,
+                                 "--listen", "2.5"], capture_output=True, text=True, timeout=30)
+        assert status.returncode == 0, status.stderr
+        assert re.search(r"^n1\s+ready\s+ws://", status.stdout, re.M), status.stdout
+        assert re.search(r"^n2\s+ready\s+ws://", status.stdout, re.M), status.stdout
+        assert re.search(r"^billing\.charge\s+n1: 1$", status.stdout, re.M), status.stdout
+        up.send_signal(signal.SIGINT)
+        rest = await asyncio.to_thread(up.communicate, timeout=30)
+        assert up.returncode == 0 and "n1 exit 0, n2 exit 0" in rest[0]
+        for pid in pids:  # no orphan node processes
+            try:
+                os.kill(pid, 0)
+                raise AssertionError(f"node pid {pid} still runs")
+            except ProcessLookupError:
+                pass
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()

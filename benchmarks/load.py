@@ -3,6 +3,8 @@
     python -m benchmarks.load                          # deepstream's shape: 1 provider, 4 callers, 200 in flight
     python -m benchmarks.load --callers 4 --conns 50 --inflight 1   # 200 connections x 1 in flight
     python -m benchmarks.load --url ws://host:port     # aim at a running node (no node CPU figures)
+    python -m benchmarks.load --nodes 2 --layout cross  # providers on n1, callers on n2, over Redis
+    python -m benchmarks.load --nodes 3 --layout spread # providers and callers over all 3 nodes
 
 Providers and callers run in their own processes (benchmarks/workers.py). The
 baseline, measured in the same run with the same callers and shape, is a
@@ -22,6 +24,7 @@ import urllib.request
 from typing import Any
 
 from broker.process import NodeProcess
+from cluster.local import LocalCluster
 
 
 def _spawn(role: str, *args: str) -> subprocess.Popen[str]:
@@ -47,25 +50,27 @@ def _percentile(sorted_values: list[int], q: float) -> float:
     return float(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))])
 
 
-def run_callers(url: str, args: argparse.Namespace, cpu_of: Any = None,
-                stats_url: str | None = None) -> dict[str, Any]:
-    """Run the callers against ``url``; sample node CPU and /stats over the measured window."""
+def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
+                stats_urls: list[str] = (), redis_cpu: Any = None) -> dict[str, Any]:
+    """Run the callers (round-robin over ``urls``); sample CPU and /stats over the window."""
     per_caller = max(1, args.max_calls // args.callers)
     start_at = time.time() + 1.5 + args.callers * args.conns * 0.004
-    callers = [_spawn("caller", "--url", url, "--conns", str(args.conns),
+    callers = [_spawn("caller", "--url", urls[i % len(urls)], "--conns", str(args.conns),
                       "--inflight", str(args.inflight), "--payload", str(args.payload),
                       "--duration", str(args.duration), "--warmup", str(args.warmup),
                       "--max-calls", str(per_caller), "--start-at", str(start_at),
                       "--rpc", args.rpc)
-               for _ in range(args.callers)]
+               for i in range(args.callers)]
     time.sleep(max(0.0, start_at + args.warmup - time.time()))
     cpu0 = cpu_of() if cpu_of else None
-    s0 = _stats(stats_url) if stats_url else None
+    rcpu0 = redis_cpu() if redis_cpu else None
+    s0 = [_stats(u) for u in stats_urls]
     t0 = time.perf_counter()
     _progress(args.duration)
     time.sleep(max(0.0, args.duration - (time.perf_counter() - t0)))
     cpu1 = cpu_of() if cpu_of else None
-    s1 = _stats(stats_url) if stats_url else None
+    rcpu1 = redis_cpu() if redis_cpu else None
+    s1 = [_stats(u) for u in stats_urls]
     results = [json.loads(c.communicate(timeout=args.duration + 60)[0].strip().splitlines()[-1])
                for c in callers]
     measured = sum(r["measured"] for r in results)
@@ -91,15 +96,26 @@ def run_callers(url: str, args: argparse.Namespace, cpu_of: Any = None,
         "max_us": float(latencies[-1]) if latencies else float("nan"),
     }
     if cpu0 is not None and measured:
-        out["node_cpu_us_per_call"] = (cpu1 - cpu0) * 1e6 / measured
+        out["node_cpu_us_per_call"] = (cpu1 - cpu0) * 1e6 / measured  # all nodes together
         out["node_cpu_share"] = (cpu1 - cpu0) / args.duration
-    if s0 and s1:
-        d_in = s1["io"].get("frames_in", 0) - s0["io"].get("frames_in", 0)
-        d_min = s1["io"].get("messages_in", 0) - s0["io"].get("messages_in", 0)
-        d_out = s1["io"].get("frames_out", 0) - s0["io"].get("frames_out", 0)
-        d_mout = s1["io"].get("messages_out", 0) - s0["io"].get("messages_out", 0)
-        out["msgs_per_frame_in"] = d_min / d_in if d_in else float("nan")
-        out["msgs_per_frame_out"] = d_mout / d_out if d_out else float("nan")
+    if rcpu0 is not None and measured:
+        out["redis_cpu_us_per_call"] = (rcpu1 - rcpu0) * 1e6 / measured
+    if s0:
+        def delta(section: str, key: str) -> float:
+            return sum(((b.get(section) or {}).get(key, 0) - (a.get(section) or {}).get(key, 0))
+                       for a, b in zip(s0, s1))
+
+        def bus_delta(key: str) -> float:
+            return sum(((b.get("cluster") or {}).get("bus", {}).get(key, 0)
+                        - (a.get("cluster") or {}).get("bus", {}).get(key, 0))
+                       for a, b in zip(s0, s1))
+
+        d_in, d_out = delta("io", "frames_in"), delta("io", "frames_out")
+        out["msgs_per_frame_in"] = delta("io", "messages_in") / d_in if d_in else float("nan")
+        out["msgs_per_frame_out"] = delta("io", "messages_out") / d_out if d_out else float("nan")
+        batches = bus_delta("batches_out")
+        if batches:
+            out["msgs_per_publish"] = bus_delta("messages_out") / batches
     return out
 
 
@@ -120,10 +136,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
     ap.add_argument("--max-calls", type=int, default=5_000_000, help="hard cap on calls")
     ap.add_argument("--rpc", default="bench.echo")
+    ap.add_argument("--nodes", type=int, default=1, help="nodes (more than 1: a cluster on "
+                    "an embedded redis-server)")
+    ap.add_argument("--layout", choices=["cross", "spread"], default="cross",
+                    help="with --nodes > 1: cross = providers on n1, callers on the others; "
+                    "spread = providers and callers round-robin over all nodes")
     ap.add_argument("--no-baseline", action="store_true", help="skip the direct echo baseline")
     ap.add_argument("--out", help="write the JSON result here too")
     args = ap.parse_args(argv)
-    shape = (f"{args.providers} provider(s), {args.callers} caller process(es) x {args.conns} "
+    shape = (f"{args.nodes} node(s) {args.layout if args.nodes > 1 else ''}; "
+             f"{args.providers} provider(s), {args.callers} caller process(es) x {args.conns} "
              f"conn(s) x {args.inflight} in flight = {args.callers * args.conns * args.inflight}; "
              f"payload {args.payload} B")
     print(f"shape: {shape}", file=sys.stderr)
@@ -133,31 +155,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("baseline: direct echo server (same I/O stack, no routing) ...", file=sys.stderr)
         echo = _spawn("echo")
         try:
-            result["baseline"] = run_callers(_first_line(echo)["url"], args,
-                                             cpu_of=_cpu_reader(echo.pid))
+            result["baseline"] = run_callers([_first_line(echo)["url"]], args,
+                                             cpu_of=_cpu_reader([echo.pid]))
         finally:
             echo.kill()
             echo.wait()
 
-    node = None
+    nodes: list[NodeProcess] = []
+    cluster = None
     providers: list[subprocess.Popen[str]] = []
     try:
-        url = args.url
-        if url is None:
-            node = NodeProcess().start()
-            url = node.url
-        print(f"rpcbus node at {url} ...", file=sys.stderr)
-        providers = [_spawn("provider", "--url", url, "--rpc", args.rpc)
-                     for _ in range(args.providers)]
+        if args.url is not None:
+            node_urls = [args.url]
+        elif args.nodes == 1:
+            nodes = [NodeProcess().start()]
+            node_urls = [nodes[0].url]
+        else:
+            cluster = LocalCluster(nodes=args.nodes).start()
+            nodes = cluster.nodes
+            node_urls = [n.url for n in nodes]
+        if len(node_urls) > 1 and args.layout == "cross":
+            provider_urls, caller_urls = node_urls[:1], node_urls[1:]
+        else:
+            provider_urls = caller_urls = node_urls
+        print(f"rpcbus at {', '.join(node_urls)} ...", file=sys.stderr)
+        providers = [_spawn("provider", "--url", provider_urls[i % len(provider_urls)],
+                            "--rpc", args.rpc) for i in range(args.providers)]
         for prov in providers:
             _first_line(prov)
-        result["rpcbus"] = run_callers(url, args, cpu_of=_cpu_reader(node.pid) if node else None,
-                                       stats_url=url)
+        redis_pid = cluster.redis.proc.pid if cluster and cluster.redis else None
+        result["rpcbus"] = run_callers(
+            caller_urls, args, cpu_of=_cpu_reader([n.pid for n in nodes]) if nodes else None,
+            stats_urls=node_urls, redis_cpu=_cpu_reader([redis_pid]) if redis_pid else None)
     finally:
         for prov in providers:
             prov.kill()
             prov.wait()
-        if node is not None:
+        if cluster is not None:
+            cluster.stop()
+        for node in nodes if cluster is None else ():
             node.stop()
 
     if "baseline" in result:
@@ -171,14 +207,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
-def _cpu_reader(pid: int) -> Any:
+def _cpu_reader(pids: list[int]) -> Any:
+    """A function giving the user + system CPU seconds of these processes together."""
     import psutil
 
-    proc = psutil.Process(pid)
+    procs = [psutil.Process(pid) for pid in pids]
 
     def read() -> float:
-        t = proc.cpu_times()
-        return t.user + t.system
+        return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
 
     return read
 
@@ -196,6 +232,9 @@ def _summary(result: dict[str, Any]) -> str:
         lines.append(f"{key:10} {r['calls_per_s']:>10,.0f} {r['p50_us']:>8.0f} {r['p99_us']:>8.0f} "
                      f"{r['max_us']:>8.0f} {r.get('node_cpu_us_per_call', float('nan')):>12.2f} "
                      f"{frames:>18} {r['errors'] or '-'} unanswered={r['unanswered']}")
+        if "msgs_per_publish" in r or "redis_cpu_us_per_call" in r:
+            lines.append(f"{'':10} msgs/PUBLISH {r.get('msgs_per_publish', float('nan')):.1f}, "
+                         f"Redis CPU µs/call {r.get('redis_cpu_us_per_call', float('nan')):.2f}")
     if "ratio_calls_per_s" in result:
         lines.append(f"rpcbus ÷ direct: throughput {result['ratio_calls_per_s']:.2f}, "
                      f"p99 {result['ratio_p99']:.2f}")

@@ -1,0 +1,212 @@
+"""The cluster's pure parts: batch codec, membership, provider cache, and the router with
+other nodes as peers — driven with fake peers, a fake cluster view and a fake clock."""
+
+import math
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.router import Router
+from clients import errors
+from clients.protocol import ACCEPT, CANCEL, ERROR, REQUEST, RESPONSE
+from cluster import messages as m
+from cluster.membership import Membership
+from cluster.providers import ProviderCache
+
+from .test_router import Peer
+
+
+class Node(Peer):
+    def __init__(self, label):
+        super().__init__(label)
+        self.is_node = True
+
+
+class View:
+    """A ClusterView whose answers the test sets."""
+
+    def __init__(self, targets=None):
+        self.available = True
+        self.entries = targets or {}
+        self.asked = []
+        self.silenced = []
+
+    def targets(self, name, now, discover):
+        if not self.available:
+            return []
+        if name in self.entries:
+            return self.entries[name]
+        if discover:
+            self.asked.append(name)
+            return None
+        return []
+
+    def silent(self, name, node):
+        self.silenced.append((name, node))
+
+
+def router(view, **kw):
+    return Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0, now=0.0,
+                  cluster=view, **kw)
+
+
+# -- codec ---------------------------------------------------------------------------------
+
+@settings(max_examples=300)
+@given(st.binary(max_size=200))
+def test_random_payloads_are_bad_batches_or_well_formed(raw):
+    try:
+        sender, sent_at, msgs = m.decode_batch(raw)
+    except m.BadBatch:
+        return
+    assert isinstance(sender, str) and all(type(x) is list for x in msgs)
+
+
+def test_malformed_messages_are_left_out_of_a_good_batch():
+    good = [m.INVOKE, 1, "a", None, 100, 50, "c"]
+    payload = msgpack.packb(["n1", 1.5, [good, [m.INVOKE, "x"], [99], "junk", [m.ACK, -1]]])
+    assert m.decode_batch(payload) == ("n1", 1.5, [good])
+    assert m.decode_batch(m.encode_batch("n2", 2.0, [[m.ACK, 3]])) == ("n2", 2.0, [[m.ACK, 3]])
+
+
+# -- membership ----------------------------------------------------------------------------
+
+def test_a_silent_node_dies_after_the_missed_heartbeats_and_a_stalled_self_gives_grace():
+    ms = Membership("me", interval=1.0, misses=3)
+    assert ms.on_state("a", m.READY, "ws://a", 100.0, {}, sent_at=5.0, now=10.0)
+    assert ms.live() == ["a"]
+    assert ms.expire(12.9) == []
+    ms.grace(20.0)                       # this node was stopped: nobody is judged on that
+    assert ms.expire(22.9) == [] and ms.expire(23.1) == ["a"]
+    assert ms.live() == []
+
+
+def test_message_age_ignores_clock_offsets_and_resets_when_a_node_restarts():
+    ms = Membership("me", interval=1.0, misses=3)
+    ms.on_state("a", m.READY, "u", 100.0, {}, sent_at=1000.0, now=5.0)   # clocks far apart
+    assert ms.age("a", 1001.0, 6.0) == 0.0
+    assert math.isclose(ms.age("a", 1002.0, 9.5), 2.5)                  # waited 2.5 s
+    ms.on_state("a", m.READY, "u", 200.0, {}, sent_at=50.0, now=10.0)   # restarted: new clock
+    assert ms.age("a", 51.0, 11.0) == 0.0
+    ms.on_state("a", m.TERMINATING, "u", 200.0, {}, sent_at=52.0, now=12.0)
+    assert ms.live() == []
+
+
+# -- provider cache ------------------------------------------------------------------------
+
+def test_a_query_completes_when_every_live_node_answered_zeros_included():
+    cache = ProviderCache(ttl=60.0, negative_ttl=1.0, query_timeout=0.25)
+    assert cache.begin_query("x", ["a", "b"], now=0.0) == (True, False)
+    assert cache.begin_query("x", ["a", "b"], now=0.0) == (False, False)   # shared
+    assert not cache.on_update("a", "x", 2, now=0.01)
+    assert cache.on_update("b", "x", 0, now=0.02)
+    assert cache.entries["x"].targets == [("a", 2)]
+    cache.on_update("b", "x", 1, now=1.0)               # later updates keep it current
+    assert sorted(cache.entries["x"].targets) == [("a", 2), ("b", 1)]
+    assert cache.expire(59.9) == [] and "x" in cache.entries
+    cache.expire(60.1)
+    assert "x" not in cache.entries                      # the TTL still applies
+
+
+def test_timeouts_negative_entries_and_gone_nodes():
+    cache = ProviderCache(ttl=60.0, negative_ttl=1.0, query_timeout=0.25)
+    cache.begin_query("y", ["a", "b"], now=0.0)
+    cache.on_update("a", "y", 0, now=0.1)
+    assert cache.expire(0.3) == ["y"]                    # b never answered
+    assert cache.entries["y"].targets == []              # a negative entry ...
+    cache.expire(1.4)
+    assert "y" not in cache.entries                      # ... that lives only briefly
+    assert cache.begin_query("z", [], now=2.0) == (False, True)   # alone: known at once
+    cache.begin_query("w", ["a", "b"], now=3.0)
+    cache.on_update("a", "w", 3, now=3.01)
+    assert cache.node_gone("b", now=3.02) == ["w"]       # b's death completes the query
+    cache.forget_node_for("w", "a")                      # a was silent
+    assert cache.entries["w"].targets == []
+    cache.expire(4.1)
+    assert "w" not in cache.entries                      # asked afresh soon
+
+
+# -- the router with other nodes ----------------------------------------------------------
+
+def test_weighted_choice_counts_local_providers_and_node_counts():
+    a, b = Node("A"), Node("B")
+    view = View({"x": [(a, 3), (b, 1)]})
+    r, caller, local = router(view), Peer("c"), Peer("p")
+    r.provide(local, ["x"])
+    picks = {"A": 0, "B": 0, "p": 0}
+    for i in range(10_000):
+        r.request(caller, i, "x", None, None, now=0.0)
+    for peer in (a, b, local):
+        picks[peer.label] = sum(1 for msg in peer.take() if msg[0] == REQUEST)
+    # Expected 3/5, 1/5, 1/5 of 10,000: sd <= 49; 6 sd bounds.
+    assert abs(picks["A"] - 6000) < 300 and abs(picks["B"] - 2000) < 240
+    assert abs(picks["p"] - 2000) < 240
+
+
+def test_calls_wait_for_discovery_with_their_deadline():
+    view = View()
+    r, caller, b = router(view), Peer("c"), Node("B")
+    r.request(caller, 1, "x", "d1", None, now=0.0)
+    r.request(caller, 2, "x", "d2", 500, now=0.0)
+    assert view.asked == ["x", "x"] and caller.take() == [] and b.take() == []
+    r.tick(0.52)                                         # call 2's deadline passes while parked
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 2, errors.RESPONSE_TIMEOUT]
+    view.entries["x"] = [(b, 1)]
+    r.resume("x", now=0.6)
+    [req] = b.take()
+    assert req[0] == REQUEST and req[3] == "d1"
+    r.respond(b, req[1], "ok")
+    assert caller.take() == [[RESPONSE, 1, "ok"]]
+
+
+def test_a_node_acknowledges_then_may_reject_and_a_silent_node_is_reported():
+    a, b = Node("A"), Node("B")
+    view = View({"x": [(a, 1), (b, 1)]})
+    r, caller = router(view, rand=lambda: 0.0), Peer("c")
+    r.request(caller, 1, "x", None, None, now=0.0)
+    [req] = a.take()
+    r.ack(a, req[1])
+    r.tick(2.0)                                          # acked: no ack timeout any more
+    assert b.take() == []
+    r.reject(a, req[1], now=2.0)                         # A's providers all declined
+    [req_b] = b.take()
+    r.tick(3.1)                                          # B never acknowledges
+    assert b.take() == [[CANCEL, req_b[1]]] and view.silenced == [("x", b)]
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 1, errors.NO_PROVIDER]
+
+
+def test_bus_down_fails_acknowledged_node_attempts_and_reroutes_the_others():
+    a = Node("A")
+    view = View({"x": [(a, 1)]})
+    r, caller, local = router(view, rand=lambda: 0.99), Peer("c"), Peer("p")
+    r.provide(local, ["x"])
+    r.request(caller, 1, "x", None, None, now=0.0)       # rand .99 -> A (weights 1 + 1)
+    r.request(caller, 2, "x", None, None, now=0.0)
+    first, second = a.take()
+    r.ack(a, first[1])
+    view.available = False
+    r.cluster_down(now=0.1)
+    out = caller.take()
+    assert out[0][:3] == [ERROR, 1, errors.CLUSTER_UNAVAILABLE]
+    [moved] = [msg for msg in local.take() if msg[0] == REQUEST]
+    r.respond(local, moved[1], "local")
+    assert caller.take() == [[RESPONSE, 2, "local"]]
+    r.request(caller, 3, "only.remote", None, None, now=0.2)
+    assert caller.take()[0][:3] == [ERROR, 3, errors.CLUSTER_UNAVAILABLE]
+
+
+def test_invokes_stay_local_report_accept_and_can_be_cancelled():
+    view = View({"x": [(Node("A"), 5)]})
+    r, origin, local = router(view), Node("origin"), Peer("p")
+    r.provide(local, ["x"])
+    r.request(origin, 77, "x", None, 1000, now=0.0)      # an INVOKE: never forwarded
+    [req] = local.take()
+    r.accept(local, req[1], now=0.0)
+    assert origin.take() == [[ACCEPT, 77]]
+    r.cancel_from(origin, 77)
+    assert local.take() == [[CANCEL, req[1]]] and r.pending == 0 and origin.inflight == 0
+    r.request(origin, 78, "unknown", None, 1000, now=0.0)
+    assert origin.take()[0][:3] == [ERROR, 78, errors.NO_PROVIDER]  # the origin's REJECT

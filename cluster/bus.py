@@ -59,7 +59,8 @@ class Bus:
         self.namespace = namespace
         self.up = False
         self.stats = {"batches_out": 0, "messages_out": 0, "batches_in": 0,
-                      "messages_in": 0, "bad_batches": 0, "dropped": 0, "reconnects": 0}
+                      "messages_in": 0, "bad_batches": 0, "bad_messages": 0, "dropped": 0,
+                      "reconnects": 0}
         self._on_batch, self._on_up, self._on_down = on_batch, on_up, on_down
         self._backoff = backoff or Backoff()
         self._out: dict[str, list[list[Any]]] = {}
@@ -160,10 +161,11 @@ class Bus:
             if msg is None or msg.get("type") != "message":
                 continue
             try:
-                sender, sent_at, msgs = decode_batch(msg["data"])
+                sender, sent_at, msgs, bad = decode_batch(msg["data"])
             except BadBatch:
                 self.stats["bad_batches"] += 1
                 continue
+            self.stats["bad_messages"] += bad
             self.stats["batches_in"] += 1
             self.stats["messages_in"] += len(msgs)
             self._on_batch(sender, sent_at, msgs)

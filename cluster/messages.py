@@ -55,11 +55,11 @@ def encode_batch(sender: str, sent_at: float, messages: list[list[Any]]) -> byte
     return msgpack.packb([sender, sent_at, messages])
 
 
-def decode_batch(payload: bytes) -> tuple[str, float, list[list[Any]]]:
-    """The sender, its send stamp and the well-formed messages of one batch.
+def decode_batch(payload: bytes) -> tuple[str, float, list[list[Any]], int]:
+    """The sender, its send stamp, the well-formed messages of one batch, and how many
+    malformed ones were left out (for the caller to count).
 
-    Raises BadBatch when the envelope is wrong; single malformed messages
-    inside a good envelope are left out (the caller counts ``dropped``).
+    Raises BadBatch when the envelope is wrong.
     """
     try:
         obj = msgpack.unpackb(payload, strict_map_key=False)
@@ -69,7 +69,7 @@ def decode_batch(payload: bytes) -> tuple[str, float, list[list[Any]]]:
             or type(obj[1]) not in (int, float) or type(obj[2]) is not list):
         raise BadBatch("envelope must be [sender, sent_at, [messages]]")
     good = [m for m in obj[2] if _well_formed(m)]
-    return obj[0], float(obj[1]), good
+    return obj[0], float(obj[1]), good, len(obj[2]) - len(good)
 
 
 def _well_formed(msg: Any) -> bool:

@@ -24,7 +24,7 @@ async def collect(url: str, namespace: str, listen_s: float) -> dict[str, dict[s
             if msg is None or msg.get("type") != "message":
                 continue
             try:
-                sender, _, msgs = m.decode_batch(msg["data"])
+                sender, _, msgs, _ = m.decode_batch(msg["data"])
             except m.BadBatch:
                 continue
             for x in msgs:

@@ -57,7 +57,7 @@ def router(view, **kw):
 @given(st.binary(max_size=200))
 def test_random_payloads_are_bad_batches_or_well_formed(raw):
     try:
-        sender, sent_at, msgs = m.decode_batch(raw)
+        sender, sent_at, msgs, bad = m.decode_batch(raw)
     except m.BadBatch:
         return
     assert isinstance(sender, str) and all(type(x) is list for x in msgs)
@@ -66,8 +66,8 @@ def test_random_payloads_are_bad_batches_or_well_formed(raw):
 def test_malformed_messages_are_left_out_of_a_good_batch():
     good = [m.INVOKE, 1, "a", None, 100, 50, "c"]
     payload = msgpack.packb(["n1", 1.5, [good, [m.INVOKE, "x"], [99], "junk", [m.ACK, -1]]])
-    assert m.decode_batch(payload) == ("n1", 1.5, [good])
-    assert m.decode_batch(m.encode_batch("n2", 2.0, [[m.ACK, 3]])) == ("n2", 2.0, [[m.ACK, 3]])
+    assert m.decode_batch(payload) == ("n1", 1.5, [good], 4)
+    assert m.decode_batch(m.encode_batch("n2", 2.0, [[m.ACK, 3]])) == ("n2", 2.0, [[m.ACK, 3]], 0)
 
 
 # -- membership ----------------------------------------------------------------------------

@@ -80,6 +80,9 @@ class ClusterView(Protocol):
     def silent(self, name: str, node: Peer) -> None:
         """``node`` did not acknowledge an attempt for ``name`` in time."""
 
+    def knows(self, name: str) -> bool:
+        """True when ``name`` has an entry (so it was valid when it was asked for)."""
+
 
 class Call:
     """One call from a caller, across all its attempts."""
@@ -235,7 +238,8 @@ class Router:
         if local is not None and self.cluster is None:
             self._dispatch(call, local, (), now)  # one node: the common case, directly
             return
-        if local is None and not valid_name(name, self.max_name):
+        if (local is None and (self.cluster is None or not self.cluster.knows(name))
+                and not valid_name(name, self.max_name)):
             self.stats.invalid_names += 1
             self._conclude(call, [ERROR, cid, errors.INVALID_MESSAGE,
                                   f"invalid rpc name {name[:64]!r}"])
@@ -378,7 +382,18 @@ class Router:
     def _dispatch(self, call: Call, local: list[Peer] | tuple[()],
                   remote: list[tuple[Peer, int]] | tuple[()], now: float) -> None:
         tried = call.tried
-        if remote:  # weighted: a local provider counts 1, a node its provider count
+        if remote and tried is None:  # weighted: a local provider counts 1, a node its count
+            n_local = len(local)
+            pick = self._rand() * (n_local + sum(n for _, n in remote))
+            if pick < n_local:
+                provider = local[int(pick)]
+            else:
+                pick -= n_local
+                for provider, n in remote:
+                    pick -= n
+                    if pick < 0:
+                        break
+        elif remote:  # the same, without the targets already tried
             weighted = [(p, 1) for p in local if tried is None or p not in tried]
             weighted += [(p, n) for p, n in remote if tried is None or p not in tried]
             total = sum(n for _, n in weighted)

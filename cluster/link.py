@@ -9,7 +9,8 @@ router events and router messages into cluster messages:
   caller peer: RESPONSE, ERROR and ACCEPT go back to the origin; a
   NO_PROVIDER outcome becomes REJECT, so the origin tries another node.
 
-An INVOKE is acknowledged (ACK) at once and only started if it is fresh: one
+An INVOKE is only started if it is fresh, and acknowledged (ACK) a quarter
+of its ack window later unless an ACCEPTED or an answer went back first: one
 that waited on the way (a paused node or Redis) longer than half its ack
 window is dropped unacknowledged, because its origin has given it up (or
 will before an ACK could reach it) and may have sent the call elsewhere.
@@ -29,6 +30,8 @@ from clients import errors
 from clients.protocol import ACCEPT, CANCEL as C_CANCEL, ERROR as C_ERROR, REQUEST, RESPONSE as C_RESPONSE
 
 from . import messages as m
+from clients.deadlines import Deadlines
+
 from .bus import Bus
 from .membership import Membership
 from .providers import ProviderCache
@@ -67,15 +70,19 @@ class RemoteCaller:
     closed = False  # publishing to a node that left is harmless
     provides: set[str] = set()
 
-    __slots__ = ("link", "origin", "id", "label", "inflight")
+    __slots__ = ("link", "origin", "topic", "id", "label", "inflight", "acked")
 
-    def __init__(self, link: "ClusterLink", origin: str, attempt: int, label: str) -> None:
-        self.link, self.origin, self.id, self.label = link, origin, attempt, label
+    def __init__(self, link: "ClusterLink", origin: "RemoteNode", attempt: int,
+                 label: str) -> None:
+        self.link, self.origin, self.topic = link, origin.name, origin.topic
+        self.id, self.label = attempt, label
         self.inflight = 0
+        self.acked = False  # ACCEPTED or the outcome went back: no separate ACK needed
 
     def send(self, msg: list[Any]) -> None:
         kind = msg[0]
-        topic = Bus.topic_of(self.origin, self.link.config.namespace)
+        topic = self.topic
+        self.acked = True
         if kind == ACCEPT:
             self.link.bus.publish(topic, [m.ACCEPTED, self.id])
             return
@@ -113,6 +120,7 @@ class ClusterLink:
         self._next_beat = 0.0
         self._last_echo = 0.0
         self._last_tick = float("inf")  # no stall before the first tick
+        self._acks_due = Deadlines(0.01, time.monotonic())  # INVOKEs to acknowledge
         router.cluster = self
         router.count_changed = self._count_changed
 
@@ -135,6 +143,9 @@ class ClusterLink:
         if peers is None:
             peers = entry.peers = [(self._node(n), c) for n, c in entry.targets]
         return peers
+
+    def knows(self, name: str) -> bool:
+        return name in self.cache.entries
 
     def silent(self, name: str, node: Any) -> None:
         log.warning("node_silent", node=node.name, rpc=name)
@@ -167,6 +178,11 @@ class ClusterLink:
                 self._node_dead(name, now)
         for name in self.cache.expire(now):
             self.router.resume(name, now)
+        for key in self._acks_due.expire(now):
+            caller = self.invoked.get(key)
+            if caller is not None and not caller.acked:
+                caller.acked = True
+                self.bus.publish(caller.topic, [m.ACK, caller.id])
 
     def _beat(self, now: float) -> None:
         self._next_beat = now + self.config.heartbeat_interval
@@ -242,10 +258,12 @@ class ClusterLink:
             self.stats["stale_invokes"] += 1
             log.warning("stale_invoke_dropped", origin=origin, rpc=name, age_ms=int(age * 1000))
             return
-        topic = Bus.topic_of(origin, self.config.namespace)
-        self.bus.publish(topic, [m.ACK, attempt])
-        caller = RemoteCaller(self, origin, attempt, label)
-        self.invoked[(origin, attempt)] = caller
+        caller = RemoteCaller(self, self._node(origin), attempt, label)
+        key = (origin, attempt)
+        self.invoked[key] = caller
+        # The ACK waits a quarter of the ack window: a call answered (or accepted) by
+        # then needs none, which spares a bus message per call both ways.
+        self._acks_due.add(key, now + ack_ms / 4000)
         self.router.request(caller, attempt, name, data, int(left_ms - age * 1000), now)
 
     def _state(self, sender: str, msg: list[Any], sent_at: float, now: float) -> None:

@@ -45,6 +45,9 @@ class View:
     def silent(self, name, node):
         self.silenced.append((name, node))
 
+    def knows(self, name):
+        return name in self.entries
+
 
 def router(view, **kw):
     return Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0, now=0.0,

@@ -120,6 +120,7 @@ class Node:
         server.server.close()  # stop listening; existing connections stay
         if self.link is not None:
             self.link.set_state("terminating")  # other nodes stop sending new calls
+            await self.link.bus.flushed(1.0)
         pending = self.router.pending
         log.info("node_draining", node=self.name, pending=pending,
                  deadline_s=self.config.server.drain_timeout)

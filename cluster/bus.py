@@ -29,6 +29,11 @@ from .messages import BadBatch, decode_batch, encode_batch
 
 log = structlog.get_logger("rpcbus.bus")
 
+#: PUBLISH rounds written at once, each on its own pooled connection: a new round
+#: need not wait for the previous one's replies (order across rounds is not kept;
+#: nothing in the protocol depends on it within a round trip).
+ROUNDS_IN_FLIGHT = 4
+
 
 class Backoff:
     """Exponential backoff with full jitter: ``next()`` gives the delay to wait."""
@@ -65,6 +70,8 @@ class Bus:
         self._backoff = backoff or Backoff()
         self._out: dict[str, list[list[Any]]] = {}
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # set while nothing is queued or being written
+        self._idle.set()
         self._session: asyncio.Task[None] | None = None
 
     @staticmethod
@@ -80,8 +87,18 @@ class Bus:
         if box is None:
             self._out[topic] = [msg]
             self._wake.set()
+            self._idle.clear()
         else:
             box.append(msg)
+
+    async def flushed(self, timeout: float) -> bool:
+        """Wait until everything queued has been written (False after ``timeout`` or if down)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return self.up
 
     def stale(self, why: str) -> None:
         """The owner sees the bus is not delivering: drop this session and reconnect."""
@@ -107,6 +124,7 @@ class Bus:
                 self.up = False
                 self.stats["dropped"] += sum(len(v) for v in self._out.values())
                 self._out.clear()
+                self._idle.set()
                 self._on_down(reason)
             delay = self._backoff.next()
             log.warning("bus_down", reason=reason, retry_in_s=round(delay, 3))
@@ -141,19 +159,44 @@ class Bus:
                     pass
 
     async def _write(self, pub: Any) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            out, self._out = self._out, {}
-            if not out:
-                continue
-            sent_at = time.monotonic()
-            async with pub.pipeline(transaction=False) as pipe:
-                for topic, msgs in out.items():
-                    pipe.publish(topic, encode_batch(self.me, sent_at, msgs))
-                    self.stats["batches_out"] += 1
-                    self.stats["messages_out"] += len(msgs)
-                await pipe.execute()
+        slots = asyncio.Semaphore(ROUNDS_IN_FLIGHT)
+        rounds: set[asyncio.Task[None]] = set()
+        failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def send(out: dict[str, list[list[Any]]]) -> None:
+            try:
+                sent_at = time.monotonic()
+                async with pub.pipeline(transaction=False) as pipe:
+                    for topic, msgs in out.items():
+                        pipe.publish(topic, encode_batch(self.me, sent_at, msgs))
+                        self.stats["batches_out"] += 1
+                        self.stats["messages_out"] += len(msgs)
+                    await pipe.execute()
+            except Exception as exc:  # ends the session: the bus reconnects
+                if not failed.done():
+                    failed.set_exception(exc)
+            finally:
+                slots.release()
+                if not self._out and len(rounds) <= 1:
+                    self._idle.set()
+
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                await slots.acquire()
+                if failed.done():
+                    failed.result()
+                out, self._out = self._out, {}
+                if not out:
+                    slots.release()
+                    continue
+                task = asyncio.create_task(send(out))
+                rounds.add(task)
+                task.add_done_callback(rounds.discard)
+        finally:
+            for task in rounds:
+                task.cancel()
 
     async def _read(self, pubsub: Any) -> None:
         while True:

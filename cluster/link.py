@@ -243,17 +243,21 @@ class ClusterLink:
             caller = self.invoked.pop((sender, msg[1]), None)
             if caller is not None:
                 router.cancel_from(caller, msg[1])
-        elif kind == m.RPC_QUERY:
-            count = len(router.providers_of(msg[1]))
+        elif kind == m.RPC_QUERY:  # a terminating node takes no new calls: it has none
+            count = len(router.providers_of(msg[1])) if self.state != m.TERMINATING else 0
             self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, msg[1], count])
         elif kind == m.PROVIDER_UPDATE:
-            if self.cache.on_update(sender, msg[1], msg[2], now):
-                router.resume(msg[1], now)
+            if self.membership.is_live(sender) or msg[1] in self.cache.queries:
+                if self.cache.on_update(sender, msg[1], msg[2], now):
+                    router.resume(msg[1], now)
         elif kind == m.STATE:
             self._state(sender, msg, sent_at, now)
 
     def _invoke(self, origin: str, msg: list[Any], age: float, now: float) -> None:
         _, attempt, name, data, left_ms, ack_ms, label = msg
+        if self.state == m.TERMINATING:  # the origin will try another node at once
+            self.bus.publish(self._node(origin).topic, [m.REJECT, attempt])
+            return
         if age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0:
             self.stats["stale_invokes"] += 1
             log.warning("stale_invoke_dropped", origin=origin, rpc=name, age_ms=int(age * 1000))

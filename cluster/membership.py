@@ -1,9 +1,10 @@
 """Who is in the cluster: a table driven by STATE messages and ``now``. Pure.
 
 A node announces ``starting``, then ``ready``, heartbeats (a STATE message)
-every ``interval`` seconds, and announces ``terminating`` when it stops. One
-that sends nothing for ``misses`` intervals is dead to the others; so is one
-that says ``terminating`` (it takes no new calls; its calls in flight finish).
+every ``interval`` seconds, and announces ``terminating`` when it stops: it
+takes no new calls (it is not ``live``) but finishes those in flight. One that
+sends nothing for ``misses`` intervals is dead to the others, terminating or
+not.
 
 Each node also learns, per peer, the smallest ``received - sent_at`` seen: the
 clock offset plus the quickest trip. A message's ``age`` is its own
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .messages import READY, TERMINATING
+from .messages import READY
 
 
 @dataclass
@@ -52,9 +53,6 @@ class Membership:
         if sender == self.me:
             return False
         member = self.members.get(sender)
-        if state == TERMINATING:
-            self.members.pop(sender, None)
-            return False
         if member is None or member.started != started:
             if started != self._started.get(sender):
                 self._offset[sender] = now - sent_at  # a (re)started process: a new clock

@@ -93,7 +93,8 @@ def test_message_age_ignores_clock_offsets_and_resets_when_a_node_restarts():
     ms.on_state("a", m.READY, "u", 200.0, {}, sent_at=50.0, now=10.0)   # restarted: new clock
     assert ms.age("a", 51.0, 11.0) == 0.0
     ms.on_state("a", m.TERMINATING, "u", 200.0, {}, sent_at=52.0, now=12.0)
-    assert ms.live() == []
+    assert ms.live() == []                   # no new calls for it ...
+    assert ms.expire(14.0) == [] and ms.expire(15.1) == ["a"]   # ... and silence still kills
 
 
 # -- provider cache ------------------------------------------------------------------------

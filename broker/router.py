@@ -383,8 +383,10 @@ class Router:
                   remote: list[tuple[Peer, int]] | tuple[()], now: float) -> None:
         tried = call.tried
         if remote and tried is None:  # weighted: a local provider counts 1, a node its count
-            n_local = len(local)
-            pick = self._rand() * (n_local + sum(n for _, n in remote))
+            n_local = total = len(local)
+            for _, n in remote:
+                total += n
+            pick = self._rand() * total
             if pick < n_local:
                 provider = local[int(pick)]
             else:

@@ -15,9 +15,11 @@ Per call (docs/protocol.md has the diagram)::
 * Every attempt gets a fresh id assigned here; only the provider chosen for
   that attempt can accept, answer or reject it. Anything else is dropped and
   counted (``late`` for ids no longer pending, ``foreign`` for the wrong peer).
-* A finished call leaves every table at once (the call map and the deadlines).
+* A finished call leaves the call table at once; its deadline entry (just the
+  attempt id) is ignored when it comes due (clients/deadlines.py).
 * Exactly one outcome reaches the caller: RESPONSE, or ERROR with one of
-  NO_PROVIDER, RESPONSE_TIMEOUT, PROVIDER_ERROR, PROVIDER_GONE, INVALID_MESSAGE.
+  NO_PROVIDER, RESPONSE_TIMEOUT, PROVIDER_ERROR, PROVIDER_GONE, INVALID_MESSAGE,
+  CLUSTER_UNAVAILABLE (or a code a serving node reported).
   The response deadline is never retried (the provider may have run the call).
 * No attempt starts once the call's time is up.
 

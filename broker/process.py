@@ -63,13 +63,14 @@ class NodeProcess:
                 self._ready.set()
         self._ready.set()  # exited: let start() report it
 
-    def wait_event(self, name: str, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
-        """Block until the node logs event ``name`` with these fields; raises TimeoutError."""
+    def wait_event(self, name: str, timeout: float = 10.0, count: int = 1,
+                   **fields: Any) -> dict[str, Any]:
+        """Block until the node has logged event ``name`` with these fields ``count`` times;
+        returns the last such line; raises TimeoutError."""
         def found() -> dict[str, Any] | None:
-            for line in list(self.lines):
-                if line.get("event") == name and all(line.get(k) == v for k, v in fields.items()):
-                    return line
-            return None
+            seen = [line for line in list(self.lines) if line.get("event") == name
+                    and all(line.get(k) == v for k, v in fields.items())]
+            return seen[-1] if len(seen) >= count else None
 
         with self._new_line:
             if not self._new_line.wait_for(found, timeout):

@@ -116,10 +116,12 @@ class ClusterLink:
                        self._on_up, self._on_down)
         self.nodes: dict[str, RemoteNode] = {}
         self.invoked: dict[tuple[str, int], RemoteCaller] = {}
-        self.stats = {"stale_invokes": 0, "nodes_dead": 0}
+        self.stats = {"stale_invokes": 0, "nodes_dead": 0, "silent_attempts": 0}
+        self._warned: dict[str, tuple[float, int]] = {}
         self._next_beat = 0.0
         self._last_echo = 0.0
         self._last_tick = float("inf")  # no stall before the first tick
+        self._settled_at = 0.0          # until then membership may miss peers (just joined)
         self._acks_due = Deadlines(0.01, time.monotonic())  # INVOKEs to acknowledge
         router.cluster = self
         router.count_changed = self._count_changed
@@ -133,7 +135,8 @@ class ClusterLink:
         if entry is None:
             if not discover:
                 return []
-            publish, done = self.cache.begin_query(name, self.membership.live(), now)
+            publish, done = self.cache.begin_query(name, self.membership.live(), now,
+                                                   self._settled_at)
             if publish:
                 self.bus.publish(self.bus.control, [m.RPC_QUERY, name])
             if not done:
@@ -148,8 +151,20 @@ class ClusterLink:
         return name in self.cache.entries
 
     def silent(self, name: str, node: Any) -> None:
-        log.warning("node_silent", node=node.name, rpc=name)
+        self.stats["silent_attempts"] += 1
+        self._warn_some("node_silent", node=node.name, rpc=name)
         self.cache.forget_node_for(name, node.name)
+
+    def _warn_some(self, event: str, **fields: Any) -> None:
+        """A per-call warning, logged at most once a second per event with the number held
+        back since (the counters in /stats have them all)."""
+        now = time.monotonic()
+        last, held = self._warned.get(event, (-1.0, 0))
+        if now - last >= 1.0:
+            log.warning(event, held_back=held, **fields)
+            self._warned[event] = (now, 0)
+        else:
+            self._warned[event] = (last, held + 1)
 
     # -- life ----------------------------------------------------------------------------
 
@@ -195,6 +210,8 @@ class ClusterLink:
         now = asyncio.get_running_loop().time()
         self.available = True
         self._last_echo = now
+        if not self.membership.members:  # a first join: hear a round of heartbeats first
+            self._settled_at = now + 1.5 * self.config.heartbeat_interval
         self._beat(now)
         for name, count in self.router.provider_counts().items():
             self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, name, count])
@@ -247,9 +264,8 @@ class ClusterLink:
             count = len(router.providers_of(msg[1])) if self.state != m.TERMINATING else 0
             self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, msg[1], count])
         elif kind == m.PROVIDER_UPDATE:
-            if self.membership.is_live(sender) or msg[1] in self.cache.queries:
-                if self.cache.on_update(sender, msg[1], msg[2], now):
-                    router.resume(msg[1], now)
+            if self.cache.on_update(sender, msg[1], msg[2], now):
+                router.resume(msg[1], now)
         elif kind == m.STATE:
             self._state(sender, msg, sent_at, now)
 
@@ -260,7 +276,8 @@ class ClusterLink:
             return
         if age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0:
             self.stats["stale_invokes"] += 1
-            log.warning("stale_invoke_dropped", origin=origin, rpc=name, age_ms=int(age * 1000))
+            self._warn_some("stale_invoke_dropped", origin=origin, rpc=name,
+                            age_ms=int(age * 1000))
             return
         caller = RemoteCaller(self, self._node(origin), attempt, label)
         key = (origin, attempt)

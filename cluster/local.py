@@ -100,8 +100,9 @@ class LocalCluster:
                     env=self.env, echo=self.echo))
             for node in self.nodes:
                 node.start()
-            for node in self.nodes:  # every node has heard every other
-                node.wait_event("node_joined", timeout=15.0) if self.count > 1 else None
+            if self.count > 1:
+                for node in self.nodes:  # every node has heard every other
+                    node.wait_event("node_joined", timeout=15.0, count=self.count - 1)
         except BaseException:
             self.stop()
             raise

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from cachetools import TTLCache
 
 _MAX_NAMES = 1_000_000  # far above any real count: entries leave by TTL, not by size
+_UNSETTLED = "\0unsettled"  # an answer that never comes: such a query ends at its deadline
 
 
 class Entry:
@@ -62,15 +63,22 @@ class ProviderCache:
     def _clock(self) -> float:
         return self._now
 
-    def begin_query(self, name: str, expected: list[str], now: float) -> tuple[bool, bool]:
+    def begin_query(self, name: str, expected: list[str], now: float,
+                    settled_at: float = 0.0) -> tuple[bool, bool]:
         """A miss for ``name``: (publish a query?, already complete?).
 
         With no other live node there is nothing to ask: the entry is made
-        (empty) at once.
+        (empty) at once. Before ``settled_at`` (a node that just joined and
+        may not know every peer yet) the answers are collected until then.
         """
         if name in self.queries:
             return False, False
         self._now = now
+        if now < settled_at:
+            self.queries[name] = Query({_UNSETTLED, *expected},
+                                       max(settled_at, now + self.query_timeout))
+            self.queries_sent += 1
+            return True, False
         if not expected:
             self._store(name, {})
             return False, True

@@ -7,12 +7,13 @@ import pytest
 
 from cluster.local import LocalCluster
 
-# Heartbeats every 0.2 s (dead after 3 misses = 0.6 s) and a 0.3 s ack timeout keep
-# failover tests short; the tests state where they rely on these values.
+# Heartbeats every 0.25 s (dead after 3 misses = 0.75 s) and a 0.5 s ack timeout keep
+# failover tests short but leave room for a busy 2-core machine running 3 nodes, Redis
+# and the test; the tests state where they rely on these values.
 FAST = {
-    "RPCBUS_RPC_ACK_TIMEOUT": "0.3",
+    "RPCBUS_RPC_ACK_TIMEOUT": "0.5",
     "RPCBUS_RPC_RESPONSE_TIMEOUT": "5.0",
-    "RPCBUS_CLUSTER_HEARTBEAT_INTERVAL": "0.2",
+    "RPCBUS_CLUSTER_HEARTBEAT_INTERVAL": "0.25",
     "RPCBUS_CLUSTER_HEARTBEAT_MISSES": "3",
     "RPCBUS_SERVER_DRAIN_TIMEOUT": "5.0",
 }

@@ -1,6 +1,6 @@
 """Node and Redis failures under load: one outcome per call, fast failure, recovery.
 
-Heartbeats every 0.2 s, dead after 3 misses (conftest.FAST).
+Heartbeats every 0.25 s, dead after 3 misses (conftest.FAST).
 """
 
 import asyncio
@@ -49,12 +49,12 @@ async def test_sigkill_of_a_node_under_load(make_cluster):
         await asyncio.sleep(0.5)
         killed_at = time.monotonic()
         n1.kill()
-        await asyncio.sleep(2.5)
+        await asyncio.sleep(3.0)                      # the load runs on through the fault
         stop.set()
         ledger = await load
     check_ledger(ledger, timeout=3.0)
-    # Within 3 heartbeats (0.6 s) plus a margin, every call succeeds again.
-    after = [r for s, e, r, d in ledger if s > killed_at + 1.0]
+    # Within 3 heartbeats (0.75 s) plus a margin, every call succeeds again.
+    after = [r for s, e, r, d in ledger if s > killed_at + 1.5]
     assert after and all(r != "PROVIDER_GONE" and not isinstance(r, str) for r in after), \
         sorted({r for r in after if isinstance(r, str)})
     assert any(isinstance(r, list) for s, e, r, d in ledger if s < killed_at)

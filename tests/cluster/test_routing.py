@@ -8,7 +8,9 @@ from collections import Counter
 import pytest
 
 import clients
+from clients import protocol as p
 
+from ..integration.raw import RawPeer
 from .conftest import stats
 
 
@@ -93,10 +95,6 @@ async def test_reject_and_silent_providers_fail_over_across_nodes(cluster3):
         runs[("refuse", data)] += 1
         raise clients.Reject()
 
-    async def silent(data):
-        runs[("silent", data)] += 1
-        await asyncio.Event().wait()                 # accepts only after the tick: never here
-
     def good(data):
         runs[("good", data)] += 1
         return data
@@ -111,20 +109,25 @@ async def test_reject_and_silent_providers_fail_over_across_nodes(cluster3):
         assert any(runs[("refuse", i)] for i in range(200))
         await a.unprovide("failover")
         await g.unprovide("failover")
-    async with clients.connect(n1.url) as s, clients.connect(n2.url) as g, \
-            clients.connect(n3.url) as c:
-        s_rpc, s_handler = "failover2", (lambda d: asyncio.sleep(30))  # accepts, never answers
-        await s.provide(s_rpc, s_handler)
-        await g.provide(s_rpc, good)
-        got = await asyncio.gather(*(c.call(s_rpc, 1000 + i, timeout=10) for i in range(50)),
-                                   return_exceptions=True)
-        # Accepted calls are never moved; the others were answered by the good provider.
-        for i, r in enumerate(got):
-            assert r == 1000 + i or isinstance(r, clients.ResponseTimeoutError), r
+    # A provider that never accepts nor answers: n1's own ack timeout (0.3 s) moves
+    # each call, n1 has no other provider and REJECTs, and the origin tries n2.
+    silent = await RawPeer.open(n1.url)
+    await silent.provide("failover2")
+    async with clients.connect(n2.url) as g, clients.connect(n3.url) as c:
+        await g.provide("failover2", good)
+        got = await asyncio.gather(*(c.call("failover2", 1000 + i, timeout=10)
+                                     for i in range(50)))
+        assert got == [1000 + i for i in range(50)]
+        assert all(runs[("good", 1000 + i)] == 1 for i in range(50))
+        cancel = await silent.expect(p.CANCEL)        # n1 told its silent provider
+        assert cancel[1] > 0
+    await silent.close()
 
 
 async def test_a_paused_node_does_not_run_calls_the_cluster_gave_up_on(make_cluster):
-    c = make_cluster(nodes=3)
+    # ack timeout 1 s, dead after 3 x 0.5 s: the 2.5 s pause below outlasts both.
+    c = make_cluster(nodes=3, RPCBUS_RPC_ACK_TIMEOUT="1.0",
+                     RPCBUS_CLUSTER_HEARTBEAT_INTERVAL="0.5")
     n1, n2, n3 = c.nodes
     runs = Counter()
 
@@ -139,16 +142,16 @@ async def test_a_paused_node_does_not_run_calls_the_cluster_gave_up_on(make_clus
         await p1.provide("once", counting("n1"))
         await p2.provide("once", counting("n2"))
         await caller.call("once", -1, timeout=5)     # discovery done: both nodes known
-        n1.signal(signal.SIGSTOP)      # hung, not dead, for a while
+        loop = asyncio.get_running_loop()
+        n1.signal(signal.SIGSTOP)                    # hung, not dead
+        paused = loop.time()
         try:
             got = await asyncio.gather(*(caller.call("once", i, timeout=10) for i in range(100)))
         finally:
-            await asyncio.sleep(1.0)                  # longer than 3 heartbeats (0.6 s)
+            await asyncio.sleep(max(0.0, paused + 2.5 - loop.time()))  # the fault's length
             n1.signal(signal.SIGCONT)
         assert got == ["n2"] * 100                    # re-routed after the ack timeout
-        # After it resumes, n1 must not run the INVOKEs that waited for it meanwhile.
-        async with asyncio.timeout(10):
-            while not stats(n1)["cluster"]["stale_invokes"]:
-                await asyncio.sleep(0.05)
+        # After it resumes, n1 drops the INVOKEs that waited for it meanwhile.
+        await asyncio.to_thread(n1.wait_event, "stale_invoke_dropped", 10.0)
         assert await caller.call("once", 10_000, timeout=5) in ("n1", "n2")
     assert all(runs[i] == 1 for i in range(100)), {i: runs[i] for i in range(100) if runs[i] != 1}

@@ -9,7 +9,7 @@ def test_load_benchmark_smoke(tmp_path):
     out = tmp_path / "bench.json"
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.load", "--duration", "0.5", "--warmup", "0.2",
-         "--callers", "1", "--inflight", "20", "--max-calls", "30000", "--out", str(out)],
+         "--callers", "1", "--inflight", "20", "--max-calls", "500000", "--out", str(out)],
         capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     result = json.loads(out.read_text())

@@ -131,6 +131,14 @@ def test_timeouts_negative_entries_and_gone_nodes():
     assert "w" not in cache.entries                      # asked afresh soon
 
 
+def test_a_node_that_just_joined_waits_for_a_round_of_heartbeats_before_trusting_answers():
+    cache = ProviderCache(ttl=60.0, negative_ttl=1.0, query_timeout=0.25)
+    assert cache.begin_query("x", [], now=0.0, settled_at=1.5) == (True, False)
+    assert not cache.on_update("late-known", "x", 2, now=0.5)   # a peer it had not heard yet
+    assert cache.expire(1.4) == []
+    assert cache.expire(1.5) == ["x"] and cache.entries["x"].targets == [("late-known", 2)]
+
+
 # -- the router with other nodes ----------------------------------------------------------
 
 def test_weighted_choice_counts_local_providers_and_node_counts():

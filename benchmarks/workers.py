@@ -25,6 +25,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 import clients
 from broker.cli import use_uvloop
+from broker.logs import configure
 from clients import protocol as p
 from clients.transport import FrameIO
 
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--start-at", type=float, default=0.0)
     args = ap.parse_args(argv)
     use_uvloop(True)
+    configure("warning", "json")  # stdout carries the results: logs go to stderr
     role = {"caller": run_caller, "provider": run_provider, "echo": run_echo}[args.role]
     try:
         asyncio.run(role(args))

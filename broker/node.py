@@ -2,7 +2,8 @@
 
 ``Node.run()`` serves until ``stop()`` (SIGTERM/SIGINT in ``rpcbus node``), then
 shuts down in bounded steps, like uvicorn: stop listening and report not
-ready; answer new REQUESTs with SHUTTING_DOWN; let calls in flight finish for
+ready; tell every client (``ERROR nil SHUTTING_DOWN``: the SDK moves to
+another node); answer new REQUESTs with SHUTTING_DOWN; let calls in flight finish for
 up to ``server.drain_timeout`` seconds (a second ``stop()`` cuts that short);
 close every connection with 1001 (going away); return. Cancelling ``run()``
 skips the drain and closes at once.
@@ -24,6 +25,9 @@ from typing import Any
 import structlog
 from websockets.asyncio.server import serve
 from websockets.frames import CloseCode
+
+from clients import errors
+from clients.protocol import ERROR
 
 from .config import Config
 from .router import Router
@@ -121,6 +125,9 @@ class Node:
         if self.link is not None:
             self.link.set_state("terminating")  # other nodes stop sending new calls
             await self.link.bus.flushed(1.0)
+        for session in list(self.sessions):  # clients move to another node now
+            session.send([ERROR, None, errors.SHUTTING_DOWN,
+                          "this node is shutting down: connect to another node"])
         pending = self.router.pending
         log.info("node_draining", node=self.name, pending=pending,
                  deadline_s=self.config.server.drain_timeout)
@@ -215,6 +222,7 @@ class Node:
             "sessions": len(self.sessions),
             "pending": self.router.pending,
             "timers": self.router.timers,
+            "tasks": len(asyncio.all_tasks()),
             "providers": self.router.provider_counts(),
             "router": self.router.stats.as_dict(),
             "io": {**dict(self.stats), **dict(totals)},

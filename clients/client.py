@@ -1,11 +1,20 @@
-"""The Python SDK: connect to a node, provide RPCs, call them.
+"""The Python SDK: connect to a node (or any of several), provide RPCs, call them.
 
-One ``Client`` is one WebSocket connection. Calls are correlated by ids the
-client assigns; each pending call is one future in one map, removed in
-``finally`` whatever happens. The node enforces every deadline; the client
-keeps a safety deadline of its own (the call's timeout plus ``grace``) swept
-by one task, so a call ends even if the node never answers. When the
-connection is lost, every pending call fails at once with CONNECTION_LOST.
+A ``Client`` holds one WebSocket connection at a time ("wire"). Calls are
+correlated by ids the client assigns; each pending call is one future in one
+map, removed in ``finally`` whatever happens. The node enforces every
+deadline; the client keeps a safety deadline of its own (the call's timeout
+plus ``grace``) swept by one task, so a call ends even if no node answers.
+
+Losing the connection: calls already sent on it fail at once with
+CONNECTION_LOST — except those made with ``idempotent=True``, which are sent
+again on the next connection. Unless ``reconnect=False``, the client then
+connects again, with backoff and jitter, to the next of its URLs, provides
+again every name it provided, and goes on; calls made meanwhile wait for the
+connection (they were not sent, so they cannot have run) until their
+deadline. A node that is shutting down tells its clients: the client moves to
+another URL at once, while calls and handlers already on the old connection
+finish there. ``on_state`` hears "connected", "reconnecting" and "closed".
 
 Providing: a handler gets the request's data (and, if it takes a second
 positional argument, a ``CallContext``). A plain function is answered as soon
@@ -24,140 +33,187 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Sequence
 
 import structlog
 from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import WebSocketException
 
 from . import errors
+from .backoff import Backoff
 from .deadlines import Deadlines
+from .handlers import CallContext, Handler, awaited, describe, failure, outcome
 from .protocol import (
-    ACCEPT,
-    AUTH,
-    AUTH_FAIL,
-    AUTH_OK,
-    CANCEL,
-    ERROR,
-    OK,
-    PING,
-    PONG,
-    PROTOCOL_VERSION,
-    PROVIDE,
-    REJECT,
-    REQUEST,
-    RESPONSE,
-    UNPROVIDE,
-    ProtocolError,
-    decode,
-    valid_name,
+    ACCEPT, AUTH, AUTH_FAIL, AUTH_OK, CANCEL, ERROR, OK, PING, PONG, PROTOCOL_VERSION,
+    PROVIDE, REJECT, REQUEST, RESPONSE, UNPROVIDE, ProtocolError, decode, valid_name,
 )
 from .transport import FrameIO
 
+__all__ = ["CallContext", "Client", "connect"]
+
 log = structlog.get_logger("rpcbus.client")
-
-Handler = Callable[..., Any]
-
-
-@dataclass(frozen=True, slots=True)
-class CallContext:
-    """What a provider's handler may know about the call it serves."""
-
-    rpc: str
-    call_id: int          # the node's id for this attempt
-    caller: str           # the calling client's name@session (or session id)
-    time_left: float      # seconds the caller still waits, as of arrival
 
 
 class _Wire(FrameIO, ClientConnection):
-    """The client's websockets connection, with frames handed to the Client as they arrive."""
+    """One websockets connection of a Client; frames go to the Client as they arrive."""
 
     owner: "Client"
+    url: str
+    auth: asyncio.Future[dict[str, Any]]
+    draining = False                       # its node is shutting down: no new calls here
 
     def frame_received(self, data: bytes) -> None:
-        self.owner._on_frame(data)
+        self.owner._on_frame(self, data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         owner = getattr(self, "owner", None)
         if owner is not None:
-            owner._on_lost(exc)
+            owner._on_lost(self, exc)
 
     def unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
         return self.owner._unencodable(msg, exc)
 
 
 class Client:
-    """A connection to one node. Build it with ``clients.connect(...)``."""
+    """Connections to one or several nodes. Build it with ``clients.connect(...)``."""
 
-    def __init__(self, url: str, *, name: str | None = None, user: str | None = None,
-                 password: str | None = None, token: str | None = None,
-                 open_timeout: float = 10.0, grace: float = 1.0,
-                 max_size: int = 16 << 20, ping_interval: float | None = 20.0) -> None:
-        self.url = url
+    def __init__(self, urls: str | Sequence[str], *, name: str | None = None,
+                 user: str | None = None, password: str | None = None,
+                 token: str | None = None, open_timeout: float = 10.0, grace: float = 1.0,
+                 max_size: int = 16 << 20, ping_interval: float | None = 20.0,
+                 reconnect: bool = True, backoff: Backoff | None = None,
+                 on_state: Callable[[str], None] | None = None) -> None:
+        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        if not self.urls:
+            raise ValueError("connect needs at least one URL")
         self.name = name
+        self.state = "connecting"
         self._credentials = {k: v for k, v in
                              (("user", user), ("password", password), ("token", token)) if v}
-        self._open_timeout = open_timeout
-        self._grace = grace
-        self._max_size = max_size
-        self._ping_interval = ping_interval
-        self._wire: _Wire | None = None
+        self._open_timeout, self._grace = open_timeout, grace
+        self._max_size, self._ping_interval = max_size, ping_interval
+        self._reconnect, self._backoff = reconnect, backoff or Backoff(0.05, 5.0)
+        self._on_state = on_state
+        self._next_url = 0
+        self._wire: _Wire | None = None        # the connection new calls go to
+        self._connected = asyncio.Event()
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._where: dict[int, _Wire] = {}     # sent calls: the wire they went out on
+        self._resend: dict[int, list[Any]] = {}  # idempotent calls: their REQUEST
+        self._queued: list[int] = []           # calls waiting for a connection
         self._handlers: dict[str, tuple[Handler, bool, bool]] = {}
-        self._running: dict[int, asyncio.Task[Any]] = {}
-        self._new_tasks: list[int] = []
-        self._auth: asyncio.Future[dict[str, Any]] | None = None
+        self._running: dict[tuple[_Wire, int], asyncio.Task[Any]] = {}
+        self._new_tasks: list[tuple[_Wire, int]] = []
         self._sweeper: asyncio.Task[None] | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
         self._deadlines: Deadlines | None = None
         self._closed = False
-        self._lost: BaseException | None = None
-        self.session: dict[str, Any] = {}     # the node's AUTH_OK fields
+        self.session: dict[str, Any] = {}     # the current node's AUTH_OK fields
         self._default_timeout = 10.0
+
+    @property
+    def url(self) -> str:
+        """The URL of the current (or last) connection."""
+        return self._wire.url if self._wire is not None else self.urls[self._next_url - 1]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     # -- life ----------------------------------------------------------------------------
 
     async def _open(self) -> "Client":
         loop = asyncio.get_running_loop()
         self._deadlines = Deadlines(0.05, loop.time())
+        wire = await self._connect_any(avoid=None)
+        if wire is None:
+            self._set_state("closed")
+            self._closed = True
+            raise errors.ConnectionLostError(
+                None, f"cannot connect to {', '.join(self.urls)}: {self._last_error}")
+        self._use(wire)
+        self._sweeper = loop.create_task(self._sweep_forever(), name="rpcbus-client-sweeper")
+        return self
+
+    async def _connect_any(self, avoid: str | None) -> _Wire | None:
+        """One pass over the URLs (``avoid`` last); the first authenticated wire, or None."""
+        order = [self.urls[(self._next_url + i) % len(self.urls)] for i in range(len(self.urls))]
+        if avoid in order and len(order) > 1:
+            order.remove(avoid)
+            order.append(avoid)
+        self._last_error = "no URL tried"
+        for url in order:
+            self._next_url = (self.urls.index(url) + 1) % len(self.urls)
+            try:
+                return await self._handshake(url)
+            except (OSError, TimeoutError, WebSocketException, errors.RpcError) as exc:
+                self._last_error = f"{url}: {exc}"
+        return None
+
+    async def _handshake(self, url: str) -> _Wire:
+        loop = asyncio.get_running_loop()
+        wire: _Wire | None = None
         try:
             async with asyncio.timeout(self._open_timeout):
-                wire = await ws_connect(self.url, create_connection=_Wire, compression=None,
+                wire = await ws_connect(url, create_connection=_Wire, compression=None,
                                         max_size=self._max_size,
                                         ping_interval=self._ping_interval,
                                         open_timeout=self._open_timeout)
-                wire.owner = self
-                self._wire = wire
-                self._auth = loop.create_future()
+                wire.owner, wire.url, wire.auth = self, url, loop.create_future()
                 params: dict[str, Any] = {"protocol": PROTOCOL_VERSION, **self._credentials}
                 if self.name:
                     params["name"] = self.name
                 wire.send([AUTH, params])
-                self.session = await self._auth
-        except (OSError, TimeoutError, WebSocketException) as exc:
-            await self._abort()
-            raise errors.ConnectionLostError(None, f"cannot connect to {self.url}: {exc}") from exc
+                wire.session = await wire.auth
+            return wire
         except BaseException:
-            await self._abort()
+            if wire is not None:
+                wire.owner = None  # type: ignore[assignment]  # its loss is not ours
+                wire.transport.abort()
             raise
-        self._default_timeout = self.session.get("response_timeout_ms", 10000) / 1000
-        self._sweeper = loop.create_task(self._sweep_forever(), name="rpcbus-client-sweeper")
-        return self
 
-    async def _abort(self) -> None:
-        self._closed = True
-        if self._wire is not None:
-            self._wire.transport.abort()
+    def _use(self, wire: _Wire) -> None:
+        """Make ``wire`` the connection for new calls; send what waited for one."""
+        self._wire = wire
+        self.session = wire.session
+        self._default_timeout = self.session.get("response_timeout_ms", 10000) / 1000
+        if self._handlers:  # provide again everything provided before
+            wire.send([PROVIDE, next(self._ids), list(self._handlers)])
+        queued, self._queued = self._queued, []
+        for cid in queued:
+            msg = self._resend.get(cid)
+            if msg is not None and cid in self._pending:
+                self._where[cid] = wire
+                wire.send(msg)
+        self._connected.set()
+        self._backoff.reset()
+        self._set_state("connected")
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            log.info("client_" + state, url=self._wire.url if self._wire else None)
+            if self._on_state is not None:
+                try:
+                    self._on_state(state)
+                except Exception:  # an application callback must not break the client
+                    log.exception("on_state_failed", state=state)
 
     async def close(self) -> None:
-        """Close the connection; pending calls fail with CONNECTION_LOST. Idempotent."""
-        if self._wire is not None and not self._closed:
-            self._wire.flush()
-            await self._wire.close()
+        """Close the connection(s); pending calls fail with CONNECTION_LOST. Idempotent."""
+        if self._closed:
+            return
         self._closed = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+        wires = {w for w in self._where.values()} | ({self._wire} if self._wire else set())
+        for wire in wires:
+            wire.flush()
+            await wire.close()
         self._fail_all(errors.ConnectionLostError(None, "the client was closed"))
+        self._set_state("closed")
 
     async def __aenter__(self) -> "Client":
         return self
@@ -165,50 +221,50 @@ class Client:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     # -- calling -------------------------------------------------------------------------
 
-    async def call(self, name: str, data: Any = None, *, timeout: float | None = None) -> Any:
+    async def call(self, name: str, data: Any = None, *, timeout: float | None = None,
+                   idempotent: bool = False) -> Any:
         """Call ``name`` with ``data``; returns the provider's answer or raises RpcError.
 
-        ``timeout`` (seconds) bounds the whole call at the node; default: the
-        node's response timeout.
+        ``timeout`` (seconds) bounds the whole call; default: the node's
+        response timeout. ``idempotent=True`` lets the client send the call
+        again on a new connection if the one it went out on is lost.
         """
         if self._closed:
-            raise errors.ConnectionLostError(None, "the connection is closed")
-        loop = self._wire.loop
+            raise errors.ConnectionLostError(None, "the client is closed")
+        if timeout is not None and timeout <= 0:
+            raise ValueError("timeout must be positive")
+        loop = asyncio.get_running_loop()
         cid = next(self._ids)
         fut = loop.create_future()
-        if timeout is None:
-            timeout_ms = None
-            guard = self._default_timeout
-        else:
-            if timeout <= 0:
-                raise ValueError("timeout must be positive")
-            timeout_ms = int(timeout * 1000) or 1
-            guard = timeout
-        self._deadlines.add(cid, loop.time() + guard + self._grace)
+        timeout_ms = None if timeout is None else (int(timeout * 1000) or 1)
+        msg = [REQUEST, cid, name, data, timeout_ms]
+        self._deadlines.add(cid, loop.time() + (timeout or self._default_timeout) + self._grace)
         self._pending[cid] = fut
-        self._wire.send([REQUEST, cid, name, data, timeout_ms])
+        wire = self._wire
+        if idempotent or wire is None:
+            self._resend[cid] = msg
+        if wire is None:
+            self._queued.append(cid)
+        else:
+            self._where[cid] = wire
+            wire.send(msg)
         try:
             return await fut
         finally:
             self._pending.pop(cid, None)
+            self._where.pop(cid, None)
+            if idempotent or wire is None:
+                self._resend.pop(cid, None)
 
     # -- providing -----------------------------------------------------------------------
 
     async def provide(self, name: str, handler: Handler) -> None:
-        """Serve ``name`` with ``handler`` until ``unprovide`` or close."""
-        if not valid_name(name, int(self.session.get("max_name", 128))):
+        """Serve ``name`` with ``handler`` until ``unprovide`` or close (across reconnects)."""
+        if not valid_name(name):
             raise ValueError(f"invalid rpc name {name!r}")
-        if not callable(handler):
-            raise TypeError("handler must be callable")
-        is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-            getattr(handler, "__call__", None))
-        self._handlers[name] = (handler, is_async, _wants_context(handler))
+        self._handlers[name] = describe(handler)
         try:
             await self._control(PROVIDE, [name])
         except BaseException:
@@ -217,8 +273,8 @@ class Client:
 
     async def unprovide(self, name: str) -> None:
         """Stop serving ``name``; calls already running finish."""
-        await self._control(UNPROVIDE, [name])
         self._handlers.pop(name, None)
+        await self._control(UNPROVIDE, [name])
 
     async def ping(self) -> None:
         """A protocol-level round trip to the node."""
@@ -226,61 +282,67 @@ class Client:
 
     async def _control(self, kind: int, names: list[str] | None) -> Any:
         if self._closed:
-            raise errors.ConnectionLostError(None, "the connection is closed")
-        loop = self._wire.loop
+            raise errors.ConnectionLostError(None, "the client is closed")
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self._open_timeout):
+            await self._connected.wait()
         ref = next(self._ids)
         fut = loop.create_future()
         self._deadlines.add(ref, loop.time() + self._open_timeout)
         self._pending[ref] = fut
-        self._wire.send([kind, ref] if names is None else [kind, ref, names])
+        wire = self._where[ref] = self._wire
+        wire.send([kind, ref] if names is None else [kind, ref, names])
         try:
             return await fut
         finally:
             self._pending.pop(ref, None)
+            self._where.pop(ref, None)
 
     # -- frames in -----------------------------------------------------------------------
 
-    def _on_frame(self, data: bytes) -> None:
+    def _on_frame(self, wire: _Wire, data: bytes) -> None:
         try:
             msgs = decode(data)
         except ProtocolError as exc:
-            log.warning("bad_frame_from_node", url=self.url, error=str(exc))
+            log.warning("bad_frame_from_node", url=wire.url, error=str(exc))
             return
         for msg in msgs:
             try:
-                self._on_message(msg)
+                self._on_message(wire, msg)
             except Exception:  # a malformed message from the node must not kill the client
-                log.exception("bad_message_from_node", url=self.url, kind=msg[0])
+                log.exception("bad_message_from_node", url=wire.url, kind=msg[0])
         if self._new_tasks:
-            self._wire.loop.call_soon(self._ack_new_tasks)
+            wire.loop.call_soon(self._ack_new_tasks)
 
-    def _on_message(self, msg: list[Any]) -> None:
+    def _on_message(self, wire: _Wire, msg: list[Any]) -> None:
         kind = msg[0]
         if kind == RESPONSE or kind == OK:
             self._settle(msg[1], msg[2] if kind == RESPONSE else None, None)
         elif kind == REQUEST:
-            self._serve(msg[1], msg[2], msg[3], msg[4], msg[5])
+            self._serve(wire, msg[1], msg[2], msg[3], msg[4], msg[5])
         elif kind == ERROR:
             ref, code, message = msg[1], msg[2], msg[3]
-            if ref is None or ref not in self._pending:
-                log.warning("node_error", url=self.url, code=code, error=message, ref=ref)
+            if ref is None and code == errors.SHUTTING_DOWN:
+                self._node_draining(wire)
+            elif ref is None or ref not in self._pending:
+                log.warning("node_error", url=wire.url, code=code, error=message, ref=ref)
             else:
                 self._settle(ref, None, errors.error_from_code(code, message))
         elif kind == CANCEL:
-            task = self._running.pop(msg[1], None)
+            task = self._running.pop((wire, msg[1]), None)
             if task is not None:
                 task.cancel()
         elif kind == PING:
-            self._wire.send([PONG, msg[1] if len(msg) > 1 else None])
+            wire.send([PONG, msg[1] if len(msg) > 1 else None])
         elif kind == PONG:
             if len(msg) > 1 and type(msg[1]) is int:
                 self._settle(msg[1], None, None)
-        elif kind == AUTH_OK:
-            if self._auth is not None and not self._auth.done():
-                self._auth.set_result(msg[1])
-        elif kind == AUTH_FAIL:
-            if self._auth is not None and not self._auth.done():
-                self._auth.set_exception(errors.error_from_code(msg[1], msg[2]))
+        elif kind == AUTH_OK or kind == AUTH_FAIL:
+            if not wire.auth.done():
+                if kind == AUTH_OK:
+                    wire.auth.set_result(msg[1])
+                else:
+                    wire.auth.set_exception(errors.error_from_code(msg[1], msg[2]))
 
     def _settle(self, ref: int, result: Any, exc: BaseException | None) -> None:
         fut = self._pending.pop(ref, None)
@@ -294,8 +356,8 @@ class Client:
 
     # -- serving -------------------------------------------------------------------------
 
-    def _serve(self, attempt: int, name: str, data: Any, time_left_ms: int, caller: str) -> None:
-        wire = self._wire
+    def _serve(self, wire: _Wire, attempt: int, name: str, data: Any, time_left_ms: int,
+               caller: str) -> None:
         entry = self._handlers.get(name)
         if entry is None:  # unprovided a moment ago: let another provider have it
             wire.send([REJECT, attempt])
@@ -307,33 +369,36 @@ class Client:
             else:
                 result = handler(data)
         except Exception as exc:
-            wire.send(_failure(attempt, name, exc))
+            wire.send(failure(attempt, name, exc))
             return
         if not is_async and not inspect.isawaitable(result):
             wire.send([RESPONSE, attempt, result])
             return
-        task = wire.loop.create_task(_awaited(result))
-        self._running[attempt] = task
-        self._new_tasks.append(attempt)
-        task.add_done_callback(lambda t, a=attempt, n=name: self._task_done(a, n, t))
+        key = (wire, attempt)
+        task = wire.loop.create_task(awaited(result))
+        self._running[key] = task
+        self._new_tasks.append(key)
+        task.add_done_callback(lambda t, k=key, n=name: self._task_done(k, n, t))
 
     def _ack_new_tasks(self) -> None:
         """End of the tick that started handler tasks: answer the finished, ACCEPT the rest."""
         new, self._new_tasks = self._new_tasks, []
-        for attempt in new:
-            task = self._running.get(attempt)
+        for key in new:
+            task = self._running.get(key)
             if task is None:
                 continue
+            wire, attempt = key
             if task.done():
-                del self._running[attempt]
-                self._wire.send(_outcome(attempt, task))
+                del self._running[key]
+                wire.send(outcome(attempt, task))
             else:
-                self._wire.send([ACCEPT, attempt])
+                wire.send([ACCEPT, attempt])
 
-    def _task_done(self, attempt: int, name: str, task: asyncio.Task[Any]) -> None:
-        if self._running.pop(attempt, None) is None or self._closed:
+    def _task_done(self, key: tuple[_Wire, int], name: str, task: asyncio.Task[Any]) -> None:
+        if self._running.pop(key, None) is None:
             return  # answered already, cancelled by the node, or the connection is gone
-        self._wire.send(_outcome(attempt, task, name))
+        wire, attempt = key
+        wire.send(outcome(attempt, task, name))
 
     def _unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
         kind = msg[0]
@@ -353,59 +418,78 @@ class Client:
             for ref in self._deadlines.expire(loop.time()):
                 fut = self._pending.pop(ref, None)
                 if fut is not None and not fut.done():
-                    fut.set_exception(errors.ResponseTimeoutError(
-                        None, "no answer from the node within the deadline"))
+                    fut.set_exception(
+                        errors.ConnectionLostError(None, "no connection within the deadline")
+                        if ref in self._queued else errors.ResponseTimeoutError(
+                            None, "no answer from the node within the deadline"))
 
-    def _on_lost(self, exc: BaseException | None) -> None:
-        self._closed = True
-        self._fail_all(errors.ConnectionLostError(
-            None, f"connection to {self.url} lost" + (f": {exc}" if exc else "")))
+    def _node_draining(self, wire: _Wire) -> None:
+        """The node shuts down: new calls wait for a connection to another node."""
+        wire.draining = True
+        log.info("node_draining", url=wire.url)
+        if wire is self._wire and not self._closed:
+            self._wire = None
+            self._connected.clear()
+            self._start_reconnect(avoid=wire.url, at_once=True)
+
+    def _on_lost(self, wire: _Wire, exc: BaseException | None) -> None:
+        lost = errors.ConnectionLostError(
+            None, f"connection to {wire.url} lost" + (f": {exc}" if exc else ""))
+        for key in [k for k in self._running if k[0] is wire]:
+            self._running.pop(key).cancel()     # its answer has nowhere to go
+        for cid in [c for c, w in self._where.items() if w is wire]:
+            del self._where[cid]
+            if cid in self._resend and self._reconnect and not self._closed:
+                self._queued.append(cid)        # idempotent: send again on the next wire
+                continue
+            fut = self._pending.pop(cid, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(lost)
+        if wire is not self._wire:
+            return                              # a draining wire: the client already moved
+        self._wire = None
+        self._connected.clear()
+        if self._closed:
+            return
+        if not self._reconnect:
+            self._closed = True
+            self._fail_all(lost)
+            self._set_state("closed")
+            return
+        self._start_reconnect(avoid=wire.url, at_once=False)
+
+    def _start_reconnect(self, avoid: str, at_once: bool) -> None:
+        self._set_state("reconnecting")
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.get_running_loop().create_task(
+                self._reconnect_forever(avoid, at_once), name="rpcbus-client-reconnect")
+
+    async def _reconnect_forever(self, avoid: str, at_once: bool) -> None:
+        """Until connected or closed: wait (backoff with jitter), try every URL once."""
+        first = True
+        while not self._closed:
+            if not (first and at_once):
+                await asyncio.sleep(self._backoff.next())
+            first = False
+            wire = await self._connect_any(avoid)
+            if wire is not None and not self._closed:
+                self._use(wire)
+                return
+            log.info("client_reconnect_failed", error=self._last_error)
 
     def _fail_all(self, exc: errors.RpcError) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        if self._auth is not None and not self._auth.done():
-            self._auth.set_exception(exc)
         pending, self._pending = self._pending, {}
+        self._where.clear()
+        self._queued.clear()
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(exc)
         running, self._running = self._running, {}
         for task in running.values():
             task.cancel()
-
-
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
-
-
-def _wants_context(handler: Handler) -> bool:
-    """True when the handler takes a second positional argument (the CallContext)."""
-    try:
-        params = inspect.signature(handler).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
-
-
-def _failure(attempt: int, name: str, exc: BaseException) -> list[Any]:
-    if isinstance(exc, errors.Reject):
-        return [REJECT, attempt]
-    if isinstance(exc, asyncio.CancelledError):
-        return [ERROR, attempt, errors.PROVIDER_ERROR, "the handler was cancelled"]
-    log.warning("handler_failed", rpc=name, error=f"{type(exc).__name__}: {exc}")
-    return [ERROR, attempt, errors.PROVIDER_ERROR, str(exc) or type(exc).__name__]
-
-
-def _outcome(attempt: int, task: asyncio.Task[Any], name: str = "") -> list[Any]:
-    if task.cancelled():
-        return [ERROR, attempt, errors.PROVIDER_ERROR, "the handler was cancelled"]
-    exc = task.exception()
-    if exc is not None:
-        return _failure(attempt, name, exc)
-    return [RESPONSE, attempt, task.result()]
 
 
 class _Connector:
@@ -424,11 +508,12 @@ class _Connector:
         await self._client.close()
 
 
-def connect(url: str, **options: Any) -> _Connector:
-    """Connect to the node at ``url`` (``ws://host:port``); see ``Client`` for options.
+def connect(urls: str | Sequence[str], **options: Any) -> _Connector:
+    """Connect to the first reachable node of ``urls`` (``ws://host:port``, one or a list).
 
     ``async with clients.connect(url) as c: ...`` or ``c = await clients.connect(url)``.
-    Raises ConnectionLostError when the node cannot be reached, and the node's
+    See ``Client`` for the options (``reconnect``, ``on_state``, ``name``, ...).
+    Raises ConnectionLostError when no node can be reached, and a node's
     AUTH_FAIL as an RpcError.
     """
-    return _Connector(Client(url, **options))
+    return _Connector(Client(urls, **options))

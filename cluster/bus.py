@@ -17,13 +17,14 @@ connections.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from typing import Any, Callable
 
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
+
+from clients.backoff import Backoff
 
 from .messages import BadBatch, decode_batch, encode_batch
 
@@ -33,23 +34,6 @@ log = structlog.get_logger("rpcbus.bus")
 #: need not wait for the previous one's replies (order across rounds is not kept;
 #: nothing in the protocol depends on it within a round trip).
 ROUNDS_IN_FLIGHT = 4
-
-
-class Backoff:
-    """Exponential backoff with full jitter: ``next()`` gives the delay to wait."""
-
-    def __init__(self, minimum: float = 0.1, maximum: float = 5.0,
-                 rand: Callable[[], float] = random.random) -> None:
-        self.minimum, self.maximum, self._rand = minimum, maximum, rand
-        self._attempt = 0
-
-    def next(self) -> float:
-        ceiling = min(self.maximum, self.minimum * (2 ** self._attempt))
-        self._attempt += 1
-        return self.minimum / 2 + self._rand() * (ceiling - self.minimum / 2)
-
-    def reset(self) -> None:
-        self._attempt = 0
 
 
 class Bus:

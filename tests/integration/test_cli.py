@@ -8,6 +8,9 @@ import sys
 import pytest
 
 import clients
+from clients import protocol as p
+
+from .raw import RawPeer
 
 
 def rpcbus(*args, timeout=30):
@@ -49,14 +52,18 @@ async def test_sigterm_drains_calls_in_flight_refuses_new_ones_and_exits_0(start
         await release.wait()
         return data
 
+    raw = await RawPeer.open(node.url)
     async with clients.connect(node.url) as prov, clients.connect(node.url) as caller:
         await prov.provide("slow", slow)
         calls = [asyncio.create_task(caller.call("slow", i, timeout=10)) for i in range(20)]
         await started.wait()
         node.signal(signal.SIGTERM)
         await asyncio.to_thread(node.wait_event, "node_draining")
-        with pytest.raises(clients.ShuttingDownError):
-            await caller.call("slow", -1)
+        refused = await raw.expect(p.ERROR)               # the notice, then new calls refused
+        assert refused[1] is None and refused[2] == "SHUTTING_DOWN"
+        await raw.send([p.REQUEST, 7, "slow", 1, 5000])
+        assert (await raw.expect(p.ERROR))[1:3] == [7, "SHUTTING_DOWN"]
+        assert caller.state == "reconnecting"             # the SDK looks for another node
         release.set()
         assert await asyncio.gather(*calls) == list(range(20))
         code = await asyncio.to_thread(node.proc.wait, 20)

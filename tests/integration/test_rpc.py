@@ -229,7 +229,7 @@ async def test_connection_lost_fails_pending_calls_at_once(start_node):
             await asyncio.Event().wait()
 
         await prov.provide("hold", hold)
-        c = await clients.connect(node.url)
+        c = await clients.connect(node.url, reconnect=False)
         calls = [asyncio.create_task(c.call("hold", i, timeout=60)) for i in range(5)]
         await asyncio.sleep(0)
         node.kill()

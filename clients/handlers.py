@@ -1,0 +1,69 @@
+"""How a provider's handler is called and how its outcome becomes a message. No I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import structlog
+
+from . import errors
+from .protocol import ERROR, REJECT, RESPONSE
+
+log = structlog.get_logger("rpcbus.client")
+
+Handler = Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """What a provider's handler may know about the call it serves."""
+
+    rpc: str
+    call_id: int          # the node's id for this attempt
+    caller: str           # the calling client's name@session (or session id)
+    time_left: float      # seconds the caller still waits, as of arrival
+
+
+def describe(handler: Handler) -> tuple[Handler, bool, bool]:
+    """(handler, is it a coroutine function, does it take a CallContext second)."""
+    if not callable(handler):
+        raise TypeError("handler must be callable")
+    is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None))
+    return handler, is_async, _wants_context(handler)
+
+
+def _wants_context(handler: Handler) -> bool:
+    try:
+        params = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+async def awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+def failure(attempt: int, name: str, exc: BaseException) -> list[Any]:
+    """The message for a handler that raised: REJECT for ``Reject``, else PROVIDER_ERROR."""
+    if isinstance(exc, errors.Reject):
+        return [REJECT, attempt]
+    if isinstance(exc, asyncio.CancelledError):
+        return [ERROR, attempt, errors.PROVIDER_ERROR, "the handler was cancelled"]
+    log.warning("handler_failed", rpc=name, error=f"{type(exc).__name__}: {exc}")
+    return [ERROR, attempt, errors.PROVIDER_ERROR, str(exc) or type(exc).__name__]
+
+
+def outcome(attempt: int, task: asyncio.Task[Any], name: str = "") -> list[Any]:
+    """The message for a finished handler task."""
+    if task.cancelled():
+        return [ERROR, attempt, errors.PROVIDER_ERROR, "the handler was cancelled"]
+    exc = task.exception()
+    if exc is not None:
+        return failure(attempt, name, exc)
+    return [RESPONSE, attempt, task.result()]

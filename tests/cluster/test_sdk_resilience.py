@@ -1,0 +1,91 @@
+"""The SDK survives node loss: reconnects to another URL, provides again, resends only
+idempotent calls, reports its state; and follows a node that shuts down."""
+
+import asyncio
+import signal
+
+import pytest
+
+import clients
+
+
+class States:
+    """An ``on_state`` callback that tests can await."""
+
+    def __init__(self):
+        self.seen = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, state):
+        self.seen.append(state)
+        self._changed.set()
+
+    async def reached(self, *sequence, timeout=10.0):
+        async with asyncio.timeout(timeout):
+            while self.seen[:len(sequence)] != list(sequence):
+                self._changed.clear()
+                await self._changed.wait()
+
+
+async def test_reconnect_to_another_node_provides_again_and_resends_idempotent_calls(
+        make_cluster):
+    c = make_cluster(nodes=2)
+    n1, n2 = c.nodes
+    states, caller_states = States(), States()
+    runs = []
+    hold, both_held = asyncio.Event(), asyncio.Event()
+
+    async def work(d):
+        runs.append(d)
+        if d == "held":
+            if runs.count("held") == 2:
+                both_held.set()
+            await hold.wait()
+        return d
+
+    async with clients.connect([n1.url, n2.url], on_state=states) as prov, \
+            clients.connect([n1.url, n2.url], on_state=caller_states) as caller, \
+            clients.connect(n2.url) as other:
+        assert prov.url == n1.url and caller.url == n1.url
+        await prov.provide("work", work)
+        plain = asyncio.create_task(caller.call("work", "held", timeout=20))
+        again = asyncio.create_task(caller.call("work", "held", timeout=20, idempotent=True))
+        async with asyncio.timeout(5):
+            await both_held.wait()                       # both calls reached the handler
+        n1.kill()                                        # both clients lose their node
+        with pytest.raises(clients.ConnectionLostError):
+            await plain                                  # sent, not idempotent: fails at once
+        for log in (states, caller_states):
+            await log.reached("connected", "reconnecting", "connected")
+        assert prov.url == n2.url and caller.url == n2.url
+        hold.set()
+        assert await again == "held"                     # sent again on the new connection
+        assert await other.call("work", "x", timeout=5) == "x"   # provided again on n2
+    assert states.seen == ["connected", "reconnecting", "connected", "closed"]
+
+
+async def test_a_node_shutting_down_sends_its_clients_elsewhere(make_cluster):
+    c = make_cluster(nodes=2)
+    n1, n2 = c.nodes
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def slow(d):
+        started.set()
+        await release.wait()
+        return d
+
+    prov_states, caller_states = States(), States()
+    async with clients.connect([n1.url, n2.url], on_state=prov_states) as prov, \
+            clients.connect([n1.url, n2.url], on_state=caller_states) as caller:
+        await prov.provide("slow", slow)
+        in_flight = asyncio.create_task(caller.call("slow", "before", timeout=20))
+        await started.wait()
+        n1.signal(signal.SIGTERM)
+        for log in (prov_states, caller_states):          # both move while n1 drains
+            await log.reached("connected", "reconnecting", "connected")
+        assert prov.url == n2.url and caller.url == n2.url
+        release.set()
+        assert await in_flight == "before"               # finished on the draining node
+        assert await caller.call("slow", "after", timeout=10) == "after"   # now via n2
+        assert await asyncio.to_thread(n1.wait_exit, 20) == 0

@@ -128,10 +128,25 @@ class _AuthWaiter:
 
 
 async def run_provider(args: argparse.Namespace) -> None:
-    async with clients.connect(args.url, name="bench-provider", ping_interval=None) as c:
-        await c.provide(args.rpc, lambda data: data)
+    """An echo provider on one or several (comma-separated) URLs; with ``--record FILE``
+    it appends every call's data to FILE as it runs it (unbuffered: a SIGKILL loses none)."""
+    handler = _echo
+    if args.record:
+        fd = os.open(args.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+        def handler(data: Any) -> Any:
+            os.write(fd, json.dumps(data).encode() + b"\n")
+            return data
+
+    async with clients.connect(args.url.split(","), name="bench-provider",
+                               ping_interval=None) as c:
+        await c.provide(args.rpc, handler)
         print(json.dumps({"ready": True}), flush=True)
         await asyncio.Event().wait()  # until killed
+
+
+def _echo(data: Any) -> Any:
+    return data
 
 
 class _EchoSession(FrameIO, ServerConnection):
@@ -169,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-calls", type=int, default=10_000_000)
     ap.add_argument("--sample-every", type=int, default=4)
     ap.add_argument("--start-at", type=float, default=0.0)
+    ap.add_argument("--record", default="", help="provider: append each call's data here")
     args = ap.parse_args(argv)
     use_uvloop(True)
     configure("warning", "json")  # stdout carries the results: logs go to stderr

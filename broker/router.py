@@ -185,8 +185,10 @@ class Router:
             peer.provides.discard(name)
 
     def drop_peer(self, peer: Peer, now: float) -> None:
-        """``peer`` (a client, or a node) is gone: unaccepted attempts go elsewhere,
-        accepted ones fail now with PROVIDER_GONE.
+        """``peer`` is gone. A client: its unaccepted attempts go elsewhere, accepted ones
+        fail now with PROVIDER_GONE. A node: all its attempts fail now with PROVIDER_GONE,
+        because it hands a call to a provider the moment it arrives, so any of them may
+        have run there (re-routing them would run some twice).
 
         Calls it made as a caller finish as usual; their outcomes are discarded
         (counted) because the peer is closed.
@@ -197,7 +199,7 @@ class Router:
         self.unprovide(peer, list(peer.provides))
         for call in [c for c in self._calls.values() if c.provider is peer]:
             self._end_attempt(call)
-            if call.accepted:
+            if call.accepted or peer.is_node:
                 self.stats.provider_gone += 1
                 self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
                                       f"the provider of {call.name!r} is gone"])
@@ -207,19 +209,16 @@ class Router:
     def cluster_down(self, now: float) -> None:
         """The bus is down: attempts at other nodes cannot finish; waiting calls resume.
 
-        An attempt the node had acknowledged may be running there, so it fails
-        with CLUSTER_UNAVAILABLE rather than run twice; one it had not goes to a
-        local provider if there is one.
+        An attempt at another node may be running there (it was handed to a
+        provider on arrival), so it fails with CLUSTER_UNAVAILABLE rather than
+        run twice. Calls waiting for discovery go to local providers, if any.
         """
         for call in [c for c in self._calls.values() if c.provider is not None
                      and c.provider.is_node]:
             self._end_attempt(call)
-            if call.accepted or call.acked:
-                self.stats.cluster_unavailable += 1
-                self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                                      "the cluster bus went down during the call"])
-            else:
-                self._retry(call, now)
+            self.stats.cluster_unavailable += 1
+            self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                                  "the cluster bus went down during the call"])
         for name in list(self._parked):
             self.resume(name, now)
 

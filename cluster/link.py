@@ -9,8 +9,8 @@ router events and router messages into cluster messages:
   caller peer: RESPONSE, ERROR and ACCEPT go back to the origin; a
   NO_PROVIDER outcome becomes REJECT, so the origin tries another node.
 
-An INVOKE is only started if it is fresh, and acknowledged (ACK) a quarter
-of its ack window later unless an ACCEPTED or an answer went back first: one
+An INVOKE is only started if it is fresh, and acknowledged (ACK) before it
+reaches a provider: one
 that waited on the way (a paused node or Redis) longer than half its ack
 window is dropped unacknowledged, because its origin has given it up (or
 will before an ACK could reach it) and may have sent the call elsewhere.
@@ -30,8 +30,6 @@ from clients import errors
 from clients.protocol import ACCEPT, CANCEL as C_CANCEL, ERROR as C_ERROR, REQUEST, RESPONSE as C_RESPONSE
 
 from . import messages as m
-from clients.deadlines import Deadlines
-
 from .bus import Bus
 from .membership import Membership
 from .providers import ProviderCache
@@ -70,19 +68,17 @@ class RemoteCaller:
     closed = False  # publishing to a node that left is harmless
     provides: set[str] = set()
 
-    __slots__ = ("link", "origin", "topic", "id", "label", "inflight", "acked")
+    __slots__ = ("link", "origin", "topic", "id", "label", "inflight")
 
     def __init__(self, link: "ClusterLink", origin: "RemoteNode", attempt: int,
                  label: str) -> None:
         self.link, self.origin, self.topic = link, origin.name, origin.topic
         self.id, self.label = attempt, label
         self.inflight = 0
-        self.acked = False  # ACCEPTED or the outcome went back: no separate ACK needed
 
     def send(self, msg: list[Any]) -> None:
         kind = msg[0]
         topic = self.topic
-        self.acked = True
         if kind == ACCEPT:
             self.link.bus.publish(topic, [m.ACCEPTED, self.id])
             return
@@ -122,7 +118,6 @@ class ClusterLink:
         self._last_echo = 0.0
         self._last_tick = float("inf")  # no stall before the first tick
         self._settled_at = 0.0          # until then membership may miss peers (just joined)
-        self._acks_due = Deadlines(0.01, time.monotonic())  # INVOKEs to acknowledge
         router.cluster = self
         router.count_changed = self._count_changed
 
@@ -193,11 +188,7 @@ class ClusterLink:
                 self._node_dead(name, now)
         for name in self.cache.expire(now):
             self.router.resume(name, now)
-        for key in self._acks_due.expire(now):
-            caller = self.invoked.get(key)
-            if caller is not None and not caller.acked:
-                caller.acked = True
-                self.bus.publish(caller.topic, [m.ACK, caller.id])
+
 
     def _beat(self, now: float) -> None:
         self._next_beat = now + self.config.heartbeat_interval
@@ -279,12 +270,12 @@ class ClusterLink:
             self._warn_some("stale_invoke_dropped", origin=origin, rpc=name,
                             age_ms=int(age * 1000))
             return
-        caller = RemoteCaller(self, self._node(origin), attempt, label)
-        key = (origin, attempt)
-        self.invoked[key] = caller
-        # The ACK waits a quarter of the ack window: a call answered (or accepted) by
-        # then needs none, which spares a bus message per call both ways.
-        self._acks_due.add(key, now + ack_ms / 4000)
+        node = self._node(origin)
+        caller = RemoteCaller(self, node, attempt, label)
+        self.invoked[(origin, attempt)] = caller
+        # ACK before the call reaches a provider (queued first, so written no later):
+        # from then on the origin never sends it elsewhere, since it may run here.
+        self.bus.publish(node.topic, [m.ACK, attempt])
         self.router.request(caller, attempt, name, data, int(left_ms - age * 1000), now)
 
     def _state(self, sender: str, msg: list[Any], sent_at: float, now: float) -> None:

@@ -190,7 +190,7 @@ def test_a_node_acknowledges_then_may_reject_and_a_silent_node_is_reported():
     assert err[:3] == [ERROR, 1, errors.NO_PROVIDER]
 
 
-def test_bus_down_fails_acknowledged_node_attempts_and_reroutes_the_others():
+def test_bus_down_fails_every_node_attempt_and_only_local_providers_serve():
     a = Node("A")
     view = View({"x": [(a, 1)]})
     r, caller, local = router(view, rand=lambda: 0.99), Peer("c"), Peer("p")
@@ -200,14 +200,30 @@ def test_bus_down_fails_acknowledged_node_attempts_and_reroutes_the_others():
     first, second = a.take()
     r.ack(a, first[1])
     view.available = False
-    r.cluster_down(now=0.1)
+    r.cluster_down(now=0.1)                              # either may be running at A
     out = caller.take()
-    assert out[0][:3] == [ERROR, 1, errors.CLUSTER_UNAVAILABLE]
-    [moved] = [msg for msg in local.take() if msg[0] == REQUEST]
-    r.respond(local, moved[1], "local")
-    assert caller.take() == [[RESPONSE, 2, "local"]]
-    r.request(caller, 3, "only.remote", None, None, now=0.2)
-    assert caller.take()[0][:3] == [ERROR, 3, errors.CLUSTER_UNAVAILABLE]
+    assert [m[:3] for m in out] == [[ERROR, 1, errors.CLUSTER_UNAVAILABLE],
+                                    [ERROR, 2, errors.CLUSTER_UNAVAILABLE]]
+    r.request(caller, 3, "x", None, None, now=0.2)       # new calls: local providers only
+    [req] = [m for m in local.take() if m[0] == REQUEST]
+    r.respond(local, req[1], "local")
+    assert caller.take() == [[RESPONSE, 3, "local"]]
+    r.request(caller, 4, "only.remote", None, None, now=0.2)
+    assert caller.take()[0][:3] == [ERROR, 4, errors.CLUSTER_UNAVAILABLE]
+
+
+def test_a_dead_node_fails_all_its_attempts_it_may_have_run_them():
+    a, b = Node("A"), Node("B")
+    view = View({"x": [(a, 1), (b, 1)]})
+    r, caller = router(view, rand=lambda: 0.0), Peer("c")
+    r.request(caller, 1, "x", None, None, now=0.0)
+    r.request(caller, 2, "x", None, None, now=0.0)
+    assert len(a.take()) == 2
+    a.closed = True
+    r.drop_peer(a, now=0.5)
+    assert [m[:3] for m in caller.take()] == [[ERROR, 1, errors.PROVIDER_GONE],
+                                              [ERROR, 2, errors.PROVIDER_GONE]]
+    assert b.take() == []                                # not re-routed: no double run
 
 
 def test_invokes_stay_local_report_accept_and_can_be_cancelled():

@@ -35,6 +35,9 @@ from .session import Session
 
 log = structlog.get_logger("rpcbus.node")
 
+STALL = 0.25       # s without a tick: the process was stopped or starved
+STALL_HOLD = 0.2   # s to read the backlog before deadlines apply again
+
 
 class Node:
     """Composition root of one node; see the module docstring for its life."""
@@ -142,13 +145,29 @@ class Node:
             session.fail_now(CloseCode.GOING_AWAY, "node shutting down")
 
     async def _tick_forever(self) -> None:
-        """The one timer of the node: sweeps deadlines every ``rpc.timer_granularity``."""
+        """The one timer of the node: sweeps deadlines every ``rpc.timer_granularity``.
+
+        After a stall (the process was stopped or starved for over ``STALL`` seconds)
+        it first lets the loop read what arrived meanwhile — acknowledgements and
+        answers that would otherwise be taken for timeouts — holding deadlines back
+        for ``STALL_HOLD`` seconds.
+        """
         loop = asyncio.get_running_loop()
         interval = self.config.rpc.timer_granularity
         router = self.router
+        last = loop.time()
+        hold_until = 0.0
         while True:
             await asyncio.sleep(interval)
             now = loop.time()
+            if now - last > STALL:
+                log.warning("node_stalled", node=self.name, stalled_s=round(now - last, 3))
+                hold_until = now + STALL_HOLD
+                if self.link is not None:
+                    self.link.stalled(now)
+            last = now
+            if now < hold_until:
+                continue
             router.tick(now)
             if self.link is not None:
                 self.link.tick(now)

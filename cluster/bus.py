@@ -53,6 +53,7 @@ class Bus:
         self._on_batch, self._on_up, self._on_down = on_batch, on_up, on_down
         self._backoff = backoff or Backoff()
         self._out: dict[str, list[list[Any]]] = {}
+        self._then: list[Callable[[], None]] = []  # run after this round is in Redis
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # set while nothing is queued or being written
         self._idle.set()
@@ -62,11 +63,17 @@ class Bus:
     def topic_of(node: str, namespace: str) -> str:
         return f"{namespace}:node:{node}"
 
-    def publish(self, topic: str, msg: list[Any]) -> None:
-        """Queue ``msg`` for ``topic``; it leaves with this tick's batch. Dropped while down."""
+    def publish(self, topic: str, msg: list[Any],
+                then: Callable[[], None] | None = None) -> None:
+        """Queue ``msg`` for ``topic``; it leaves with this tick's batch. Dropped while down.
+
+        ``then`` runs once Redis has taken the batch (never, if the round fails).
+        """
         if not self.up:
             self.stats["dropped"] += 1
             return
+        if then is not None:
+            self._then.append(then)
         box = self._out.get(topic)
         if box is None:
             self._out[topic] = [msg]
@@ -108,6 +115,7 @@ class Bus:
                 self.up = False
                 self.stats["dropped"] += sum(len(v) for v in self._out.values())
                 self._out.clear()
+                self._then.clear()
                 self._idle.set()
                 self._on_down(reason)
             delay = self._backoff.next()
@@ -147,7 +155,7 @@ class Bus:
         rounds: set[asyncio.Task[None]] = set()
         failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-        async def send(out: dict[str, list[list[Any]]]) -> None:
+        async def send(out: dict[str, list[list[Any]]], then: list[Callable[[], None]]) -> None:
             try:
                 sent_at = time.monotonic()
                 async with pub.pipeline(transaction=False) as pipe:
@@ -156,6 +164,8 @@ class Bus:
                         self.stats["batches_out"] += 1
                         self.stats["messages_out"] += len(msgs)
                     await pipe.execute()
+                for callback in then:
+                    callback()
             except Exception as exc:  # ends the session: the bus reconnects
                 if not failed.done():
                     failed.set_exception(exc)
@@ -172,10 +182,11 @@ class Bus:
                 if failed.done():
                     failed.result()
                 out, self._out = self._out, {}
+                then, self._then = self._then, []
                 if not out:
                     slots.release()
                     continue
-                task = asyncio.create_task(send(out))
+                task = asyncio.create_task(send(out, then))
                 rounds.add(task)
                 task.add_done_callback(rounds.discard)
         finally:

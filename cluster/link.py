@@ -9,8 +9,9 @@ router events and router messages into cluster messages:
   caller peer: RESPONSE, ERROR and ACCEPT go back to the origin; a
   NO_PROVIDER outcome becomes REJECT, so the origin tries another node.
 
-An INVOKE is only started if it is fresh, and acknowledged (ACK) before it
-reaches a provider: one
+An INVOKE is only started if it is fresh, and only once Redis has taken its
+ACK (so a node stopped or cut off in between never runs a call its origin
+will send elsewhere): one
 that waited on the way (a paused node or Redis) longer than half its ack
 window is dropped unacknowledged, because its origin has given it up (or
 will before an ACK could reach it) and may have sent the call elsewhere.
@@ -116,7 +117,6 @@ class ClusterLink:
         self._warned: dict[str, tuple[float, int]] = {}
         self._next_beat = 0.0
         self._last_echo = 0.0
-        self._last_tick = float("inf")  # no stall before the first tick
         self._settled_at = 0.0          # until then membership may miss peers (just joined)
         router.cluster = self
         router.count_changed = self._count_changed
@@ -171,14 +171,13 @@ class ClusterLink:
         self.state = state
         self._beat(asyncio.get_running_loop().time())
 
+    def stalled(self, now: float) -> None:
+        """This process was stopped or starved, not the bus or the peers: nothing could
+        be heard meanwhile. Give them a fresh chance before judging."""
+        self._last_echo = now
+        self.membership.grace(now)
+
     def tick(self, now: float) -> None:
-        if now - self._last_tick > self.config.heartbeat_interval:
-            # This process was stopped or starved, not the bus or the peers: nothing
-            # could be heard meanwhile. Give them a fresh chance before judging.
-            log.warning("node_stalled", stalled_s=round(now - self._last_tick, 3))
-            self._last_echo = now
-            self.membership.grace(now)
-        self._last_tick = now
         if now >= self._next_beat:
             self._beat(now)
             if self.available and now - self._last_echo > (
@@ -210,6 +209,7 @@ class ClusterLink:
     def _on_down(self, reason: str) -> None:
         now = asyncio.get_running_loop().time()
         self.available = False
+        self.invoked.clear()  # unstarted INVOKEs never start; answers cannot go back anyway
         log.warning("cluster_unavailable", reason=reason)
         self.cache = ProviderCache(self.config.provider_cache_ttl, self.config.negative_ttl,
                                    self.config.query_timeout)  # it can no longer be kept true
@@ -272,11 +272,16 @@ class ClusterLink:
             return
         node = self._node(origin)
         caller = RemoteCaller(self, node, attempt, label)
-        self.invoked[(origin, attempt)] = caller
-        # ACK before the call reaches a provider (queued first, so written no later):
-        # from then on the origin never sends it elsewhere, since it may run here.
-        self.bus.publish(node.topic, [m.ACK, attempt])
-        self.router.request(caller, attempt, name, data, int(left_ms - age * 1000), now)
+        key = (origin, attempt)
+        self.invoked[key] = caller
+        deadline = now + left_ms / 1000 - age
+
+        def start() -> None:  # once Redis has the ACK: the origin will not re-route it now
+            if self.invoked.get(key) is caller:  # not cancelled meanwhile
+                t = asyncio.get_running_loop().time()
+                self.router.request(caller, attempt, name, data, int((deadline - t) * 1000), t)
+
+        self.bus.publish(node.topic, [m.ACK, attempt], then=start)
 
     def _state(self, sender: str, msg: list[Any], sent_at: float, now: float) -> None:
         _, state, url, started, info = msg

@@ -259,17 +259,14 @@ class Router:
         call = self._attempt_of(peer, attempt)
         if call is None or call.acked or call.accepted:
             return
-        call.acked = True
-        self._deadlines.add(attempt, call.deadline)  # the ack deadline entry will be ignored
+        call.acked = True  # its ack deadline entry, when due, files the call's deadline
 
     def accept(self, peer: Peer, attempt: int, now: float) -> None:
         """The provider took the call: from now on only the response deadline applies."""
         call = self._attempt_of(peer, attempt)
         if call is None or call.accepted:
             return
-        call.accepted = True
-        if not call.acked:
-            self._deadlines.add(attempt, call.deadline)  # the ack deadline entry is ignored
+        call.accepted = True  # its ack deadline entry, when due, files the call's deadline
         if call.caller.is_node:
             call.caller.send([ACCEPT, call.cid])  # tell the origin node
 
@@ -324,7 +321,11 @@ class Router:
                 msg = [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
                        f"no response from {call.name!r} in time"]
             elif call.accepted or call.acked or call.provider is None:
-                continue                  # an ack deadline that no longer applies
+                # The ack deadline of an attempt acknowledged since (or a parked call's
+                # entry): only now file its response deadline, so the many calls that
+                # finish first cost no entry.
+                self._deadlines.add(attempt, call.deadline)
+                continue
             else:
                 self.stats.ack_timeouts += 1
                 msg = None

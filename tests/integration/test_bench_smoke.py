@@ -19,3 +19,14 @@ def test_load_benchmark_smoke(tmp_path):
     assert result["rpcbus"]["node_cpu_us_per_call"] > 0
     assert result["rpcbus"]["msgs_per_frame_in"] >= 1
     assert "rpcbus ÷ direct" in run.stdout
+
+
+def test_soak_smoke(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.soak", "--duration", "3", "--rate", "300",
+         "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    result = json.loads((tmp_path / "soak.json").read_text())
+    assert len(result["samples"]) >= 2
+    assert all(s["calls"] > 0 and not s["errors"] for s in result["samples"])
+    assert (tmp_path / "soak.png").stat().st_size > 1000

@@ -1,0 +1,160 @@
+"""Soak: a long run at a steady rate through a 2-node cluster, recorded every second.
+
+    python -m benchmarks.soak --duration 120 --rate 3000      # at most 600 s
+    python -m benchmarks.soak --duration 5 --rate 500 --out soak-out   # a smoke run
+
+A paced caller on n2 calls an echo provider on n1 (so every call crosses the
+bus) at ``--rate`` calls/s. Each second it records: calls finished, errors by
+code, latency p50/p99/max of that second, each node's RSS, and the calls
+pending on each node. Writes soak.json and soak.png (latency, memory and
+pending over time) to ``--out`` and prints a summary: a leak shows as RSS or
+pending that keeps growing at a steady rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import urllib.request
+from collections import Counter
+from typing import Any
+
+import clients
+from broker.logs import configure
+from cluster.local import LocalCluster
+
+MAX_DURATION = 600.0
+
+
+def _stats(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url.replace("ws://", "http://") + "/stats", timeout=5) as r:
+        return json.load(r)
+
+
+async def soak(duration: float, rate: float, out: str) -> dict[str, Any]:
+    import psutil
+
+    cluster = await asyncio.to_thread(LocalCluster(nodes=2).start)
+    n1, n2 = cluster.nodes
+    procs = {n.name: psutil.Process(n.pid) for n in cluster.nodes}
+    samples: list[dict[str, Any]] = []
+    try:
+        async with clients.connect(n1.url) as prov, clients.connect(n2.url) as caller:
+            await prov.provide("soak.echo", lambda d: d)
+            await caller.call("soak.echo", 0, timeout=5)
+            latencies: list[float] = []
+            errors: Counter[str] = Counter()
+            tasks: set[asyncio.Task[None]] = set()
+
+            async def one(i: int) -> None:
+                t0 = time.perf_counter()
+                try:
+                    await caller.call("soak.echo", i, timeout=5)
+                    latencies.append(time.perf_counter() - t0)
+                except clients.RpcError as exc:
+                    errors[exc.code] += 1
+
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            sent = 0
+            next_sample = start + 1.0
+            while (now := loop.time()) < start + duration:
+                due = int((now - start) * rate)
+                for _ in range(due - sent):          # keep the rate, whatever the lag
+                    task = asyncio.create_task(one(sent))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    sent += 1
+                if now >= next_sample:
+                    lat = sorted(latencies)
+                    latencies.clear()
+                    samples.append({
+                        "t": round(now - start, 1), "calls": len(lat), "errors": dict(errors),
+                        "p50_ms": lat[len(lat) // 2] * 1e3 if lat else None,
+                        "p99_ms": lat[int(len(lat) * 0.99)] * 1e3 if lat else None,
+                        "max_ms": lat[-1] * 1e3 if lat else None,
+                        "rss_mb": {n: p.memory_info().rss / 2**20 for n, p in procs.items()},
+                        "pending": {n.name: _stats(n.url)["pending"] for n in cluster.nodes},
+                        "in_flight": len(tasks),
+                    })
+                    errors.clear()
+                    next_sample += 1.0
+                    s = samples[-1]
+                    print(f"  t={s['t']:>6.0f}s  calls {s['calls']:>6}  p99 "
+                          f"{s['p99_ms'] or 0:7.2f} ms  rss {sum(s['rss_mb'].values()):7.1f} MB  "
+                          f"pending {sum(s['pending'].values())}", file=sys.stderr, flush=True)
+                await asyncio.sleep(0.002)
+            await asyncio.gather(*tasks)
+    finally:
+        await asyncio.to_thread(cluster.stop)
+    result = {"duration_s": duration, "rate": rate, "samples": samples}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "soak.json"), "w") as f:
+        json.dump(result, f)
+    _plot(samples, os.path.join(out, "soak.png"))
+    return result
+
+
+def _plot(samples: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s["t"] for s in samples]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    axes[0].plot(t, [s["p50_ms"] for s in samples], label="p50")
+    axes[0].plot(t, [s["p99_ms"] for s in samples], label="p99")
+    axes[0].set_ylabel("latency, ms")
+    axes[0].legend()
+    for node in samples[0]["rss_mb"] if samples else ():
+        axes[1].plot(t, [s["rss_mb"][node] for s in samples], label=node)
+        axes[2].plot(t, [s["pending"][node] for s in samples], label=node)
+    axes[1].set_ylabel("node RSS, MB")
+    axes[1].legend()
+    axes[2].set_ylabel("calls pending")
+    axes[2].set_xlabel("seconds")
+    axes[2].legend()
+    fig.suptitle("rpcbus soak: 2 nodes, every call across the bus")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def _summary(result: dict[str, Any]) -> str:
+    s = result["samples"]
+    if len(s) < 4:
+        return "too short to summarize"
+    half = len(s) // 2
+    first = sum(sum(x["rss_mb"].values()) for x in s[1:half]) / max(1, half - 1)
+    second = sum(sum(x["rss_mb"].values()) for x in s[half:]) / (len(s) - half)
+    calls = sum(x["calls"] for x in s)
+    errors: Counter[str] = Counter()
+    for x in s:
+        errors.update(x["errors"])
+    p99 = sorted(x["p99_ms"] for x in s if x["p99_ms"] is not None)
+    return (f"{calls:,} calls in {result['duration_s']:.0f} s ({calls / result['duration_s']:,.0f}/s), "
+            f"errors {dict(errors) or 'none'}; per-second p99 median {p99[len(p99) // 2]:.2f} ms, "
+            f"worst {p99[-1]:.2f} ms; node RSS (both) first half {first:.1f} MB, "
+            f"second half {second:.1f} MB")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=120.0)
+    ap.add_argument("--rate", type=float, default=3000.0, help="calls per second")
+    ap.add_argument("--out", default="bench-results/soak")
+    args = ap.parse_args(argv)
+    if not 0 < args.duration <= MAX_DURATION:
+        ap.error(f"--duration must be in (0, {MAX_DURATION:.0f}] seconds")
+    configure("warning", "console")
+    result = asyncio.run(soak(args.duration, args.rate, args.out))
+    print(_summary(result))
+    print(f"wrote {args.out}/soak.json and {args.out}/soak.png")
+
+
+if __name__ == "__main__":
+    main()

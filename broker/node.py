@@ -131,7 +131,7 @@ class Node:
         for session in list(self.sessions):  # clients move to another node now
             session.send([ERROR, None, errors.SHUTTING_DOWN,
                           "this node is shutting down: connect to another node"])
-        pending = self.router.pending
+        pending = self.router.pending + (self.link.starting if self.link is not None else 0)
         log.info("node_draining", node=self.name, pending=pending,
                  deadline_s=self.config.server.drain_timeout)
         if pending:
@@ -140,6 +140,8 @@ class Node:
                     await self._drained.wait()
             except TimeoutError:
                 log.warning("drain_timeout", node=self.name, abandoned=self.router.pending)
+        if self.link is not None:
+            await self.link.bus.flushed(1.0)  # the last answers to other nodes leave too
         for session in list(self.sessions):
             session.flush()
             session.fail_now(CloseCode.GOING_AWAY, "node shutting down")
@@ -171,7 +173,8 @@ class Node:
             router.tick(now)
             if self.link is not None:
                 self.link.tick(now)
-            if self.draining and router.pending == 0:
+            if self.draining and router.pending == 0 and (
+                    self.link is None or self.link.starting == 0):
                 self._drained.set()
 
     # -- sessions ------------------------------------------------------------------------

@@ -113,6 +113,7 @@ class ClusterLink:
                        self._on_up, self._on_down)
         self.nodes: dict[str, RemoteNode] = {}
         self.invoked: dict[tuple[str, int], RemoteCaller] = {}
+        self.starting = 0  # INVOKEs acknowledged, waiting for Redis to take the ACK
         self.stats = {"stale_invokes": 0, "nodes_dead": 0, "silent_attempts": 0}
         self._warned: dict[str, tuple[float, int]] = {}
         self._next_beat = 0.0
@@ -210,6 +211,7 @@ class ClusterLink:
         now = asyncio.get_running_loop().time()
         self.available = False
         self.invoked.clear()  # unstarted INVOKEs never start; answers cannot go back anyway
+        self.starting = 0
         log.warning("cluster_unavailable", reason=reason)
         self.cache = ProviderCache(self.config.provider_cache_ttl, self.config.negative_ttl,
                                    self.config.query_timeout)  # it can no longer be kept true
@@ -277,10 +279,12 @@ class ClusterLink:
         deadline = now + left_ms / 1000 - age
 
         def start() -> None:  # once Redis has the ACK: the origin will not re-route it now
+            self.starting -= 1
             if self.invoked.get(key) is caller:  # not cancelled meanwhile
                 t = asyncio.get_running_loop().time()
                 self.router.request(caller, attempt, name, data, int((deadline - t) * 1000), t)
 
+        self.starting += 1
         self.bus.publish(node.topic, [m.ACK, attempt], then=start)
 
     def _state(self, sender: str, msg: list[Any], sent_at: float, now: float) -> None:

@@ -66,10 +66,6 @@ class Membership:
         """Peers that are ready (this node not included)."""
         return [m.name for m in self.members.values() if m.state == READY]
 
-    def is_live(self, name: str) -> bool:
-        m = self.members.get(name)
-        return m is not None and m.state == READY
-
     def grace(self, now: float) -> None:
         """This node could not listen for a while: count every peer as just heard."""
         for member in self.members.values():

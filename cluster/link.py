@@ -114,6 +114,7 @@ class ClusterLink:
         self.nodes: dict[str, RemoteNode] = {}
         self.invoked: dict[tuple[str, int], RemoteCaller] = {}
         self.starting = 0  # INVOKEs acknowledged, waiting for Redis to take the ACK
+        self._terminating: set[str] = set()
         self.stats = {"stale_invokes": 0, "nodes_dead": 0, "silent_attempts": 0}
         self._warned: dict[str, tuple[float, int]] = {}
         self._next_beat = 0.0
@@ -188,7 +189,6 @@ class ClusterLink:
                 self._node_dead(name, now)
         for name in self.cache.expire(now):
             self.router.resume(name, now)
-
 
     def _beat(self, now: float) -> None:
         self._next_beat = now + self.config.heartbeat_interval
@@ -292,10 +292,13 @@ class ClusterLink:
         new = self.membership.on_state(sender, state, url, started, info, sent_at, now)
         node = self._node(sender)
         if state == m.TERMINATING:
-            log.info("node_terminating", node=sender)
-            for name in self.cache.node_gone(sender, now):
-                self.router.resume(name, now)
+            if sender not in self._terminating:  # heartbeats repeat it while it drains
+                self._terminating.add(sender)
+                log.info("node_terminating", node=sender)
+                for name in self.cache.node_gone(sender, now):
+                    self.router.resume(name, now)
         elif new:
+            self._terminating.discard(sender)
             node.closed = False
             log.info("node_joined", node=sender, url=url, state=state)
 

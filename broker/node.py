@@ -197,12 +197,7 @@ class Node:
 
     def session_closed(self, session: Session) -> None:
         self.router.drop_peer(session, asyncio.get_running_loop().time())
-        totals = self._closed_totals
-        totals["frames_in"] += session.frames_in
-        totals["fast_frames_in"] += session.fast_frames_in
-        totals["frames_out"] += session.frames_out
-        totals["messages_out"] += session.messages_out
-        totals["dropped_out"] += session.dropped_out
+        self._closed_totals.update(_session_counters(session))
         log.info("session_closed", session=session.sid, label=session.label,
                  frames_in=session.frames_in, frames_out=session.frames_out,
                  dropped_out=session.dropped_out)
@@ -231,11 +226,7 @@ class Node:
         """Counters for /stats and the benchmarks: outcomes, drops, frames and messages."""
         totals = Counter(self._closed_totals)
         for s in self.sessions:
-            totals["frames_in"] += s.frames_in
-            totals["fast_frames_in"] += s.fast_frames_in
-            totals["frames_out"] += s.frames_out
-            totals["messages_out"] += s.messages_out
-            totals["dropped_out"] += s.dropped_out
+            totals.update(_session_counters(s))
         return {
             "node": self.name,
             "url": self.url,
@@ -250,3 +241,11 @@ class Node:
             "io": {**dict(self.stats), **dict(totals)},
             "cluster": self.link.snapshot() if self.link is not None else None,
         }
+
+
+_SESSION_COUNTERS = ("frames_in", "fast_frames_in", "frames_out", "messages_out", "dropped_out")
+
+
+def _session_counters(session: Session) -> dict[str, int]:
+    """A session's frame and message counters (summed over live and closed sessions)."""
+    return {name: getattr(session, name) for name in _SESSION_COUNTERS}

@@ -398,8 +398,8 @@ class Router:
                     if pick < 0:
                         break
         elif remote:  # the same, without the targets already tried
-            weighted = [(p, 1) for p in local if tried is None or p not in tried]
-            weighted += [(p, n) for p, n in remote if tried is None or p not in tried]
+            weighted = [(p, 1) for p in local if p not in tried]
+            weighted += [(p, n) for p, n in remote if p not in tried]
             total = sum(n for _, n in weighted)
             provider = None
             if total:

@@ -28,7 +28,6 @@ from clients.protocol import (
     AUTH,
     AUTH_OK,
     ERROR,
-    MAX_ID,
     OK,
     PING,
     PONG,
@@ -41,6 +40,7 @@ from clients.protocol import (
     ProtocolError,
     check_from_client,
     decode,
+    is_id,
 )
 from clients.transport import FrameIO
 
@@ -240,6 +240,6 @@ class Session(FrameIO, ServerConnection):
 
 def _ref_of(msg: list[Any]) -> int | None:
     """The id a reply to ``msg`` should carry, when it has a usable one."""
-    if len(msg) > 1 and type(msg[1]) is int and 0 <= msg[1] <= MAX_ID:
+    if len(msg) > 1 and is_id(msg[1]):
         return msg[1]
     return None

@@ -125,7 +125,8 @@ def valid_name(name: Any, max_len: int = DEFAULT_MAX_NAME) -> bool:
     )
 
 
-def _is_id(value: Any) -> bool:
+def is_id(value: Any) -> bool:
+    """True for a usable id on the wire: an unsigned 64-bit integer."""
     return type(value) is int and 0 <= value <= MAX_ID
 
 
@@ -152,7 +153,7 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
     if kind == REQUEST:
         if n != 5:
             return "REQUEST takes [16, cid, name, data, timeout_ms|nil]"
-        if not _is_id(msg[1]):
+        if not is_id(msg[1]):
             return "REQUEST cid must be an unsigned integer"
         name = msg[2]
         if type(name) is not str or not 0 < len(name) <= max_name:
@@ -162,19 +163,19 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
             return "REQUEST timeout_ms must be a positive integer or nil"
         return None
     if kind == RESPONSE:
-        if n != 3 or not _is_id(msg[1]):
+        if n != 3 or not is_id(msg[1]):
             return "RESPONSE takes [18, id, data]"
         return None
     if kind == ACCEPT or kind == REJECT:
-        if n != 2 or not _is_id(msg[1]):
+        if n != 2 or not is_id(msg[1]):
             return f"{KIND_NAMES[kind]} takes [{kind}, id]"
         return None
     if kind == ERROR:
-        if n != 4 or not _is_id(msg[1]) or type(msg[2]) is not str or type(msg[3]) is not str:
+        if n != 4 or not is_id(msg[1]) or type(msg[2]) is not str or type(msg[3]) is not str:
             return "ERROR takes [20, id, code, message]"
         return None
     if kind == PROVIDE or kind == UNPROVIDE:
-        if n != 3 or not _is_id(msg[1]):
+        if n != 3 or not is_id(msg[1]):
             return f"{KIND_NAMES[kind]} takes [{kind}, ref, [name, ...]]"
         return _names_problem(msg[2], max_name, max_names)
     if kind == PING or kind == PONG:

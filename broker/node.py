@@ -5,7 +5,8 @@ shuts down in bounded steps, like uvicorn: stop listening and report not
 ready; tell every client (``ERROR nil SHUTTING_DOWN``: the SDK moves to
 another node); answer new REQUESTs with SHUTTING_DOWN; let calls in flight finish for
 up to ``server.drain_timeout`` seconds (a second ``stop()`` cuts that short);
-close every connection with 1001 (going away); return. Cancelling ``run()``
+answer SHUTTING_DOWN to calls still waiting for discovery (none ran: the SDK sends
+them to another node) and abandon the rest; close every connection with 1001 (going away); return. Cancelling ``run()``
 skips the drain and closes at once.
 
 The same port answers plain HTTP through websockets' ``process_request``:
@@ -139,7 +140,11 @@ class Node:
                 async with asyncio.timeout(self.config.server.drain_timeout):
                     await self._drained.wait()
             except TimeoutError:
-                log.warning("drain_timeout", node=self.name, abandoned=self.router.pending)
+                log.warning("drain_timeout", node=self.name, pending=self.router.pending)
+            if self.router.pending:  # drain cut short: calls no provider took go elsewhere
+                handed = self.router.hand_back()
+                log.warning("drain_unfinished", node=self.name, handed_back=handed,
+                            abandoned=self.router.pending)
         if self.link is not None:
             await self.link.bus.flushed(1.0)  # the last answers to other nodes leave too
         for session in list(self.sessions):

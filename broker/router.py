@@ -222,6 +222,22 @@ class Router:
         for name in list(self._parked):
             self.resume(name, now)
 
+    def hand_back(self) -> int:
+        """The node stops: calls still waiting for discovery (no provider holds them, and
+        none ran) are answered SHUTTING_DOWN, which tells their callers to send them to
+        another node. Returns how many.
+        """
+        handed = 0
+        for name in list(self._parked):
+            for call in self._parked.pop(name):
+                if self._calls.get(call.id) is call:
+                    self._end_attempt(call)
+                    handed += 1
+                    self._conclude(call, [ERROR, call.cid, errors.SHUTTING_DOWN,
+                                          "the node is shutting down: not run, call again "
+                                          "on another node"])
+        return handed
+
     # -- calls -----------------------------------------------------------------------
 
     def request(self, caller: Peer, cid: int, name: str, data: Any,

@@ -14,7 +14,8 @@ again every name it provided, and goes on; calls made meanwhile wait for the
 connection (they were not sent, so they cannot have run) until their
 deadline. A node that is shutting down tells its clients: the client moves to
 another URL at once, while calls and handlers already on the old connection
-finish there. ``on_state`` hears "connected", "reconnecting" and "closed".
+finish there; a call the node refused with SHUTTING_DOWN never ran, so it is
+sent again on the next connection (not failed). ``on_state`` hears "connected", "reconnecting" and "closed".
 
 Providing: a handler gets the request's data (and, if it takes a second
 positional argument, a ``CallContext``). A plain function is answered as soon
@@ -52,6 +53,10 @@ from .transport import FrameIO
 __all__ = ["CallContext", "Client", "connect"]
 
 log = structlog.get_logger("rpcbus.client")
+
+
+class _NotRun(Exception):
+    """A node refused a call without running it (it is shutting down)."""
 
 
 class _Wire(FrameIO, ClientConnection):
@@ -181,15 +186,19 @@ class Client:
         self._default_timeout = self.session.get("response_timeout_ms", 10000) / 1000
         if self._handlers:  # provide again everything provided before
             wire.send([PROVIDE, next(self._ids), list(self._handlers)])
+        self._use_queued(wire)
+        self._connected.set()
+        self._backoff.reset()
+        self._set_state("connected")
+
+    def _use_queued(self, wire: _Wire) -> None:
+        """Send on ``wire`` the calls that waited for a connection."""
         queued, self._queued = self._queued, []
         for cid in queued:
             msg = self._resend.get(cid)
             if msg is not None and cid in self._pending:
                 self._where[cid] = wire
                 wire.send(msg)
-        self._connected.set()
-        self._backoff.reset()
-        self._set_state("connected")
 
     def _set_state(self, state: str) -> None:
         if state != self.state:
@@ -251,12 +260,19 @@ class Client:
             self._where[cid] = wire
             wire.send(msg)
         try:
-            return await fut
+            while True:
+                try:
+                    return await fut
+                except _NotRun:  # refused by a node shutting down: send it elsewhere
+                    self._pending[cid] = fut = loop.create_future()
+                    self._resend[cid] = msg
+                    self._queued.append(cid)
+                    if self._wire is not None:
+                        self._use_queued(self._wire)
         finally:
             self._pending.pop(cid, None)
             self._where.pop(cid, None)
-            if idempotent or wire is None:
-                self._resend.pop(cid, None)
+            self._resend.pop(cid, None)
 
     # -- providing -----------------------------------------------------------------------
 
@@ -322,9 +338,14 @@ class Client:
             self._serve(wire, msg[1], msg[2], msg[3], msg[4], msg[5])
         elif kind == ERROR:
             ref, code, message = msg[1], msg[2], msg[3]
-            if ref is None and code == errors.SHUTTING_DOWN:
+            if code == errors.SHUTTING_DOWN:
                 self._node_draining(wire)
-            elif ref is None or ref not in self._pending:
+                if ref is not None and self._reconnect and not self._closed:
+                    self._settle(ref, None, _NotRun())  # it never ran: call() sends it again
+                    return
+                if ref is None:
+                    return
+            if ref is None or ref not in self._pending:
                 log.warning("node_error", url=wire.url, code=code, error=message, ref=ref)
             else:
                 self._settle(ref, None, errors.error_from_code(code, message))
@@ -425,6 +446,8 @@ class Client:
 
     def _node_draining(self, wire: _Wire) -> None:
         """The node shuts down: new calls wait for a connection to another node."""
+        if wire.draining:
+            return
         wire.draining = True
         log.info("node_draining", url=wire.url)
         if wire is self._wire and not self._closed:

@@ -89,3 +89,31 @@ async def test_a_node_shutting_down_sends_its_clients_elsewhere(make_cluster):
         assert await in_flight == "before"               # finished on the draining node
         assert await caller.call("slow", "after", timeout=10) == "after"   # now via n2
         assert await asyncio.to_thread(n1.wait_exit, 20) == 0
+
+
+async def test_a_call_refused_by_a_draining_node_is_sent_to_another_node(make_cluster):
+    c = make_cluster(nodes=2)
+    n1, n2 = c.nodes
+    release, started = asyncio.Event(), asyncio.Event()
+
+    async def held(d):
+        started.set()
+        await release.wait()
+        return d
+
+    async with clients.connect(n1.url) as p1, clients.connect(n2.url) as p2, \
+            clients.connect([n1.url, n2.url]) as caller:
+        await p1.provide("held", held)                   # keeps n1 draining
+        await p2.provide("work", lambda d: d * 2)
+        in_flight = asyncio.create_task(caller.call("held", "x", timeout=20))
+        await started.wait()
+        assert caller.url == n1.url
+        n1.signal(signal.SIGTERM)
+        # Block this loop until n1 drains, so the caller has not yet read n1's notice:
+        # the next call goes to n1 (draining) and is refused with SHUTTING_DOWN.
+        n1.wait_event("node_draining", 10.0)
+        assert await caller.call("work", 21, timeout=10) == 42   # sent again, via n2
+        assert caller.url == n2.url
+        release.set()
+        assert await in_flight == "x"
+        assert await asyncio.to_thread(n1.wait_exit, 20) == 0

@@ -173,6 +173,20 @@ def test_calls_wait_for_discovery_with_their_deadline():
     assert caller.take() == [[RESPONSE, 1, "ok"]]
 
 
+def test_a_stopping_node_hands_back_only_the_calls_no_provider_holds():
+    view = View({"held": [(Node("B"), 1)]})
+    r, caller = router(view), Peer("c")
+    r.request(caller, 1, "waiting", None, None, now=0.0)     # parked: discovery pending
+    r.request(caller, 2, "held", None, None, now=0.0)        # sent to node B
+    assert r.hand_back() == 1
+    assert caller.take() == [[ERROR, 1, errors.SHUTTING_DOWN,
+                              "the node is shutting down: not run, call again on another node"]]
+    assert r.pending == 1 and caller.inflight == 1
+    r.resume("waiting", now=0.1)                             # discovery ends: nothing left
+    r.tick(0.5)
+    assert caller.take() == [] and r.pending == 1
+
+
 def test_a_node_acknowledges_then_may_reject_and_a_silent_node_is_reported():
     a, b = Node("A"), Node("B")
     view = View({"x": [(a, 1), (b, 1)]})

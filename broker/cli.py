@@ -1,4 +1,5 @@
-"""The ``rpcbus`` command: ``node``, ``call``, ``demo``."""
+"""The ``rpcbus`` command: ``node``, ``call``, ``demo``, ``cluster up``, ``status``, and the
+secrets helpers ``hash-password``, ``new-token``, ``new-key``."""
 
 from __future__ import annotations
 
@@ -75,7 +76,13 @@ def node(host: str | None, port: int | None, name: str | None, redis_url: str | 
 @click.option("--url", default="ws://127.0.0.1:6020", show_default=True,
               help="Node to connect to.")
 @click.option("--timeout", type=float, default=None, help="Seconds the call may take.")
-def call(rpc: str, data: str, url: str, timeout: float | None) -> None:
+@click.option("--user", default=None, help="User name (auth mode users).")
+@click.option("--password", default=None, help="Password of --user (prompted when omitted).")
+@click.option("--token", default=None, help="A static token instead of user and password.")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="CA certificate to verify a wss:// node with.")
+def call(rpc: str, data: str, url: str, timeout: float | None, user: str | None,
+         password: str | None, token: str | None, ca_file: str | None) -> None:
     """Call RPC with DATA (JSON) once and print the answer as JSON (exit 1 on error)."""
     import clients
 
@@ -83,9 +90,12 @@ def call(rpc: str, data: str, url: str, timeout: float | None) -> None:
         payload = json.loads(data)
     except ValueError as exc:
         raise click.UsageError(f"DATA is not JSON: {exc}") from None
+    if user and password is None:
+        password = click.prompt("password", hide_input=True, err=True)
 
     async def run() -> Any:
-        async with clients.connect(url) as c:
+        async with clients.connect(url, user=user, password=password, token=token,
+                                   ca_file=ca_file, reconnect=False) as c:
             return await c.call(rpc, payload, timeout=timeout)
 
     logs.configure("warning", "auto")
@@ -144,21 +154,67 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None) -> None:
 
 
 @main.command()
-@click.option("--redis", "redis_url", default="redis://127.0.0.1:6379/0", show_default=True)
-@click.option("--namespace", default="rpcbus", show_default=True)
+@click.option("--redis", "redis_url", default=None,
+              help="Redis of the cluster [the config's, else redis://127.0.0.1:6379/0].")
+@click.option("--namespace", default=None, help="Topic prefix [the config's: rpcbus].")
 @click.option("--listen", default=2.5, show_default=True,
               help="Seconds to listen for heartbeats.")
-def status(redis_url: str, namespace: str, listen: float) -> None:
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="A node's TOML file: its Redis, namespace and cluster keys.")
+def status(redis_url: str | None, namespace: str | None, listen: float,
+           config_file: str | None) -> None:
     """Show the live nodes and, per rpc name, which nodes provide it."""
+    from cluster.seal import Sealer
     from cluster.status import collect, render
 
     try:
-        nodes = asyncio.run(collect(redis_url, namespace, listen))
+        cfg = config_mod.load(config_file).cluster
+    except config_mod.ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    redis_url = redis_url or cfg.redis_url or "redis://127.0.0.1:6379/0"
+    sealer = (Sealer(cfg.seal, cfg.keys, cfg.key_id, cfg.max_skew)
+              if cfg.seal != "none" else None)
+    try:
+        nodes = asyncio.run(collect(redis_url, namespace or cfg.namespace, listen, sealer))
     except (OSError, ConnectionError) as exc:
         raise click.ClickException(f"cannot read {redis_url}: {exc}") from None
     except Exception as exc:  # redis-py's errors do not share OSError
         raise click.ClickException(f"cannot read {redis_url}: {exc}") from None
     click.echo(render(nodes))
+
+
+@main.command("hash-password")
+@click.option("--stdin", "from_stdin", is_flag=True,
+              help="Read the password from the first line of stdin instead of a prompt.")
+def hash_password(from_stdin: bool) -> None:
+    """Print an scrypt hash of a password for [auth.users.NAME] password."""
+    from .auth import hash_password as make
+
+    if from_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = click.prompt("password", hide_input=True, confirmation_prompt=True, err=True)
+    if not password:
+        raise click.UsageError("an empty password")
+    click.echo(make(password))
+
+
+@main.command("new-token")
+def new_token() -> None:
+    """Print a new random token (give it to the client) and its token_sha256 (for the config)."""
+    from .auth import new_token as make, token_digest
+
+    token = make()
+    click.echo(f"token         = {token}")
+    click.echo(f'token_sha256  = "{token_digest(token)}"')
+
+
+@main.command("new-key")
+def new_key() -> None:
+    """Print a new random cluster key for [cluster.keys]."""
+    from cluster.seal import new_key as make
+
+    click.echo(make())
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ errors that name the key; so are values of the wrong type or out of range.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -46,11 +47,17 @@ class LimitsSection:
     max_inflight_per_connection: int = 10000
     max_write_buffer_bytes: int = 64 << 20
     auth_timeout: float = 10.0
+    rate_window: float = 1.0
+    rate_messages: int = 0          # requests per window and user; 0: no limit
+    rate_bytes: int = 0             # bytes received per window and user; 0: no limit
 
 
 @dataclass
 class AuthSection:
     mode: str = "none"
+    max_failures: int = 3
+    users: dict = field(default_factory=dict)
+    roles: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -60,6 +67,8 @@ class ServerSection:
     close_timeout: float = 5.0
     drain_timeout: float = 10.0
     uvloop: bool = True
+    tls_cert: str = ""
+    tls_key: str = ""
 
 
 @dataclass
@@ -72,6 +81,11 @@ class ClusterSection:
     negative_ttl: float = 1.0
     query_timeout: float = 0.25
     prefer_local: bool = False
+    redis_tls_ca: str = ""
+    seal: str = "none"
+    key_id: str = ""
+    keys: dict = field(default_factory=dict)
+    max_skew: float = 30.0
 
 
 @dataclass
@@ -95,11 +109,13 @@ class Config:
 
 
 _CHOICES = {
-    ("auth", "mode"): ("none",),
+    ("auth", "mode"): ("none", "users"),
+    ("cluster", "seal"): ("none", "sign", "encrypt"),
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "json", "console"),
 }
-_MAY_BE_ZERO = {("node", "port"), ("server", "ping_interval"), ("server", "ping_timeout")}
+_MAY_BE_ZERO = {("node", "port"), ("server", "ping_interval"), ("server", "ping_timeout"),
+                ("limits", "rate_messages"), ("limits", "rate_bytes")}
 
 
 def _coerce(key: str, kind: type, value: Any) -> Any:
@@ -131,13 +147,22 @@ def _coerce(key: str, kind: type, value: Any) -> Any:
         elif type(value) in (int, float):
             return float(value)
         raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if kind is dict:
+        if isinstance(value, str):  # from the environment: a JSON object
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected a JSON object") from None
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a table, got {value!r}")
+        return dict(value)
     if not isinstance(value, str):
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     return value
 
 
 def _field_types(section: Any) -> dict[str, type]:
-    hints = {"str": str, "int": int, "float": float, "bool": bool}
+    hints = {"str": str, "int": int, "float": float, "bool": bool, "dict": dict}
     return {f.name: hints[f.type] for f in dataclasses.fields(section)}
 
 
@@ -191,6 +216,22 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"node.port: must be 0-65535, got {config.node.port}")
     if config.rpc.response_timeout > config.rpc.max_timeout:
         raise ConfigError("rpc.response_timeout: must not exceed rpc.max_timeout")
+    if bool(config.server.tls_cert) != bool(config.server.tls_key):
+        raise ConfigError("server.tls_cert and server.tls_key: set both or neither")
+    from .auth import AuthConfigError, Users
+    try:
+        users = Users(config.auth.users, config.auth.roles)
+    except AuthConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    if config.auth.mode == "users" and not users.by_name:
+        raise ConfigError("auth.mode: \"users\" needs at least one [auth.users.NAME]")
+    cluster = config.cluster
+    if cluster.seal != "none":
+        from cluster.seal import SealError, load_keys
+        try:
+            load_keys(cluster.keys, cluster.key_id)
+        except SealError as exc:
+            raise ConfigError(f"cluster.keys: {exc}") from None
 
 
 def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,

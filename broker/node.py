@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import ssl
 import time
 from collections import Counter
 from typing import Any
@@ -31,6 +32,7 @@ from clients import errors
 from clients.protocol import ERROR
 
 from .config import Config
+from .gate import Gate
 from .router import Router
 from .session import Session
 
@@ -56,6 +58,7 @@ class Node:
             prefer_local=config.cluster.prefer_local,
         )
         self.link: Any = None  # the ClusterLink when cluster.redis_url is set
+        self.gate = Gate(config)
         self.sessions: set[Session] = set()
         self.stats: Counter[str] = Counter()
         self.ready = False
@@ -82,9 +85,11 @@ class Node:
 
     async def run(self) -> None:
         cfg = self.config
-        if cfg.auth.mode == "none":
-            log.warning("auth_disabled", detail="every client may provide and call anything",
-                        loopback_only=cfg.node.host in ("127.0.0.1", "::1", "localhost"))
+        self._warn_if_open()
+        tls = None
+        if cfg.server.tls_cert:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(cfg.server.tls_cert, cfg.server.tls_key)
         server = await serve(
             self._handler, cfg.node.host, cfg.node.port,
             process_request=self._http,
@@ -95,10 +100,11 @@ class Node:
             ping_timeout=cfg.server.ping_timeout or None,
             close_timeout=cfg.server.close_timeout,
             server_header=None,
+            ssl=tls,
         )
         self.port = server.sockets[0].getsockname()[1]
         host = cfg.node.host if ":" not in cfg.node.host else f"[{cfg.node.host}]"
-        self.url = f"ws://{host}:{self.port}"
+        self.url = f"{'wss' if tls else 'ws'}://{host}:{self.port}"
         bus = None
         if cfg.cluster.redis_url:
             from cluster.link import ClusterLink
@@ -120,7 +126,23 @@ class Node:
                 bus.cancel()
             server.close(close_connections=True)
             await server.wait_closed()
+            self.gate.close()
             log.info("node_stopped", node=self.name, **self.router.stats.as_dict())
+
+    def _warn_if_open(self) -> None:
+        """Say so at start when clients or the cluster bus are not protected."""
+        cfg = self.config
+        loopback = cfg.node.host in ("127.0.0.1", "::1", "localhost")
+        if cfg.auth.mode == "none":
+            (log.warning if loopback else log.error)(
+                "auth_disabled", detail="every client may provide and call anything",
+                host=cfg.node.host, loopback_only=loopback)
+        if not cfg.server.tls_cert and not loopback:
+            log.warning("tls_disabled", detail="clients connect with ws://: credentials and "
+                        "data cross the network in clear", host=cfg.node.host)
+        if cfg.cluster.redis_url and cfg.cluster.seal == "none":
+            log.warning("cluster_bus_unsealed", detail="whoever can publish on Redis can make "
+                        "this node run calls: set cluster.seal to sign or encrypt")
 
     async def _shutdown(self, server: Any) -> None:
         self.ready = False
@@ -244,6 +266,7 @@ class Node:
             "providers": self.router.provider_counts(),
             "router": self.router.stats.as_dict(),
             "io": {**dict(self.stats), **dict(totals)},
+            "auth": dict(self.gate.stats),
             "cluster": self.link.snapshot() if self.link is not None else None,
         }
 

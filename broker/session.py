@@ -11,6 +11,14 @@ Bad input never takes the node down: a malformed message gets
 seconds close the connection (code 1008). A session with
 ``limits.max_inflight_per_connection`` calls pending stops being read until
 half of them have finished (backpressure instead of unbounded memory).
+
+Who the client is (broker/gate.py): with auth mode ``users`` the first
+message must be an AUTH with a token or a user and password; a failed AUTH is
+answered AUTH_FAIL (the client learns no more than that) and after
+``auth.max_failures`` of them the connection closes (1008), as it does when no
+AUTH completes within ``limits.auth_timeout``. Then every REQUEST is checked
+against the user's ``call`` globs (PERMISSION_DENIED) and rate limit
+(RATE_LIMITED; the connection stays), every PROVIDE against ``provide``.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from clients import errors
 from clients.protocol import (
     ACCEPT,
     AUTH,
+    AUTH_FAIL,
     AUTH_OK,
     ERROR,
     OK,
@@ -45,6 +54,8 @@ from clients.protocol import (
 from clients.transport import FrameIO
 
 if TYPE_CHECKING:
+    from .auth import Permissions, User
+    from .limits import WindowLimiter
     from .node import Node
 
 log = structlog.get_logger("rpcbus.session")
@@ -72,6 +83,12 @@ class Session(FrameIO, ServerConnection):
         self._strikes = 0
         self._strike_window_end = 0.0
         self._auth_timer: Any = None
+        self.user: User | None = None
+        self._perms: Permissions | None = None      # None: everything allowed
+        self._limiter: WindowLimiter | None = None  # None: no rate limit
+        self._gated = False                         # either of the two is set
+        self._logging_in = False
+        self._auth_failures = 0
 
     # -- websockets hooks --------------------------------------------------------------
 
@@ -88,6 +105,8 @@ class Session(FrameIO, ServerConnection):
             self._auth_timer = None
         self.dropped_out += len(self._out)
         self._out = []
+        if self.user is not None:
+            self.node.gate.connections[self.user.name] -= 1
         self.node.session_closed(self)
 
     def _auth_timeout(self) -> None:
@@ -127,6 +146,8 @@ class Session(FrameIO, ServerConnection):
             self.invalid(None, str(exc))
             return
         self.node.stats["messages_in"] += len(msgs)
+        if self._limiter is not None:
+            self._limiter.received(self.loop.time(), len(data))
         try:
             self._handle(msgs)
         except Exception:  # a bug here must cost one frame, never the node
@@ -153,7 +174,8 @@ class Session(FrameIO, ServerConnection):
                 if (serving and len(msg) == 5 and type(msg[1]) is int and msg[1] >= 0
                         and type(msg[2]) is str
                         and (msg[4] is None or (type(msg[4]) is int and msg[4] > 0))):
-                    router.request(self, msg[1], msg[2], msg[3], msg[4], now)
+                    if not self._gated or self._admit(msg[1], msg[2], now):
+                        router.request(self, msg[1], msg[2], msg[3], msg[4], now)
                     continue
             self._handle_other(msg, now)
             if self.closed or self.protocol.state is not OPEN:
@@ -169,7 +191,7 @@ class Session(FrameIO, ServerConnection):
         kind = msg[0]
         router = self.router
         if not self.authenticated:
-            if kind == AUTH:
+            if kind == AUTH and not self._logging_in:
                 self._auth(msg[1])
             else:
                 self.send([ERROR, _ref_of(msg), errors.NOT_AUTHENTICATED,
@@ -186,24 +208,112 @@ class Session(FrameIO, ServerConnection):
         elif kind == ERROR:
             router.provider_error(self, msg[1], msg[3])
         elif kind == PROVIDE:
+            if self._gated and not self._admit_provide(msg[1], msg[2], now):
+                return
             router.provide(self, msg[2])
             self.send([OK, msg[1]])
         elif kind == UNPROVIDE:
-            router.unprovide(self, msg[2])
-            self.send([OK, msg[1]])
+            if self._limiter is None or self._take(_ref_of(msg), now):
+                router.unprovide(self, msg[2])
+                self.send([OK, msg[1]])
         elif kind == PING:
-            self.send([PONG, msg[1] if len(msg) > 1 else None])
+            if self._limiter is None or self._take(_ref_of(msg), now):
+                self.send([PONG, msg[1] if len(msg) > 1 else None])
         elif kind == AUTH:
             self.invalid(None, "already authenticated")
         # PONG: nothing to do
 
+    # -- who may do what --------------------------------------------------------------
+
+    def _admit(self, ref: int, name: str, now: float) -> bool:
+        """A REQUEST within the user's rate limit and permissions; else answered here."""
+        if self._limiter is not None and not self._take(ref, now):
+            return False
+        if self._perms is not None and not self._perms.may_call(name):
+            self.node.stats["permission_denied"] += 1
+            self.send([ERROR, ref, errors.PERMISSION_DENIED,
+                       f"{self._who()} may not call {name[:128]!r}"])
+            return False
+        return True
+
+    def _admit_provide(self, ref: int, names: list[str], now: float) -> bool:
+        if self._limiter is not None and not self._take(ref, now):
+            return False
+        if self._perms is not None:
+            denied = [n for n in names if not self._perms.may_provide(n)]
+            if denied:
+                self.node.stats["permission_denied"] += 1
+                self.send([ERROR, ref, errors.PERMISSION_DENIED,
+                           f"{self._who()} may not provide {', '.join(denied[:5])[:256]}"])
+                return False
+        return True
+
+    def _take(self, ref: int | None, now: float) -> bool:
+        limiter = self._limiter
+        assert limiter is not None
+        if limiter.take(now):
+            return True
+        self.node.stats["rate_limited"] += 1
+        if limiter.first_refusal_in_window():
+            log.warning("rate_limited", session=self.sid, user=self._who(),
+                        refused_total=limiter.refused)
+        self.send([ERROR, ref, errors.RATE_LIMITED,
+                   f"over the rate limit of {self._who()}; try again after "
+                   f"{max(limiter.end - now, 0):.2f} s"])
+        return False
+
+    def _who(self) -> str:
+        return f"user {self.user.name!r}" if self.user is not None else "this connection"
+
     def _auth(self, params: dict[str, Any]) -> None:
         name = params.get("name")
+        if name is not None and (type(name) is not str or not 0 < len(name) <= 128):
+            self.invalid(None, "AUTH name must be a string of 1-128 characters")
+            return
+        gate = self.node.gate
+        if gate.mode == "none":
+            self._authenticated(None, name)
+            return
+        self._logging_in = True
+        gate.login(params, lambda user, reason: self._checked(user, reason, name))
+
+    def _checked(self, user: User | None, reason: str, name: str | None) -> None:
+        self._logging_in = False
+        if self.closed:
+            return
+        gate = self.node.gate
+        if user is None:
+            self._auth_failures += 1
+            gate.stats["auth_failures"] += 1
+            log.info("auth_failed", session=self.sid, reason=reason,
+                     failures=self._auth_failures)
+            self.send([AUTH_FAIL, errors.NOT_AUTHENTICATED, "authentication failed"])
+            if self._auth_failures >= gate.max_failures:
+                gate.stats["closed_after_auth_failures"] += 1
+                self.flush()
+                self.fail_now(CloseCode.POLICY_VIOLATION, "too many failed AUTH attempts")
+            return
+        if user.max_connections and gate.connections[user.name] >= user.max_connections:
+            gate.stats["connections_refused"] += 1
+            log.warning("too_many_connections", session=self.sid, user=user.name,
+                        limit=user.max_connections)
+            self.send([AUTH_FAIL, errors.RATE_LIMITED,
+                       f"user {user.name!r} has its {user.max_connections} connections"])
+            self.flush()
+            self.fail_now(CloseCode.POLICY_VIOLATION, "too many connections for this user")
+            return
+        gate.connections[user.name] += 1
+        self.user = user
+        self._perms = user.permissions
+        self._authenticated(user, name)
+
+    def _authenticated(self, user: User | None, name: str | None) -> None:
         if name is not None:
-            if type(name) is not str or not 0 < len(name) <= 128:
-                self.invalid(None, "AUTH name must be a string of 1-128 characters")
-                return
             self.label = f"{name}@{self.sid}"
+        elif user is not None:
+            self.label = f"{user.name}@{self.sid}"
+        self._limiter = self.node.gate.limiter_for(user)
+        self._gated = self._perms is not None or self._limiter is not None
         self.authenticated = True
         if self._auth_timer is not None:
             self._auth_timer.cancel()
@@ -212,6 +322,7 @@ class Session(FrameIO, ServerConnection):
         self.send([AUTH_OK, {
             "node": self.node.name,
             "session": self.sid,
+            "user": user.name if user is not None else None,
             "protocol": PROTOCOL_VERSION,
             "max_frame": limits.max_frame_bytes,
             "max_inflight": limits.max_inflight_per_connection,

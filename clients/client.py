@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import ssl
 from typing import Any, Callable, Sequence
 
 import structlog
@@ -88,7 +89,8 @@ class Client:
                  token: str | None = None, open_timeout: float = 10.0, grace: float = 1.0,
                  max_size: int = 16 << 20, ping_interval: float | None = 20.0,
                  reconnect: bool = True, backoff: Backoff | None = None,
-                 on_state: Callable[[str], None] | None = None) -> None:
+                 on_state: Callable[[str], None] | None = None,
+                 ca_file: str | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ValueError("connect needs at least one URL")
@@ -100,6 +102,9 @@ class Client:
         self._max_size, self._ping_interval = max_size, ping_interval
         self._reconnect, self._backoff = reconnect, backoff or Backoff(0.05, 5.0)
         self._on_state = on_state
+        # wss://: the server's certificate is verified (system CAs, or ca_file's)
+        self._ssl = ssl_context or (ssl.create_default_context(cafile=ca_file) if ca_file
+                                    else None)
         self._next_url = 0
         self._wire: _Wire | None = None        # the connection new calls go to
         self._connected = asyncio.Event()
@@ -117,6 +122,7 @@ class Client:
         self._closed = False
         self.session: dict[str, Any] = {}     # the current node's AUTH_OK fields
         self._default_timeout = 10.0
+        self._last_error, self._last_exc = "", None
 
     @property
     def url(self) -> str:
@@ -136,6 +142,8 @@ class Client:
         if wire is None:
             self._set_state("closed")
             self._closed = True
+            if isinstance(self._last_exc, errors.RpcError):  # e.g. refused credentials
+                raise self._last_exc
             raise errors.ConnectionLostError(
                 None, f"cannot connect to {', '.join(self.urls)}: {self._last_error}")
         self._use(wire)
@@ -148,13 +156,13 @@ class Client:
         if avoid in order and len(order) > 1:
             order.remove(avoid)
             order.append(avoid)
-        self._last_error = "no URL tried"
+        self._last_error, self._last_exc = "no URL tried", None
         for url in order:
             self._next_url = (self.urls.index(url) + 1) % len(self.urls)
             try:
                 return await self._handshake(url)
             except (OSError, TimeoutError, WebSocketException, errors.RpcError) as exc:
-                self._last_error = f"{url}: {exc}"
+                self._last_error, self._last_exc = f"{url}: {exc}", exc
         return None
 
     async def _handshake(self, url: str) -> _Wire:
@@ -163,6 +171,7 @@ class Client:
         try:
             async with asyncio.timeout(self._open_timeout):
                 wire = await ws_connect(url, create_connection=_Wire, compression=None,
+                                        ssl=self._ssl if url.startswith("wss:") else None,
                                         max_size=self._max_size,
                                         ping_interval=self._ping_interval,
                                         open_timeout=self._open_timeout)

@@ -6,6 +6,12 @@ round in one pipeline; while a round is in flight the next one gathers, so
 batches grow with load (per-message PUBLISH through redis-py stalls near 8k/s).
 One reader task hands every received batch to ``on_batch``.
 
+With a ``Sealer`` (cluster/seal.py) every batch is sealed on the way out; on
+the way in, a batch that does not open (no or bad seal, unknown key id, clock
+skew) or that repeats one already seen is dropped, counted by reason in
+``stats`` and logged (at most one line per reason per ``WARN_EVERY`` seconds),
+never acted on.
+
 Faults: any Redis error, or ``stale()`` (the owner noticed its own heartbeats
 stopped coming back: a paused or cut-off Redis), ends the session; the bus
 reports ``on_down``, drops what it had queued (counted in ``dropped``), waits
@@ -27,6 +33,7 @@ from redis.exceptions import RedisError
 from clients.backoff import Backoff
 
 from .messages import BadBatch, decode_batch, encode_batch
+from .seal import ReplayGuard, Sealer, SealError
 
 log = structlog.get_logger("rpcbus.bus")
 
@@ -34,13 +41,15 @@ log = structlog.get_logger("rpcbus.bus")
 #: need not wait for the previous one's replies (order across rounds is not kept;
 #: nothing in the protocol depends on it within a round trip).
 ROUNDS_IN_FLIGHT = 4
+WARN_EVERY = 10.0
 
 
 class Bus:
     def __init__(self, url: str, namespace: str, me: str,
                  on_batch: Callable[[str, float, list[list[Any]]], None],
                  on_up: Callable[[], None], on_down: Callable[[str], None],
-                 backoff: Backoff | None = None) -> None:
+                 backoff: Backoff | None = None, sealer: Sealer | None = None,
+                 max_skew: float = 30.0, tls_ca: str = "") -> None:
         self.url = url
         self.me = me
         self.control = f"{namespace}:ctrl"
@@ -49,7 +58,13 @@ class Bus:
         self.up = False
         self.stats = {"batches_out": 0, "messages_out": 0, "batches_in": 0,
                       "messages_in": 0, "bad_batches": 0, "bad_messages": 0, "dropped": 0,
-                      "reconnects": 0}
+                      "reconnects": 0, "rejected": 0}
+        self.rejected: dict[str, int] = {}  # by reason: unsealed, bad_seal, unknown_key, ...
+        self._sealer = sealer
+        # rediss://: verify Redis' certificate against this CA file (else the system's)
+        self._redis_opts = {"ssl_ca_certs": tls_ca} if tls_ca and url.startswith("rediss:") else {}
+        self._replays = ReplayGuard(max_skew)
+        self._warned_at: dict[str, float] = {}
         self._on_batch, self._on_up, self._on_down = on_batch, on_up, on_down
         self._backoff = backoff or Backoff()
         self._out: dict[str, list[list[Any]]] = {}
@@ -124,8 +139,9 @@ class Bus:
             await asyncio.sleep(delay)
 
     async def _serve_once(self) -> None:
-        pub = aioredis.Redis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
-        sub = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0)
+        pub = aioredis.Redis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0,
+                                      **self._redis_opts)
+        sub = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0, **self._redis_opts)
         pubsub = sub.pubsub()
         reader: asyncio.Task[None] | None = None
         try:
@@ -158,9 +174,11 @@ class Bus:
         async def send(out: dict[str, list[list[Any]]], then: list[Callable[[], None]]) -> None:
             try:
                 sent_at = time.monotonic()
+                sealer = self._sealer
                 async with pub.pipeline(transaction=False) as pipe:
                     for topic, msgs in out.items():
-                        pipe.publish(topic, encode_batch(self.me, sent_at, msgs))
+                        batch = encode_batch(self.me, sent_at, msgs)
+                        pipe.publish(topic, batch if sealer is None else sealer.seal(topic, batch))
                         self.stats["batches_out"] += 1
                         self.stats["messages_out"] += len(msgs)
                     await pipe.execute()
@@ -198,15 +216,35 @@ class Bus:
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
             if msg is None or msg.get("type") != "message":
                 continue
+            data, seq = msg["data"], 0
+            if self._sealer is not None:
+                try:
+                    data, seq = self._sealer.open(msg["channel"].decode(), data)
+                except SealError as exc:
+                    self._reject(str(exc))
+                    continue
             try:
-                sender, sent_at, msgs, bad = decode_batch(msg["data"])
+                sender, sent_at, msgs, bad = decode_batch(data)
             except BadBatch:
                 self.stats["bad_batches"] += 1
+                continue
+            if self._sealer is not None and not self._replays.fresh(sender, seq,
+                                                                     time.monotonic()):
+                self._reject("replay")
                 continue
             self.stats["bad_messages"] += bad
             self.stats["batches_in"] += 1
             self.stats["messages_in"] += len(msgs)
             self._on_batch(sender, sent_at, msgs)
+
+
+    def _reject(self, reason: str) -> None:
+        self.stats["rejected"] += 1
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._warned_at.get(reason, -WARN_EVERY) >= WARN_EVERY:
+            self._warned_at[reason] = now
+            log.warning("bus_batch_rejected", reason=reason, total=self.rejected[reason])
 
 
 def _safe(url: str) -> str:

@@ -34,6 +34,7 @@ from . import messages as m
 from .bus import Bus
 from .membership import Membership
 from .providers import ProviderCache
+from .seal import Sealer
 
 if TYPE_CHECKING:
     from broker.router import Router
@@ -109,8 +110,12 @@ class ClusterLink:
         self.membership = Membership(me, config.heartbeat_interval, config.heartbeat_misses)
         self.cache = ProviderCache(config.provider_cache_ttl, config.negative_ttl,
                                    config.query_timeout)
+        sealer = None
+        if config.seal != "none":
+            sealer = Sealer(config.seal, config.keys, config.key_id, config.max_skew)
         self.bus = Bus(config.redis_url, config.namespace, me, self._on_batch,
-                       self._on_up, self._on_down)
+                       self._on_up, self._on_down, sealer=sealer, max_skew=config.max_skew,
+                       tls_ca=config.redis_tls_ca)
         self.nodes: dict[str, RemoteNode] = {}
         self.invoked: dict[tuple[str, int], RemoteCaller] = {}
         self.starting = 0  # INVOKEs acknowledged, waiting for Redis to take the ACK
@@ -327,5 +332,6 @@ class ClusterLink:
             "cache": {n: e.counts for n, e in self.cache.entries.items()},
             "queries_sent": self.cache.queries_sent,
             "bus": dict(self.bus.stats),
+            "bus_rejected": dict(self.bus.rejected),
             **self.stats,
         }

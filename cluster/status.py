@@ -9,10 +9,15 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from . import messages as m
+from .seal import Sealer, SealError
 
 
-async def collect(url: str, namespace: str, listen_s: float) -> dict[str, dict[str, Any]]:
-    """The latest STATE of every node heard within ``listen_s`` seconds, by node name."""
+async def collect(url: str, namespace: str, listen_s: float,
+                  sealer: Sealer | None = None) -> dict[str, dict[str, Any]]:
+    """The latest STATE of every node heard within ``listen_s`` seconds, by node name.
+
+    With a ``sealer`` (a sealed cluster) only batches that open with its keys count.
+    """
     client = aioredis.Redis.from_url(url, socket_connect_timeout=3.0)
     pubsub = client.pubsub()
     nodes: dict[str, dict[str, Any]] = {}
@@ -24,8 +29,11 @@ async def collect(url: str, namespace: str, listen_s: float) -> dict[str, dict[s
             if msg is None or msg.get("type") != "message":
                 continue
             try:
-                sender, _, msgs, _ = m.decode_batch(msg["data"])
-            except m.BadBatch:
+                data = msg["data"]
+                if sealer is not None:
+                    data = sealer.open(msg["channel"].decode(), data)[0]
+                sender, _, msgs, _ = m.decode_batch(data)
+            except (m.BadBatch, SealError):
                 continue
             for x in msgs:
                 if x[0] == m.STATE:

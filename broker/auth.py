@@ -1,0 +1,205 @@
+"""Who may connect, provide and call: password and token checks, glob permissions.
+
+Pure (no I/O, no event loop): the session calls these and runs the slow part,
+``verify_password``, in a worker thread.
+
+Passwords are stored as scrypt hashes (``rpcbus hash-password``): the text
+``scrypt$N$r$p$salt$hash`` (salt and hash in unpadded URL-safe base64).
+Static tokens are stored as their SHA-256 (``rpcbus new-token`` prints a token
+and its digest): a token is random and long, so a fast hash is enough and a
+config file that leaks gives no token away.
+
+Permissions are glob patterns (``fnmatch``, case-sensitive: ``*`` matches any
+run of characters, dots included) in two lists, ``call`` and ``provide``, on
+a user and on the roles the user has. A name is allowed when any pattern
+matches it; no matching pattern means denied.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any, Mapping
+
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1   # ~50 ms on one core here: OWASP's floor
+_DUMMY_HASH: str | None = None                # verified against for unknown users
+
+
+class AuthConfigError(ValueError):
+    """A user or role in the config that cannot be used; the text names it."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def hash_password(password: str, *, n: int = SCRYPT_N, r: int = SCRYPT_R,
+                  p: int = SCRYPT_P) -> str:
+    """A new scrypt hash of ``password`` with a random salt, as stored in the config."""
+    salt = os.urandom(16)
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p,
+                            maxmem=256 * n * r + (1 << 20), dklen=32)
+    return f"scrypt${n}${r}${p}${_b64(salt)}${_b64(digest)}"
+
+
+def _parse_hash(stored: str) -> tuple[int, int, int, bytes, bytes]:
+    parts = stored.split("$")
+    if len(parts) != 6 or parts[0] != "scrypt":
+        raise ValueError("not an scrypt hash made by `rpcbus hash-password`")
+    n, r, p = int(parts[1]), int(parts[2]), int(parts[3])
+    if n < 2 or n & (n - 1) or not 0 < r <= 64 or not 0 < p <= 16 or n > 1 << 20:
+        raise ValueError("scrypt parameters out of range")
+    return n, r, p, _unb64(parts[4]), _unb64(parts[5])
+
+
+def verify_password(stored: str | None, password: str) -> bool:
+    """True when ``password`` matches ``stored``; constant time in the digest compare.
+
+    ``stored=None`` (an unknown user, or one with no password) spends the same
+    time on a dummy hash and returns False, so timing does not tell which
+    user names exist. Slow on purpose (~50 ms): call it off the event loop.
+    """
+    global _DUMMY_HASH
+    if stored is None:
+        if _DUMMY_HASH is None:
+            _DUMMY_HASH = hash_password(secrets.token_hex(16))
+        verify_password(_DUMMY_HASH, password)
+        return False
+    n, r, p, salt, expected = _parse_hash(stored)
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p,
+                            maxmem=256 * n * r + (1 << 20), dklen=len(expected))
+    return hmac.compare_digest(digest, expected)
+
+
+def token_digest(token: str) -> str:
+    """The SHA-256 (hex) of a token, as stored in the config."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+class Permissions:
+    """The ``call`` and ``provide`` globs of one user, with decisions cached per name."""
+
+    __slots__ = ("call", "provide", "_calls", "_provides")
+    CACHE = 4096   # names remembered per user; more and the cache starts over
+
+    def __init__(self, call: tuple[str, ...], provide: tuple[str, ...]) -> None:
+        self.call, self.provide = call, provide
+        self._calls: dict[str, bool] = {}
+        self._provides: dict[str, bool] = {}
+
+    def may_call(self, name: str) -> bool:
+        allowed = self._calls.get(name)
+        if allowed is None:
+            allowed = self._decide(self._calls, self.call, name)
+        return allowed
+
+    def may_provide(self, name: str) -> bool:
+        allowed = self._provides.get(name)
+        if allowed is None:
+            allowed = self._decide(self._provides, self.provide, name)
+        return allowed
+
+    def _decide(self, cache: dict[str, bool], patterns: tuple[str, ...], name: str) -> bool:
+        allowed = any(fnmatchcase(name, pattern) for pattern in patterns)
+        if len(cache) >= self.CACHE:
+            cache.clear()
+        cache[name] = allowed
+        return allowed
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    password_hash: str | None
+    token_sha256: str | None
+    permissions: Permissions
+    max_connections: int        # 0: no limit
+    rate_messages: int | None   # None: the [limits] default
+    rate_bytes: int | None
+
+
+_USER_KEYS = {"password", "token_sha256", "roles", "call", "provide", "max_connections",
+              "rate_messages", "rate_bytes"}
+
+
+def _patterns(where: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise AuthConfigError(f"{where}: must be a list of glob patterns")
+    return tuple(value)
+
+
+def _count(where: str, value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise AuthConfigError(f"{where}: must be a whole number, 0 or more")
+    return value
+
+
+class Users:
+    """The users of ``[auth.users]`` with the roles of ``[auth.roles]``; raises
+    AuthConfigError naming the first bad entry."""
+
+    def __init__(self, users: Mapping[str, Any], roles: Mapping[str, Any]) -> None:
+        role_perms: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        for role, entry in roles.items():
+            where = f"auth.roles.{role}"
+            if not isinstance(entry, Mapping) or set(entry) - {"call", "provide"}:
+                raise AuthConfigError(f"{where}: a table with `call` and/or `provide` lists")
+            role_perms[role] = (_patterns(f"{where}.call", entry.get("call", [])),
+                                _patterns(f"{where}.provide", entry.get("provide", [])))
+        self.by_name: dict[str, User] = {}
+        self.by_token: dict[str, User] = {}
+        for name, entry in users.items():
+            where = f"auth.users.{name}"
+            if not isinstance(entry, Mapping):
+                raise AuthConfigError(f"{where}: must be a table")
+            unknown = set(entry) - _USER_KEYS
+            if unknown:
+                raise AuthConfigError(f"{where}: unknown key {sorted(unknown)[0]}")
+            password = entry.get("password")
+            if password is not None:
+                try:
+                    _parse_hash(password)
+                except (ValueError, TypeError) as exc:
+                    raise AuthConfigError(f"{where}.password: {exc}") from None
+            token = entry.get("token_sha256")
+            if token is not None:
+                if not isinstance(token, str) or len(token) != 64 or \
+                        set(token) - set("0123456789abcdef"):
+                    raise AuthConfigError(f"{where}.token_sha256: 64 lower-case hex digits")
+                if token in self.by_token:
+                    raise AuthConfigError(f"{where}.token_sha256: shared with another user")
+            if password is None and token is None:
+                raise AuthConfigError(f"{where}: needs a password or a token_sha256")
+            call = list(_patterns(f"{where}.call", entry.get("call", [])))
+            provide = list(_patterns(f"{where}.provide", entry.get("provide", [])))
+            for role in _patterns(f"{where}.roles", entry.get("roles", [])):
+                if role not in role_perms:
+                    raise AuthConfigError(f"{where}.roles: no role {role!r} in auth.roles")
+                call += role_perms[role][0]
+                provide += role_perms[role][1]
+            rate = {k: (_count(f"{where}.{k}", entry[k]) if k in entry else None)
+                    for k in ("rate_messages", "rate_bytes")}
+            user = User(name, password, token,
+                        Permissions(tuple(dict.fromkeys(call)), tuple(dict.fromkeys(provide))),
+                        _count(f"{where}.max_connections", entry.get("max_connections", 0)),
+                        rate["rate_messages"], rate["rate_bytes"])
+            self.by_name[name] = user
+            if token is not None:
+                self.by_token[token] = user
+
+    def by_token_value(self, token: str) -> User | None:
+        """The user a presented token belongs to (looked up by its digest)."""
+        return self.by_token.get(token_digest(token))

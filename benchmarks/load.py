@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--layout", choices=["cross", "spread"], default="cross",
                     help="with --nodes > 1: cross = providers on n1, callers on the others; "
                     "spread = providers and callers round-robin over all nodes")
+    ap.add_argument("--seal", choices=["none", "sign", "encrypt"], default="none",
+                    help="with --nodes > 1: how the cluster bus is sealed (a fresh key)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the direct echo baseline")
     ap.add_argument("--out", help="write the JSON result here too")
     args = ap.parse_args(argv)
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             nodes = [NodeProcess().start()]
             node_urls = [nodes[0].url]
         else:
-            cluster = LocalCluster(nodes=args.nodes).start()
+            cluster = LocalCluster(nodes=args.nodes, env=_seal_env(args.seal)).start()
             nodes = cluster.nodes
             node_urls = [n.url for n in nodes]
         if len(node_urls) > 1 and args.layout == "cross":
@@ -205,6 +207,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     return result
+
+
+def _seal_env(mode: str) -> dict[str, str]:
+    if mode == "none":
+        return {}
+    from cluster.seal import new_key
+
+    return {"RPCBUS_CLUSTER_SEAL": mode, "RPCBUS_CLUSTER_KEY_ID": "bench",
+            "RPCBUS_CLUSTER_KEYS": json.dumps({"bench": new_key()})}
 
 
 def _cpu_reader(pids: list[int]) -> Any:

@@ -170,8 +170,8 @@ class Client:
         wire: _Wire | None = None
         try:
             async with asyncio.timeout(self._open_timeout):
-                wire = await ws_connect(url, create_connection=_Wire, compression=None,
-                                        ssl=self._ssl if url.startswith("wss:") else None,
+                tls = {"ssl": self._ssl or True} if url.startswith("wss:") else {}
+                wire = await ws_connect(url, create_connection=_Wire, compression=None, **tls,
                                         max_size=self._max_size,
                                         ping_interval=self._ping_interval,
                                         open_timeout=self._open_timeout)

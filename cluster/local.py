@@ -80,12 +80,14 @@ class RedisServer:
 
 class LocalCluster:
     def __init__(self, nodes: int = 3, base_port: int = 0, redis_url: str | None = None,
-                 env: dict[str, str] | None = None, echo: bool = False) -> None:
+                 env: dict[str, str] | None = None, echo: bool = False,
+                 node_env: list[dict[str, str]] | None = None) -> None:
         self.count = nodes
         self.base_port = base_port
         self.redis: RedisServer | None = None if redis_url else RedisServer()
         self.redis_url = redis_url or self.redis.url  # type: ignore[union-attr]
         self.env = env or {}
+        self.node_env = node_env or []   # per node i, on top of env
         self.echo = echo
         self.nodes: list[NodeProcess] = []
 
@@ -97,7 +99,8 @@ class LocalCluster:
                 port = self.base_port + i if self.base_port else 0
                 self.nodes.append(NodeProcess(
                     "--name", f"n{i + 1}", "--port", str(port), "--redis", self.redis_url,
-                    env=self.env, echo=self.echo))
+                    env={**self.env, **(self.node_env[i] if i < len(self.node_env) else {})},
+                    echo=self.echo))
             for node in self.nodes:
                 node.start()
             if self.count > 1:

@@ -28,7 +28,6 @@ arrive out of order), and forgets senders silent for longer than the skew.
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 import os
 import time
@@ -88,7 +87,7 @@ class Sealer:
         header = [1, self.mode, self.key_id, time.time_ns() // 1_000_000, self._seq]
         aad = topic.encode() + msgpack.packb(header)
         if self.mode == SIGN:
-            tag = hmac.new(self.keys[self.key_id], aad + batch, hashlib.sha256).digest()
+            tag = hmac.digest(self.keys[self.key_id], aad + batch, "sha256")
             return msgpack.packb(header + [batch, tag])
         nonce = os.urandom(12)
         body = nonce + self._aead[self.key_id].encrypt(nonce, batch, aad)
@@ -113,8 +112,7 @@ class Sealer:
             raise SealError("unknown_key")
         aad = topic.encode() + msgpack.packb(obj[:5])
         if mode == SIGN:
-            if not hmac.compare_digest(
-                    hmac.new(key, aad + body, hashlib.sha256).digest(), tag):
+            if not hmac.compare_digest(hmac.digest(key, aad + body, "sha256"), tag):
                 raise SealError("bad_seal")
             batch = body
         else:

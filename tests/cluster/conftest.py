@@ -33,8 +33,8 @@ def make_cluster():
     """Clusters a test may break (kill nodes, stop Redis); all stopped afterwards."""
     made = []
 
-    def make(nodes=2, **env):
-        c = LocalCluster(nodes=nodes, env={**FAST, **env}).start()
+    def make(nodes=2, node_env=None, **env):
+        c = LocalCluster(nodes=nodes, env={**FAST, **env}, node_env=node_env).start()
         made.append(c)
         return c
 

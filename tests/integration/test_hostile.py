@@ -5,6 +5,7 @@ import os
 import random
 
 import msgpack
+import psutil
 import pytest
 from websockets.exceptions import ConnectionClosed
 
@@ -125,3 +126,67 @@ async def test_answers_for_calls_this_connection_was_never_given_are_ignored(nod
     assert after["late"] + after["foreign"] > before["late"] + before["foreign"]
     await intruder.close()
     await healthy()                                    # no forged answer reached the caller
+
+
+def _random_object(rng, depth=0):
+    """A random msgpack-able value: shapes a message might almost have."""
+    pick = rng.random()
+    if depth > 3 or pick < 0.5:
+        return rng.choice([None, True, -1, 0, 1, 2**63, rng.randint(-5, 40), 1.5,
+                           "", "echo", "x" * rng.randint(0, 300), b"\x00\xff",
+                           rng.randint(0, 2**32)])
+    if pick < 0.85:
+        return [_random_object(rng, depth + 1) for _ in range(rng.randint(0, 7))]
+    return {_random_object(rng, 4): _random_object(rng, depth + 1)
+            for _ in range(rng.randint(0, 3))}
+
+
+def _mutate(rng, frame):
+    data = bytearray(frame)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.random()
+        i = rng.randrange(len(data)) if data else 0
+        if op < 0.4 and data:
+            data[i] ^= 1 << rng.randrange(8)                   # flip a bit
+        elif op < 0.6:
+            data[i:i] = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 8)))
+        elif op < 0.8 and len(data) > 1:
+            del data[i:i + rng.randint(1, 8)]                  # cut
+        else:
+            data[i:i] = data[: rng.randint(0, len(data))]      # splice a copy in
+    return bytes(data)
+
+
+async def test_fuzzed_frames_from_many_connections_leave_the_node_serving(node, healthy):
+    """Mutated valid frames and random msgpack shapes over 60 connections (some never
+    authenticated; most are closed for garbage after a few dozen frames): the node answers or closes them, keeps serving the healthy
+    client correctly, raises nothing, and its memory stays bounded."""
+    rng = random.Random(11)
+    corpus = [p.encode([m]) for m in (
+        [p.AUTH, {"protocol": 1, "name": "fz"}], [p.PROVIDE, 1, ["echo", "a.b"]],
+        [p.UNPROVIDE, 2, ["a.b"]], [p.REQUEST, 3, "echo", {"k": [1, 2]}, 500],
+        [p.RESPONSE, 4, "x"], [p.ACCEPT, 5], [p.REJECT, 6], [p.ERROR, 7, "E", "m"],
+        [p.PING, 8], [p.PONG, 9])] + [p.encode([[p.REQUEST, i, "echo", i, None]
+                                                for i in range(20)])]
+    rss_before = psutil.Process(node.pid).memory_info().rss
+    sent = closed = 0
+    for _ in range(60):
+        peer = await RawPeer.open(node.url, auth=rng.random() < 0.8)
+        try:
+            for _ in range(100):
+                if rng.random() < 0.7:
+                    frame = _mutate(rng, rng.choice(corpus))
+                else:
+                    frame = msgpack.packb(_random_object(rng))
+                await peer.send_raw(frame or b"\xc1")
+                sent += 1
+            await peer.send([p.PING, "end"])
+            await peer.expect(p.PONG, timeout=5)
+        except ConnectionClosed:
+            closed += 1                                        # closed for garbage: the policy
+        finally:
+            peer.abort()
+    await healthy()
+    assert sent >= 1000 and closed and not node.events("frame_handling_failed")
+    grown = psutil.Process(node.pid).memory_info().rss - rss_before
+    assert grown < 32 << 20, f"RSS grew {grown >> 20} MiB"

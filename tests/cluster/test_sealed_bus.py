@@ -1,0 +1,110 @@
+"""A sealed cluster bus: a process with Redis access but without the key cannot get a node
+to run an RPC, divert calls, or change what the nodes think of each other."""
+
+import asyncio
+import json
+import time
+from collections import Counter
+
+import pytest
+import redis.asyncio as aioredis
+
+import clients
+from cluster import messages as m
+from cluster.seal import Sealer, new_key
+
+from .conftest import stats
+
+KEY = new_key()
+
+
+def sealed(mode, keys=None, key_id="k1"):
+    return {"RPCBUS_CLUSTER_SEAL": mode, "RPCBUS_CLUSTER_KEY_ID": key_id,
+            "RPCBUS_CLUSTER_KEYS": json.dumps(keys or {"k1": KEY})}
+
+
+async def wait_rejected(node, at_least, timeout=10.0):
+    async with asyncio.timeout(timeout):
+        while (got := stats(node)["cluster"]["bus"]["rejected"]) < at_least:
+            await asyncio.sleep(0.05)
+    return got
+
+
+@pytest.mark.parametrize("mode", ["sign", "encrypt"])
+async def test_redis_access_without_the_key_cannot_run_divert_or_fake_members(
+        make_cluster, mode):
+    c = make_cluster(nodes=2, **sealed(mode))
+    n1, n2 = c.nodes
+    runs = Counter()
+
+    def work(d):
+        runs[d] += 1
+        return d
+
+    forger = aioredis.Redis.from_url(c.redis_url)
+    spy = forger.pubsub()
+    await spy.subscribe("rpcbus:node:n2")                  # what n1 sends n2: INVOKEs
+    try:
+        async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+            await prov.provide("work", work)
+            assert await asyncio.gather(*(caller.call("work", i, timeout=5)
+                                          for i in range(50))) == list(range(50))
+            captured = []
+            quiet_until = time.monotonic() + 0.3
+            while time.monotonic() < quiet_until:            # until 0.3 s without a batch
+                msg = await spy.get_message(timeout=0.1)
+                if msg is not None and msg["type"] == "message":
+                    captured.append(msg["data"])
+                    quiet_until = time.monotonic() + 0.3
+            assert captured
+
+            now = time.monotonic()
+            invoke = [m.INVOKE, 10**9, "work", "pwned", 5000, 5000, "forger"]
+            plain = m.encode_batch("n1", now, [invoke])
+            wrong_key = Sealer(mode, {"k1": new_key()}, "k1", 30.0)
+            other_id = Sealer(mode, {"k9": new_key()}, "k9", 30.0)
+            attacks = [
+                ("rpcbus:node:n2", plain),                                   # unsealed
+                ("rpcbus:node:n2", wrong_key.seal("rpcbus:node:n2", plain)),  # bad seal
+                ("rpcbus:node:n2", other_id.seal("rpcbus:node:n2", plain)),   # unknown key
+                *[("rpcbus:node:n2", batch) for batch in captured],           # replays
+                ("rpcbus:ctrl", m.encode_batch("fake", now, [                 # divert calls
+                    [m.STATE, m.READY, "ws://127.0.0.1:9", time.time(), {}],
+                    [m.PROVIDER_UPDATE, "work", 1000]])),
+                ("rpcbus:ctrl", wrong_key.seal("rpcbus:ctrl", m.encode_batch("n2", now, [
+                    [m.STATE, m.TERMINATING, n2.url, time.time(), {}]]))),   # fake membership
+            ]
+            before1 = stats(n1)["cluster"]["bus"]["rejected"]
+            before2 = stats(n2)["cluster"]["bus"]["rejected"]
+            for topic, payload in attacks:
+                await forger.publish(topic, payload)
+            await wait_rejected(n2, before2 + len(attacks))
+            await wait_rejected(n1, before1 + 2)             # the two on the control topic
+
+            assert await asyncio.gather(*(caller.call("work", i, timeout=5)
+                                          for i in range(50, 100))) == list(range(50, 100))
+            assert runs == Counter(range(100))               # each once; "pwned" never
+            reasons = stats(n2)["cluster"]["bus_rejected"]
+            assert reasons["replay"] == len(captured)
+            assert reasons["unknown_key"] == 1 and reasons["bad_seal"] == 2
+            assert reasons["unsealed"] == 2
+            view = stats(n1)["cluster"]
+            assert set(view["members"]) == {"n2"} and view["members"]["n2"]["state"] == "ready"
+            assert "fake" not in json.dumps(view["cache"])
+    finally:
+        await spy.aclose()
+        await forger.aclose()
+
+
+async def test_keys_rotate_without_downtime(make_cluster):
+    """n1 already seals with the new key k2, n2 still with k1; both accept both."""
+    k2 = new_key()
+    both = {"k1": KEY, "k2": k2}
+    c = make_cluster(nodes=2, node_env=[sealed("sign", both, "k2"), sealed("sign", both, "k1")])
+    n1, n2 = c.nodes
+    async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+        await prov.provide("work", lambda d: d)
+        assert await asyncio.gather(*(caller.call("work", i, timeout=5)
+                                      for i in range(20))) == list(range(20))
+    assert stats(n1)["cluster"]["bus"]["rejected"] == 0
+    assert stats(n2)["cluster"]["bus"]["rejected"] == 0

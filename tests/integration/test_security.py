@@ -1,0 +1,165 @@
+"""Who may connect, provide and call, through real connections to a node with users,
+roles, rate limits and TLS from a config file."""
+
+import asyncio
+import datetime
+import ipaddress
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from websockets.exceptions import ConnectionClosed
+
+import clients
+from broker.auth import hash_password, token_digest
+from broker.process import NodeProcess
+from clients import protocol as p
+
+from .conftest import FAST, stats
+from .raw import RawPeer
+
+CONFIG = """
+[auth]
+mode = "users"
+max_failures = 3
+
+[auth.roles.billing]
+provide = ["billing.*"]
+call = ["billing.*"]
+
+[auth.users.worker]
+password = "{worker_hash}"
+roles = ["billing"]
+
+[auth.users.frontend]
+token_sha256 = "{frontend_digest}"
+call = ["billing.*", "echo"]
+max_connections = 2
+
+[auth.users.chatty]
+token_sha256 = "{chatty_digest}"
+call = ["*"]
+provide = ["echo"]
+rate_messages = 20
+
+[limits]
+rate_window = 0.5
+"""
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """A node with the users above (scrypt at a cheap cost: the parameters are in the hash)."""
+    conf = tmp_path_factory.mktemp("sec") / "node.toml"
+    conf.write_text(CONFIG.format(worker_hash=hash_password("w0rker", n=1 << 12),
+                                  frontend_digest=token_digest("front-token"),
+                                  chatty_digest=token_digest("chatty-token")))
+    proc = NodeProcess("--config", str(conf), env=FAST).start()
+    yield proc
+    assert proc.stop() == 0, list(proc.lines)[-20:]
+
+
+async def test_password_and_token_logins_and_what_each_user_may_do(secured):
+    async with clients.connect(secured.url, user="worker", password="w0rker") as worker, \
+            clients.connect(secured.url, token="front-token") as front:
+        assert worker.session["user"] == "worker" and front.session["user"] == "frontend"
+        await worker.provide("billing.charge", lambda d: {"charged": d})
+        with pytest.raises(clients.PermissionDeniedError, match="users.delete"):
+            await worker.provide("users.delete", lambda d: d)
+        assert await front.call("billing.charge", 5, timeout=5) == {"charged": 5}
+        with pytest.raises(clients.PermissionDeniedError):
+            await front.call("admin.reset", timeout=5)             # no rule matches
+        with pytest.raises(clients.PermissionDeniedError):
+            await worker.call("echo", timeout=5)                   # worker: billing.* only
+        assert await front.call("billing.charge", 6, timeout=5) == {"charged": 6}  # still open
+
+
+@pytest.mark.parametrize("creds", [
+    dict(user="worker", password="wrong"), dict(user="nobody", password="w0rker"),
+    dict(token="not-a-token"), dict()])
+async def test_bad_credentials_are_refused(secured, creds):
+    with pytest.raises(clients.NotAuthenticatedError):
+        await clients.connect(secured.url, reconnect=False, **creds)
+
+
+async def test_failed_auth_attempts_are_limited_and_nothing_works_before_auth(secured):
+    raw = await RawPeer.open(secured.url, auth=False)
+    await raw.send([p.REQUEST, 1, "billing.charge", 1, None])
+    assert (await raw.expect(p.ERROR))[1:3] == [1, "NOT_AUTHENTICATED"]
+    for _ in range(3):
+        await raw.send([p.AUTH, {"protocol": 1, "user": "worker", "password": "guess"}])
+        assert (await raw.expect(p.AUTH_FAIL))[1] == "NOT_AUTHENTICATED"
+    with pytest.raises(ConnectionClosed) as closed:
+        await raw.recv()
+    assert closed.value.rcvd.code == 1008
+    assert stats(secured)["auth"]["closed_after_auth_failures"] >= 1
+
+
+async def test_connections_per_user_are_capped(secured):
+    async with clients.connect(secured.url, token="front-token"), \
+            clients.connect(secured.url, token="front-token"):
+        with pytest.raises(clients.RateLimitedError, match="2 connections"):
+            await clients.connect(secured.url, token="front-token", reconnect=False)
+    async with clients.connect(secured.url, token="front-token") as again:  # slots freed
+        await again.ping()
+
+
+async def test_over_the_rate_limit_requests_are_refused_and_the_connection_stays(secured):
+    async with clients.connect(secured.url, token="chatty-token") as chatty, \
+            clients.connect(secured.url, token="front-token") as front:
+        await chatty.provide("echo", lambda d: d)
+        results = await asyncio.gather(*(chatty.call("echo", i, timeout=5) for i in range(60)),
+                                       return_exceptions=True)
+        ok = [r for r in results if not isinstance(r, Exception)]
+        limited = [r for r in results if isinstance(r, clients.RateLimitedError)]
+        assert len(ok) + len(limited) == 60 and limited and len(ok) <= 20  # one frame, one window
+        # other users are not limited, and answers of a limited provider still flow
+        assert await asyncio.gather(*(front.call("echo", i, timeout=5) for i in range(40))) \
+            == list(range(40))
+        async with asyncio.timeout(5):                 # a later window: served again
+            while True:
+                try:
+                    assert await chatty.call("echo", "later", timeout=5) == "later"
+                    break
+                except clients.RateLimitedError:
+                    await asyncio.sleep(0.05)          # the window is 0.5 s
+    assert stats(secured)["io"]["rate_limited"] >= len(limited)
+
+
+def self_signed(directory):
+    """A certificate for 127.0.0.1 and localhost, and its key, as PEM files."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rpcbus test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([
+                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
+async def test_tls_node_is_verified_by_the_sdk(tmp_path):
+    cert, key = self_signed(tmp_path)
+    with NodeProcess(env={**FAST, "RPCBUS_SERVER_TLS_CERT": str(cert),
+                          "RPCBUS_SERVER_TLS_KEY": str(key)}).start() as node:
+        assert node.url.startswith("wss://127.0.0.1:")
+        async with clients.connect(node.url, ca_file=str(cert)) as prov, \
+                clients.connect(node.url, ca_file=str(cert)) as caller:
+            await prov.provide("echo", lambda d: d)
+            assert await caller.call("echo", "over tls", timeout=5) == "over tls"
+        with pytest.raises(clients.ConnectionLostError, match="CERTIFICATE_VERIFY_FAILED"):
+            await clients.connect(node.url, reconnect=False)      # not trusted by default
+        with pytest.raises(clients.ConnectionLostError):
+            await clients.connect(node.url.replace("wss:", "ws:"), reconnect=False)

@@ -112,7 +112,7 @@ class NodeProcess:
             self.proc.wait()
 
     def __enter__(self) -> "NodeProcess":
-        return self.start()
+        return self if self.proc is not None else self.start()  # started already: as is
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()

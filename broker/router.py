@@ -37,7 +37,13 @@ number of providers. A call for a name whose providers elsewhere are being
 discovered waits, with its deadline, until ``resume(name)``. A node attempt
 is first acknowledged (``ack``: the node has it) within the ack timeout;
 after that it waits for the node's ACCEPT, answer or REJECT until the
-call's deadline, and the node gets to try its own providers.
+call's deadline, and the node gets to try its own providers. A node attempt
+with no ACK by the ack timeout is not moved at once: the node is asked
+(``[ACK_CHECK, id]``) whether it started the attempt, as its ACK may just be
+late; it answers ACK (started: wait for it) or REJECT (not started, and it
+never will: move on). Only a node that stays silent for another ack timeout
+is given up (CANCEL) and the call moved, so a late ACK never makes a call
+run on two nodes.
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ class Call:
     """One call from a caller, across all its attempts."""
 
     __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
-                 "accepted", "acked", "tried", "local_only")
+                 "accepted", "acked", "checked", "tried", "local_only")
 
     def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float) -> None:
         self.caller = caller
@@ -100,7 +106,11 @@ class Call:
         self.deadline = deadline
         self.tried: set[Peer] | None = None  # earlier providers; None while on the first
         self.local_only = caller.is_node     # an INVOKE: never forwarded to a third node
-        # id (the current attempt's), provider, accepted and acked are set by each dispatch.
+        # id (the current attempt's), provider, accepted, acked and checked are set by
+        # each dispatch.
+
+
+ACK_CHECK = -27  # router -> node peer only: "did you start this attempt?" (never on a wire)
 
 
 class RouterStats:
@@ -108,7 +118,8 @@ class RouterStats:
 
     __slots__ = ("ok", "provider_errors", "no_provider", "response_timeouts",
                  "ack_timeouts", "rejects", "provider_gone", "retries", "late", "foreign",
-                 "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled")
+                 "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled",
+                 "ack_checks")
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -185,10 +196,11 @@ class Router:
             peer.provides.discard(name)
 
     def drop_peer(self, peer: Peer, now: float) -> None:
-        """``peer`` is gone. A client: its unaccepted attempts go elsewhere, accepted ones
-        fail now with PROVIDER_GONE. A node: all its attempts fail now with PROVIDER_GONE,
-        because it hands a call to a provider the moment it arrives, so any of them may
-        have run there (re-routing them would run some twice).
+        """``peer`` is gone. Attempts it accepted — or, a node, acknowledged: it starts an
+        INVOKE only once Redis has taken its ACK, which then reaches this node long before
+        the node could be declared dead — fail now with PROVIDER_GONE (they may have run;
+        re-routing them could run them twice). Its other attempts never started there and
+        go elsewhere at once.
 
         Calls it made as a caller finish as usual; their outcomes are discarded
         (counted) because the peer is closed.
@@ -199,7 +211,7 @@ class Router:
         self.unprovide(peer, list(peer.provides))
         for call in [c for c in self._calls.values() if c.provider is peer]:
             self._end_attempt(call)
-            if call.accepted or peer.is_node:
+            if call.accepted or call.acked:
                 self.stats.provider_gone += 1
                 self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
                                       f"the provider of {call.name!r} is gone"])
@@ -342,6 +354,14 @@ class Router:
                 # finish first cost no entry.
                 self._deadlines.add(attempt, call.deadline)
                 continue
+            elif call.provider.is_node and not call.checked and not call.provider.closed:
+                # No ACK yet from a node: ask before moving the call (it may have started).
+                self.stats.ack_checks += 1
+                call.checked = True
+                call.provider.send([ACK_CHECK, attempt])
+                due = now + self.ack_timeout
+                self._deadlines.add(attempt, due if due < call.deadline else call.deadline)
+                continue
             else:
                 self.stats.ack_timeouts += 1
                 msg = None
@@ -392,7 +412,7 @@ class Router:
         self._seq = attempt = self._seq + 1
         call.id = attempt
         call.provider = None
-        call.accepted = call.acked = False
+        call.accepted = call.acked = call.checked = False
         self._calls[attempt] = call
         self._deadlines.add(attempt, call.deadline)
         self._parked.setdefault(call.name, []).append(call)
@@ -441,14 +461,14 @@ class Router:
         self._seq = attempt = self._seq + 1
         call.id = attempt
         call.provider = provider
-        call.accepted = call.acked = False
+        call.accepted = call.acked = call.checked = False
         self._calls[attempt] = call
         if left > self.ack_timeout:
             self._deadlines.add(attempt, now + self.ack_timeout)
         else:
             self._deadlines.add(attempt, call.deadline)
         provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
-                       call.caller.label])
+                       call.caller.label, int(now * 1000)])
 
     def _no_target(self, call: Call) -> None:
         cluster = self.cluster

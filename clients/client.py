@@ -67,9 +67,39 @@ class _Wire(FrameIO, ClientConnection):
     url: str
     auth: asyncio.Future[dict[str, Any]]
     draining = False                       # its node is shutting down: no new calls here
+    # Staleness of REQUESTs: the node moves an attempt on after its ack timeout, so one
+    # read later than that (this process was stalled or starved) may run elsewhere too.
+    # The least (read - sent) seen in the last SKEW_WINDOW stands for the clocks' offset
+    # plus the least delay; a REQUEST read more than half the ack timeout after that is
+    # refused unrun (REJECT). This underestimates an age, never overestimates it, so a
+    # fresh REQUEST is never refused, and it follows clock drift window by window.
+    stale_after_ms = 500.0
+    _read_ms = 0.0
+    _skew: float | None = None
+    _skew_next: float | None = None
+    _skew_until = 0.0
+    SKEW_WINDOW = 30.0
 
     def frame_received(self, data: bytes) -> None:
+        self._read_ms = self.loop.time() * 1000
         self.owner._on_frame(self, data)
+
+    def stale(self, sent_ms: Any) -> bool:
+        """True for a REQUEST (stamped ``sent_ms`` by the node) read too late to run."""
+        if type(sent_ms) is not int:
+            return False
+        seen = self._read_ms - sent_ms
+        if self._read_ms >= self._skew_until:  # a new window: keep the last one's minimum
+            if self._skew_next is not None:
+                self._skew = self._skew_next
+            self._skew_next = None
+            self._skew_until = self._read_ms + self.SKEW_WINDOW * 1000
+        if self._skew_next is None or seen < self._skew_next:
+            self._skew_next = seen
+        skew = self._skew
+        if skew is None or seen < skew:
+            self._skew = skew = seen
+        return seen - skew > self.stale_after_ms
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -123,6 +153,7 @@ class Client:
         self.session: dict[str, Any] = {}     # the current node's AUTH_OK fields
         self._default_timeout = 10.0
         self._last_error, self._last_exc = "", None
+        self.stale_requests = 0               # REQUESTs refused unrun: read too late
 
     @property
     def url(self) -> str:
@@ -181,6 +212,7 @@ class Client:
                     params["name"] = self.name
                 wire.send([AUTH, params])
                 wire.session = await wire.auth
+                wire.stale_after_ms = wire.session.get("ack_timeout_ms", 1000) / 2
             return wire
         except BaseException:
             if wire is not None:
@@ -344,6 +376,13 @@ class Client:
         if kind == RESPONSE or kind == OK:
             self._settle(msg[1], msg[2] if kind == RESPONSE else None, None)
         elif kind == REQUEST:
+            if len(msg) > 6 and wire.stale(msg[6]):
+                wire.send([REJECT, msg[1]])  # the node has moved it on (or is about to)
+                self.stale_requests += 1
+                if self.stale_requests & (self.stale_requests - 1) == 0:  # 1, 2, 4, 8, ...
+                    log.warning("stale_requests_refused", url=wire.url,
+                                total=self.stale_requests)
+                return
             self._serve(wire, msg[1], msg[2], msg[3], msg[4], msg[5])
         elif kind == ERROR:
             ref, code, message = msg[1], msg[2], msg[3]

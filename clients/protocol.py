@@ -15,7 +15,7 @@ Shapes (c = client, n = node, p = a client acting as provider)::
     UNPROVIDE c→n  [5, ref, [name, ...]]          answered by OK or ERROR
     OK        n→c  [6, ref]
     REQUEST   c→n  [16, cid, name, data, timeout_ms | nil]
-    REQUEST   n→p  [16, id, name, data, time_left_ms, caller]
+    REQUEST   n→p  [16, id, name, data, time_left_ms, caller, sent_ms]
     ACCEPT    p→n  [17, id]
     RESPONSE  p→n  [18, id, data]        n→c [18, cid, data]
     REJECT    p→n  [19, id]

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from broker.config import ClusterSection
+from broker.router import ACK_CHECK
 from clients import errors
 from clients.protocol import ACCEPT, CANCEL as C_CANCEL, ERROR as C_ERROR, REQUEST, RESPONSE as C_RESPONSE
 
@@ -56,11 +57,13 @@ class RemoteNode:
         self.provides: set[str] = set()
 
     def send(self, msg: list[Any]) -> None:
-        if msg[0] == REQUEST:  # [16, id, name, data, left_ms, caller]
+        if msg[0] == REQUEST:  # [16, id, name, data, left_ms, caller, sent_ms]
             self.link.bus.publish(self.topic, [m.INVOKE, msg[1], msg[2], msg[3], msg[4],
                                                self.link.ack_ms, msg[5]])
         elif msg[0] == C_CANCEL:
             self.link.bus.publish(self.topic, [m.CANCEL, msg[1]])
+        elif msg[0] == ACK_CHECK:
+            self.link.bus.publish(self.topic, [m.CHECK, msg[1]])
 
 
 class RemoteCaller:
@@ -93,6 +96,28 @@ class RemoteCaller:
         self.link.invoked.pop((self.origin, self.id), None)
 
 
+class RecentIds:
+    """Keys remembered for at least ``keep`` seconds (two generations of sets: adding and
+    looking up cost a set operation; memory is what arrived in the last 2 x ``keep``)."""
+
+    def __init__(self, keep: float) -> None:
+        self.keep = keep
+        self._new: set[Any] = set()
+        self._old: set[Any] = set()
+        self._rotate_at = 0.0
+
+    def add(self, key: Any) -> None:
+        self._new.add(key)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._new or key in self._old
+
+    def tick(self, now: float) -> None:
+        if now >= self._rotate_at:
+            self._old, self._new = self._new, set()
+            self._rotate_at = now + self.keep
+
+
 class ClusterLink:
     """See the module docstring. ``run()`` serves the bus until cancelled."""
 
@@ -119,8 +144,13 @@ class ClusterLink:
         self.nodes: dict[str, RemoteNode] = {}
         self.invoked: dict[tuple[str, int], RemoteCaller] = {}
         self.starting = 0  # INVOKEs acknowledged, waiting for Redis to take the ACK
+        # (origin, attempt) of INVOKEs this node acknowledged, and of those it told a CHECK
+        # it never started (a late INVOKE for one of those is dropped)
+        keep = max(2.0, 4 * router.ack_timeout)
+        self.acked, self.refused = RecentIds(keep), RecentIds(keep)
         self._terminating: set[str] = set()
-        self.stats = {"stale_invokes": 0, "nodes_dead": 0, "silent_attempts": 0}
+        self.stats = {"stale_invokes": 0, "nodes_dead": 0, "silent_attempts": 0,
+                      "checks_refused": 0}
         self._warned: dict[str, tuple[float, int]] = {}
         self._next_beat = 0.0
         self._last_echo = 0.0
@@ -185,6 +215,8 @@ class ClusterLink:
         self.membership.grace(now)
 
     def tick(self, now: float) -> None:
+        self.acked.tick(now)
+        self.refused.tick(now)
         if now >= self._next_beat:
             self._beat(now)
             if self.available and now - self._last_echo > (
@@ -258,6 +290,14 @@ class ClusterLink:
             caller = self.invoked.pop((sender, msg[1]), None)
             if caller is not None:
                 router.cancel_from(caller, msg[1])
+        elif kind == m.CHECK:
+            key = (sender, msg[1])
+            if key in self.acked:                   # started (or starting): wait for it
+                self.bus.publish(self._node(sender).topic, [m.ACK, msg[1]])
+            else:                                   # never started, and never will be
+                self.refused.add(key)
+                self.stats["checks_refused"] += 1
+                self.bus.publish(self._node(sender).topic, [m.REJECT, msg[1]])
         elif kind == m.RPC_QUERY:  # a terminating node takes no new calls: it has none
             count = len(router.providers_of(msg[1])) if self.state != m.TERMINATING else 0
             self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, msg[1], count])
@@ -272,7 +312,8 @@ class ClusterLink:
         if self.state == m.TERMINATING:  # the origin will try another node at once
             self.bus.publish(self._node(origin).topic, [m.REJECT, attempt])
             return
-        if age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0:
+        if (age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0
+                or (origin, attempt) in self.refused):
             self.stats["stale_invokes"] += 1
             self._warn_some("stale_invoke_dropped", origin=origin, rpc=name,
                             age_ms=int(age * 1000))
@@ -281,13 +322,24 @@ class ClusterLink:
         caller = RemoteCaller(self, node, attempt, label)
         key = (origin, attempt)
         self.invoked[key] = caller
+        self.acked.add(key)
         deadline = now + left_ms / 1000 - age
 
         def start() -> None:  # once Redis has the ACK: the origin will not re-route it now
             self.starting -= 1
-            if self.invoked.get(key) is caller:  # not cancelled meanwhile
-                t = asyncio.get_running_loop().time()
-                self.router.request(caller, attempt, name, data, int((deadline - t) * 1000), t)
+            if self.invoked.get(key) is not caller:  # cancelled meanwhile
+                return
+            t = asyncio.get_running_loop().time()
+            if (age + t - now) * 1000 > ack_ms / 2:
+                # This process stalled before Redis took the ACK (a SIGSTOP, a starved
+                # machine): the origin may have given the attempt up and moved the call on.
+                # Refuse it unrun; an origin still waiting moves it now.
+                self.invoked.pop(key, None)
+                self.stats["stale_invokes"] += 1
+                self._warn_some("late_ack_invoke_refused", origin=origin, rpc=name)
+                self.bus.publish(node.topic, [m.REJECT, attempt])
+                return
+            self.router.request(caller, attempt, name, data, int((deadline - t) * 1000), t)
 
         self.starting += 1
         self.bus.publish(node.topic, [m.ACK, attempt], then=start)

@@ -15,6 +15,8 @@ A message is an array whose first element is its kind (docs/cluster.md)::
     ERROR            [24, id, code, message]
     REJECT           [25, id]        none of its providers took it: try another node
     CANCEL           [26, id]        the origin gave this attempt up
+    CHECK            [27, id]        no ACK reached the origin: did you start it?
+                                     (answered ACK if so, else REJECT: never started)
 
 ``id`` is always the origin node's attempt id.
 """
@@ -35,6 +37,7 @@ RESPONSE = 23
 ERROR = 24
 REJECT = 25
 CANCEL = 26
+CHECK = 27
 
 STARTING = "starting"
 READY = "ready"
@@ -43,7 +46,7 @@ TERMINATING = "terminating"
 # kind -> (number of fields after the kind, checks on them)
 _SHAPES: dict[int, int] = {
     STATE: 4, RPC_QUERY: 1, PROVIDER_UPDATE: 2, INVOKE: 6, ACK: 1, ACCEPTED: 1,
-    RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1,
+    RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1, CHECK: 1,
 }
 
 

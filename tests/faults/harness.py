@@ -40,7 +40,7 @@ GRACE = 1.5         # how late past its deadline an outcome may arrive (the SDK'
 IN_FLIGHT = 100     # per caller; two callers: 200 in flight
 
 ENV = {
-    "RPCBUS_RPC_ACK_TIMEOUT": "0.5",
+    "RPCBUS_RPC_ACK_TIMEOUT": "1.0",
     "RPCBUS_RPC_RESPONSE_TIMEOUT": "5.0",
     "RPCBUS_CLUSTER_HEARTBEAT_INTERVAL": "0.25",
     "RPCBUS_CLUSTER_HEARTBEAT_MISSES": "3",

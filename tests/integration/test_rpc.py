@@ -4,6 +4,10 @@ The node runs with ack_timeout 0.3 s and response_timeout 2 s (conftest.FAST).
 """
 
 import asyncio
+import json
+import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections import Counter
@@ -125,6 +129,49 @@ async def test_ack_timeout_moves_the_call_and_the_silent_providers_late_answer_i
         await silent.expect(p.PONG)                   # the node has read the late answer
         assert stats(node)["router"]["late"] == late_before + 1
     await silent.close()
+
+
+async def test_a_stalled_provider_refuses_the_requests_the_node_moved_on_meanwhile(
+        node, tmp_path):
+    """A provider process stopped for longer than the ack timeout (0.3 s here): its calls
+    move to another provider; when it wakes it reads them, too late, and REJECTs them
+    instead of running them a second time."""
+    record = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.workers", "provider",
+                             "--url", node.url, "--rpc", "stall.echo", "--record", str(record)],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    here = Counter()
+
+    def backup(d):
+        here[d] += 1
+        return d
+
+    def recorded():
+        return Counter(json.loads(x) for x in record.read_text().split()) \
+            if record.exists() else Counter()
+
+    try:
+        assert json.loads(proc.stdout.readline()) == {"ready": True}
+        async with clients.connect(node.url) as prov, clients.connect(node.url) as caller:
+            await prov.provide("stall.echo", backup)
+            assert await asyncio.gather(*(caller.call("stall.echo", i, timeout=5)
+                                          for i in range(20))) == list(range(20))
+            assert recorded()                                # it served some: it is warm
+            proc.send_signal(signal.SIGSTOP)
+            stalled = list(range(100, 140))
+            assert await asyncio.gather(*(caller.call("stall.echo", i, timeout=5)
+                                          for i in stalled)) == stalled
+            assert sum(here[i] for i in stalled) == len(stalled)   # all moved to backup
+            proc.send_signal(signal.SIGCONT)
+            async with asyncio.timeout(10):                  # until it serves a new call
+                i = 1000
+                while i not in recorded():
+                    i += 1
+                    await caller.call("stall.echo", i, timeout=5)
+        assert not set(recorded()) & set(stalled), "ran again by the provider that woke"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 async def test_response_timeout_fails_the_call_and_cancels_the_handler(node):

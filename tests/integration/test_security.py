@@ -153,7 +153,7 @@ def self_signed(directory):
 async def test_tls_node_is_verified_by_the_sdk(tmp_path):
     cert, key = self_signed(tmp_path)
     with NodeProcess(env={**FAST, "RPCBUS_SERVER_TLS_CERT": str(cert),
-                          "RPCBUS_SERVER_TLS_KEY": str(key)}).start() as node:
+                          "RPCBUS_SERVER_TLS_KEY": str(key)}) as node:
         assert node.url.startswith("wss://127.0.0.1:")
         async with clients.connect(node.url, ca_file=str(cert)) as prov, \
                 clients.connect(node.url, ca_file=str(cert)) as caller:

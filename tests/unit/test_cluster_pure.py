@@ -7,7 +7,7 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.router import Router
+from broker.router import ACK_CHECK, Router
 from clients import errors
 from clients.protocol import ACCEPT, CANCEL, ERROR, REQUEST, RESPONSE
 from cluster import messages as m
@@ -198,10 +198,32 @@ def test_a_node_acknowledges_then_may_reject_and_a_silent_node_is_reported():
     assert b.take() == []
     r.reject(a, req[1], now=2.0)                         # A's providers all declined
     [req_b] = b.take()
-    r.tick(3.1)                                          # B never acknowledges
+    r.tick(3.1)                                          # no ACK from B: ask it first
+    assert b.take() == [[ACK_CHECK, req_b[1]]] and caller.take() == []
+    r.tick(4.2)                                          # B stays silent: given up
     assert b.take() == [[CANCEL, req_b[1]]] and view.silenced == [("x", b)]
     [err] = caller.take()
     assert err[:3] == [ERROR, 1, errors.NO_PROVIDER]
+
+
+def test_a_late_ack_keeps_the_call_on_its_node_and_a_refused_check_moves_it():
+    a, b = Node("A"), Node("B")
+    view = View({"x": [(a, 1), (b, 1)]})
+    r, caller = router(view, rand=lambda: 0.0), Peer("c")
+    r.request(caller, 1, "x", "d1", None, now=0.0)
+    r.request(caller, 2, "x", "d2", None, now=0.0)
+    first, second = a.take()
+    r.tick(1.05)                                         # both ack deadlines pass
+    assert a.take() == [[ACK_CHECK, first[1]], [ACK_CHECK, second[1]]]
+    r.ack(a, first[1])                                   # A had started call 1
+    r.reject(a, second[1], now=1.1)                      # A never started call 2
+    [moved] = b.take()
+    assert moved[3] == "d2"
+    r.tick(5.0)
+    assert a.take() == [] and caller.take() == []        # call 1 still waits for A
+    r.respond(a, first[1], "ran once")
+    r.respond(b, moved[1], "ran once too")
+    assert caller.take() == [[RESPONSE, 1, "ran once"], [RESPONSE, 2, "ran once too"]]
 
 
 def test_bus_down_fails_every_node_attempt_and_only_local_providers_serve():
@@ -226,18 +248,19 @@ def test_bus_down_fails_every_node_attempt_and_only_local_providers_serve():
     assert caller.take()[0][:3] == [ERROR, 4, errors.CLUSTER_UNAVAILABLE]
 
 
-def test_a_dead_node_fails_all_its_attempts_it_may_have_run_them():
+def test_a_dead_node_fails_the_attempts_it_acknowledged_and_the_others_move():
     a, b = Node("A"), Node("B")
     view = View({"x": [(a, 1), (b, 1)]})
     r, caller = router(view, rand=lambda: 0.0), Peer("c")
-    r.request(caller, 1, "x", None, None, now=0.0)
-    r.request(caller, 2, "x", None, None, now=0.0)
-    assert len(a.take()) == 2
+    r.request(caller, 1, "x", "d1", None, now=0.0)
+    r.request(caller, 2, "x", "d2", None, now=0.0)
+    first, _ = a.take()
+    r.ack(a, first[1])                                   # A started call 1
     a.closed = True
     r.drop_peer(a, now=0.5)
-    assert [m[:3] for m in caller.take()] == [[ERROR, 1, errors.PROVIDER_GONE],
-                                              [ERROR, 2, errors.PROVIDER_GONE]]
-    assert b.take() == []                                # not re-routed: no double run
+    assert [m[:3] for m in caller.take()] == [[ERROR, 1, errors.PROVIDER_GONE]]
+    [moved] = b.take()                                   # call 2 never started on A
+    assert moved[3] == "d2"
 
 
 def test_invokes_stay_local_report_accept_and_can_be_cancelled():

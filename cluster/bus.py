@@ -144,6 +144,7 @@ class Bus:
         sub = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0, **self._redis_opts)
         pubsub = sub.pubsub()
         reader: asyncio.Task[None] | None = None
+        writer: asyncio.Task[None] | None = None
         try:
             await pubsub.subscribe(self.control, self.private)
             await pub.ping()
@@ -157,8 +158,10 @@ class Bus:
             for task in done:
                 task.result()  # raise what ended it
         finally:
-            if reader is not None:
-                reader.cancel()
+            for task in (reader, writer):  # a session ended by stale() leaves both running
+                if task is not None:
+                    task.cancel()
+                    task.add_done_callback(_retrieve)
             for closer in (pubsub.aclose(), pub.aclose(), sub.aclose()):
                 try:
                     async with asyncio.timeout(1.0):
@@ -245,6 +248,12 @@ class Bus:
         if now - self._warned_at.get(reason, -WARN_EVERY) >= WARN_EVERY:
             self._warned_at[reason] = now
             log.warning("bus_batch_rejected", reason=reason, total=self.rejected[reason])
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Consume the ending exception of a task of a session already over (it is known)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _safe(url: str) -> str:

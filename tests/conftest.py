@@ -1,0 +1,17 @@
+"""Suite-wide: no test may leave a process behind (nodes, redis-server, workers)."""
+
+import psutil
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_process_left_behind():
+    """After each module, every child process it started has exited."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    left = [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for p in left:
+        p.kill()
+    assert not left, "processes left running: " + "; ".join(
+        " ".join(p.cmdline()[:6]) for p in left)

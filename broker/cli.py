@@ -40,18 +40,21 @@ def use_uvloop(wanted: bool) -> str:
               help="Join the cluster on this Redis (redis://host:port/db).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               default=None, help="TOML file (see conf/rpcbus.toml).")
+@click.option("--auth", "auth_mode", type=click.Choice(["users", "none"]), default=None,
+              help="users: only [auth.users] may connect (the default); none: anyone may "
+              "do anything (for a laptop; logged as a warning).")
 def node(host: str | None, port: int | None, name: str | None, redis_url: str | None,
-         config_file: str | None) -> None:
+         config_file: str | None, auth_mode: str | None) -> None:
     """Run one broker node until SIGTERM or Ctrl-C (then drain and exit 0)."""
     from .node import Node
 
     try:
         cfg = config_mod.load(config_file, overrides={
             "node": {"host": host, "port": port, "name": name},
-            "cluster": {"redis_url": redis_url}})
+            "cluster": {"redis_url": redis_url}, "auth": {"mode": auth_mode}})
+        node_ = Node(cfg)
     except config_mod.ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    node_ = Node(cfg)
     logs.configure(cfg.log.level, cfg.log.format, node=node_.name)
     loop_kind = use_uvloop(cfg.server.uvloop)
 

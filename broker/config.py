@@ -54,7 +54,7 @@ class LimitsSection:
 
 @dataclass
 class AuthSection:
-    mode: str = "none"
+    mode: str = "users"             # "none" only when set explicitly
     max_failures: int = 3
     users: dict = field(default_factory=dict)
     roles: dict = field(default_factory=dict)
@@ -223,8 +223,6 @@ def _validate(config: Config) -> None:
         users = Users(config.auth.users, config.auth.roles)
     except AuthConfigError as exc:
         raise ConfigError(str(exc)) from None
-    if config.auth.mode == "users" and not users.by_name:
-        raise ConfigError("auth.mode: \"users\" needs at least one [auth.users.NAME]")
     cluster = config.cluster
     if cluster.seal != "none":
         from cluster.seal import SealError, load_keys
@@ -232,6 +230,16 @@ def _validate(config: Config) -> None:
             load_keys(cluster.keys, cluster.key_id)
         except SealError as exc:
             raise ConfigError(f"cluster.keys: {exc}") from None
+
+
+def check_serving(config: Config) -> None:
+    """What a node needs beyond a valid config: someone who may log in, or auth off on
+    purpose. Raises ConfigError saying how to fix it."""
+    if config.auth.mode == "users" and not config.auth.users:
+        raise ConfigError(
+            "auth.mode is \"users\" (the default) but no [auth.users.NAME] is configured: "
+            "add users (docs/security.md), or run without authentication by setting "
+            "auth.mode = \"none\" explicitly (--auth none, RPCBUS_AUTH_MODE=none)")
 
 
 def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,

@@ -58,6 +58,9 @@ class Node:
             prefer_local=config.cluster.prefer_local,
         )
         self.link: Any = None  # the ClusterLink when cluster.redis_url is set
+        from .config import check_serving
+
+        check_serving(config)  # raises ConfigError: no users and auth not off on purpose
         self.gate = Gate(config)
         self.sessions: set[Session] = set()
         self.stats: Counter[str] = Counter()

@@ -2,6 +2,8 @@
 
 The child logs JSON lines on stderr; a reader thread keeps the last lines and
 notices ``node_ready`` (which carries the URL, so ``--port 0`` works).
+Without ``--config`` or ``RPCBUS_AUTH_MODE`` the child runs with auth mode
+``none``, set explicitly: these are development nodes on loopback.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class NodeProcess:
                  echo: bool = False) -> None:
         self.args = ["--port", "0", *args] if "--port" not in args else list(args)
         self.env = {**os.environ, "RPCBUS_LOG_FORMAT": "json", **(env or {})}
+        if "--config" not in args and "RPCBUS_AUTH_MODE" not in self.env:
+            self.env["RPCBUS_AUTH_MODE"] = "none"  # a development node: auth off, explicitly
         self.echo = echo
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""

@@ -1,6 +1,7 @@
 """The rpcbus command: call, node start-up errors, graceful stop on SIGTERM."""
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -29,6 +30,14 @@ async def test_call_prints_the_answer_as_json_and_fails_with_the_code(node):
         assert missing.returncode == 1 and missing.stderr.startswith("NO_PROVIDER")
         bad = await asyncio.to_thread(rpcbus, "call", "math.add", "{nope", "--url", node.url)
         assert bad.returncode == 2 and "not JSON" in bad.stderr
+
+
+def test_a_node_needs_users_or_auth_none_set_explicitly(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RPCBUS_")}
+    result = subprocess.run([sys.executable, "-m", "broker", "node", "--port", "0"],
+                            capture_output=True, text=True, timeout=30, env=env)
+    assert result.returncode == 2 and 'auth.mode is "users"' in result.stderr
+    assert "--auth none" in result.stderr
 
 
 def test_node_refuses_an_unknown_config_key(tmp_path):

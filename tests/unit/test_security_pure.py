@@ -61,8 +61,9 @@ def test_bad_users_and_roles_are_named(users, roles, needle):
 def test_config_checks_users_keys_and_tls_at_load(tmp_path):
     f = tmp_path / "n.toml"
     f.write_text('[auth]\nmode = "users"\n')
-    with pytest.raises(config.ConfigError, match="at least one"):
-        config.load(f, env={})
+    with pytest.raises(config.ConfigError, match="none. explicitly"):
+        config.check_serving(config.load(f, env={}))               # no users: no node
+    config.check_serving(config.load(f, env={"RPCBUS_AUTH_MODE": "none"}))
     f.write_text('[auth.users.a]\ntoken_sha256 = "x"\n')
     with pytest.raises(config.ConfigError, match="token_sha256"):
         config.load(f, env={})

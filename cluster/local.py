@@ -26,8 +26,9 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, args: list[str] | None = None) -> None:
         self.port = port or free_port()
+        self.args = args or []   # more redis-server options (ACL users, ...)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -40,7 +41,8 @@ class RedisServer:
             raise RuntimeError("redis-server is not installed (./dev setup installs it)")
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning"],
+             "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning",
+             *self.args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:  # a child process: nothing to await but its port
@@ -49,7 +51,7 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    if s.recv(16)[:1] in (b"+", b"-"):  # PONG, or NOAUTH with ACL users
                         return self
             except OSError:
                 time.sleep(0.02)
@@ -81,10 +83,11 @@ class RedisServer:
 class LocalCluster:
     def __init__(self, nodes: int = 3, base_port: int = 0, redis_url: str | None = None,
                  env: dict[str, str] | None = None, echo: bool = False,
-                 node_env: list[dict[str, str]] | None = None) -> None:
+                 node_env: list[dict[str, str]] | None = None,
+                 redis_args: list[str] | None = None) -> None:
         self.count = nodes
         self.base_port = base_port
-        self.redis: RedisServer | None = None if redis_url else RedisServer()
+        self.redis: RedisServer | None = None if redis_url else RedisServer(args=redis_args)
         self.redis_url = redis_url or self.redis.url  # type: ignore[union-attr]
         self.env = env or {}
         self.node_env = node_env or []   # per node i, on top of env

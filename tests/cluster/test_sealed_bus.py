@@ -10,10 +10,12 @@ import pytest
 import redis.asyncio as aioredis
 
 import clients
+from broker.process import NodeProcess
 from cluster import messages as m
+from cluster.local import LocalCluster, RedisServer
 from cluster.seal import Sealer, new_key
 
-from .conftest import stats
+from .conftest import FAST, stats
 
 KEY = new_key()
 
@@ -108,3 +110,30 @@ async def test_keys_rotate_without_downtime(make_cluster):
                                       for i in range(20))) == list(range(20))
     assert stats(n1)["cluster"]["bus"]["rejected"] == 0
     assert stats(n2)["cluster"]["bus"]["rejected"] == 0
+
+
+async def test_redis_acl_credentials_pass_through_from_the_url():
+    """Redis with ACL users only (no default user): nodes given user:password in the URL
+    join and route; a node with a wrong password stays out, saying why."""
+    redis = RedisServer(args=["--user", "default", "off", "--user", "rpcbus", "on",
+                              ">s3cret", "~*", "&rpcbus:*", "+@all"]).start()
+    url = f"redis://rpcbus:s3cret@127.0.0.1:{redis.port}/0"
+    cluster = None
+    try:
+        cluster = LocalCluster(nodes=2, redis_url=url, env=FAST).start()
+        n1, n2 = cluster.nodes
+        async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+            await prov.provide("work", lambda d: d)
+            assert await caller.call("work", "via ACL user", timeout=5) == "via ACL user"
+        bad = NodeProcess("--port", "0", "--redis", url.replace("s3cret", "guess"),
+                          env=FAST).start()
+        try:
+            down = await asyncio.to_thread(bad.wait_event, "bus_down", 10.0)
+            assert "WRONGPASS" in down["reason"] or "invalid" in down["reason"], down
+            assert "guess" not in json.dumps(list(bad.lines))          # no password in logs
+        finally:
+            bad.stop()
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        redis.stop()

@@ -1,8 +1,8 @@
 """One broker node: the websockets server, its sessions, the router, the deadline sweep.
 
 ``Node.run()`` serves until ``stop()`` (SIGTERM/SIGINT in ``rpcbus node``), then
-shuts down in bounded steps, like uvicorn: stop listening and report not
-ready; tell every client (``ERROR nil SHUTTING_DOWN``: the SDK moves to
+shuts down in bounded steps, like uvicorn: refuse new connections (HTTP 503;
+``/readyz`` keeps answering 503 "draining") and report not ready; tell every client (``ERROR nil SHUTTING_DOWN``: the SDK moves to
 another node); answer new REQUESTs with SHUTTING_DOWN; let calls in flight finish for
 up to ``server.drain_timeout`` seconds (a second ``stop()`` cuts that short);
 answer SHUTTING_DOWN to calls still waiting for discovery (none ran: the SDK sends
@@ -10,8 +10,10 @@ them to another node) and abandon the rest; close every connection with 1001 (go
 skips the drain and closes at once.
 
 The same port answers plain HTTP through websockets' ``process_request``:
-``GET /healthz`` (200 when serving, 503 otherwise) and ``GET /stats`` (JSON
-counters: the router's outcomes and drops, frames and messages per direction).
+``GET /healthz`` (liveness: 200 when serving, 503 otherwise), ``GET /readyz``
+(readiness: also 503 while the cluster bus is down or not yet joined, with
+the reason), ``GET /stats`` (JSON counters: the router's outcomes and drops,
+frames and messages per direction) and ``GET /metrics`` (Prometheus).
 """
 
 from __future__ import annotations
@@ -150,7 +152,6 @@ class Node:
     async def _shutdown(self, server: Any) -> None:
         self.ready = False
         self.draining = True
-        server.server.close()  # stop listening; existing connections stay
         if self.link is not None:
             self.link.set_state("terminating")  # other nodes stop sending new calls
             await self.link.bus.flushed(1.0)
@@ -240,11 +241,35 @@ class Node:
             if self.ready:
                 return connection.respond(200, "ok\n")
             return connection.respond(503, "draining\n" if self.draining else "starting\n")
+        if path == "/readyz":
+            why = self.not_ready()
+            return connection.respond(503 if why else 200, (why or "ready") + "\n")
         if path == "/stats":
             response = connection.respond(200, json.dumps(self.snapshot()) + "\n")
             response.headers["Content-Type"] = "application/json"
             return response
+        if path == "/metrics":
+            from .metrics import CONTENT_TYPE, render
+
+            response = connection.respond(200, render(self).decode())
+            response.headers["Content-Type"] = CONTENT_TYPE
+            return response
+        if self.draining:  # still listening, so that /readyz can say so; no new clients
+            return connection.respond(503, "draining: connect to another node\n")
         return None  # everything else: the WebSocket handshake
+
+    def not_ready(self) -> str | None:
+        """Why this node should get no traffic now (``/readyz``), or None when ready."""
+        if self.draining:
+            return "draining"
+        if not self.ready:
+            return "starting"
+        if self.link is not None:
+            if not self.link.available:
+                return "cluster bus (Redis) unreachable"
+            if not self.link.joined(asyncio.get_running_loop().time()):
+                return "joining the cluster"
+        return None
 
     def _heartbeat_info(self) -> dict[str, Any]:
         """What this node tells the cluster in every heartbeat (for ``rpcbus status``)."""

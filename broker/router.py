@@ -49,6 +49,7 @@ run on two nodes.
 from __future__ import annotations
 
 import random
+import time
 from typing import Any, Callable, Protocol
 
 from clients import errors
@@ -63,6 +64,8 @@ from clients.protocol import (
     RESPONSE,
     valid_name,
 )
+
+from .rpcstats import RpcStatsTable
 
 
 class Peer(Protocol):
@@ -96,7 +99,8 @@ class Call:
     """One call from a caller, across all its attempts."""
 
     __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
-                 "accepted", "acked", "checked", "tried", "local_only")
+                 "accepted", "acked", "checked", "tried", "local_only", "started",
+                 "traceparent")
 
     def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float) -> None:
         self.caller = caller
@@ -106,6 +110,8 @@ class Call:
         self.deadline = deadline
         self.tried: set[Peer] | None = None  # earlier providers; None while on the first
         self.local_only = caller.is_node     # an INVOKE: never forwarded to a third node
+        self.started = 0.0                   # the router's clock, when metrics are on
+        self.traceparent: str | None = None
         # id (the current attempt's), provider, accepted, acked and checked are set by
         # each dispatch.
 
@@ -135,7 +141,8 @@ class Router:
     def __init__(self, *, ack_timeout: float, response_timeout: float, max_timeout: float,
                  now: float, granularity: float = 0.01, max_name: int = DEFAULT_MAX_NAME,
                  rand: Callable[[], float] = random.random,
-                 cluster: ClusterView | None = None, prefer_local: bool = False) -> None:
+                 cluster: ClusterView | None = None, prefer_local: bool = False,
+                 clock: Callable[[], float] | None = time.perf_counter) -> None:
         self.ack_timeout = ack_timeout
         self.response_timeout = response_timeout
         self.max_timeout = max_timeout
@@ -143,6 +150,8 @@ class Router:
         self._rand = rand
         self.cluster = cluster
         self.prefer_local = prefer_local
+        self._clock = clock                  # None: no per-rpc metrics
+        self.rpc_stats = RpcStatsTable()
         self._parked: dict[str, list[Call]] = {}
         self.count_changed: Callable[[str, int], None] | None = None  # (name, local count)
         self._providers: dict[str, list[Peer]] = {}
@@ -253,8 +262,10 @@ class Router:
     # -- calls -----------------------------------------------------------------------
 
     def request(self, caller: Peer, cid: int, name: str, data: Any,
-                timeout_ms: int | None, now: float) -> None:
-        """A REQUEST (or an INVOKE from another node): route it, or answer an error."""
+                timeout_ms: int | None, now: float, traceparent: str | None = None) -> None:
+        """A REQUEST (or an INVOKE from another node): route it, or answer an error.
+
+        ``traceparent`` (W3C trace context) travels with every attempt to the provider."""
         caller.inflight += 1
         if timeout_ms is None:
             timeout = self.response_timeout
@@ -263,6 +274,10 @@ class Router:
             if timeout > self.max_timeout:
                 timeout = self.max_timeout
         call = Call(caller, cid, name, data, now + timeout)
+        if self._clock is not None:
+            call.started = self._clock()
+        if traceparent is not None:
+            call.traceparent = traceparent
         local = self._providers.get(name)
         if local is not None and self.cluster is None:
             self._dispatch(call, local, (), now)  # one node: the common case, directly
@@ -467,8 +482,12 @@ class Router:
             self._deadlines.add(attempt, now + self.ack_timeout)
         else:
             self._deadlines.add(attempt, call.deadline)
-        provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
-                       call.caller.label, int(now * 1000)])
+        if call.traceparent is None:
+            provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
+                           call.caller.label, int(now * 1000)])
+        else:
+            provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
+                           call.caller.label, int(now * 1000), call.traceparent])
 
     def _no_target(self, call: Call) -> None:
         cluster = self.cluster
@@ -501,6 +520,9 @@ class Router:
 
     def _conclude(self, call: Call, msg: list[Any]) -> None:
         """The call's one outcome; the call must already be out of every table."""
+        if self._clock is not None and not call.local_only:
+            self.rpc_stats.record(call.name, "ok" if msg[0] == RESPONSE else msg[2],
+                                  self._clock() - call.started)
         call.caller.inflight -= 1
         if call.caller.closed:
             self.stats.discarded += 1

@@ -197,8 +197,12 @@ class Session(FrameIO, ServerConnection):
                 self.send([ERROR, _ref_of(msg), errors.NOT_AUTHENTICATED,
                            "the first message must be AUTH"])
                 self._strike()
-        elif kind == REQUEST:  # only while draining: valid requests take the fast path
-            self.send([ERROR, msg[1], errors.SHUTTING_DOWN, "the node is shutting down"])
+        elif kind == REQUEST:  # draining, or with meta (the fast path takes plain ones)
+            if self.node.draining:
+                self.send([ERROR, msg[1], errors.SHUTTING_DOWN, "the node is shutting down"])
+            elif not self._gated or self._admit(msg[1], msg[2], now):
+                trace = msg[5].get("traceparent") if len(msg) == 6 else None
+                router.request(self, msg[1], msg[2], msg[3], msg[4], now, trace)
         elif kind == RESPONSE:
             router.respond(self, msg[1], msg[2])
         elif kind == ACCEPT:

@@ -274,12 +274,14 @@ class Client:
     # -- calling -------------------------------------------------------------------------
 
     async def call(self, name: str, data: Any = None, *, timeout: float | None = None,
-                   idempotent: bool = False) -> Any:
+                   idempotent: bool = False, traceparent: str | None = None) -> Any:
         """Call ``name`` with ``data``; returns the provider's answer or raises RpcError.
 
         ``timeout`` (seconds) bounds the whole call; default: the node's
         response timeout. ``idempotent=True`` lets the client send the call
         again on a new connection if the one it went out on is lost.
+        ``traceparent`` (W3C trace context, e.g. from OpenTelemetry) reaches the
+        provider's handler as ``CallContext.traceparent``, through any nodes.
         """
         if self._closed:
             raise errors.ConnectionLostError(None, "the client is closed")
@@ -290,6 +292,8 @@ class Client:
         fut = loop.create_future()
         timeout_ms = None if timeout is None else (int(timeout * 1000) or 1)
         msg = [REQUEST, cid, name, data, timeout_ms]
+        if traceparent is not None:
+            msg.append({"traceparent": traceparent})
         self._deadlines.add(cid, loop.time() + (timeout or self._default_timeout) + self._grace)
         self._pending[cid] = fut
         wire = self._wire
@@ -383,7 +387,8 @@ class Client:
                     log.warning("stale_requests_refused", url=wire.url,
                                 total=self.stale_requests)
                 return
-            self._serve(wire, msg[1], msg[2], msg[3], msg[4], msg[5])
+            self._serve(wire, msg[1], msg[2], msg[3], msg[4], msg[5],
+                        msg[7] if len(msg) > 7 else None)
         elif kind == ERROR:
             ref, code, message = msg[1], msg[2], msg[3]
             if code == errors.SHUTTING_DOWN:
@@ -426,7 +431,7 @@ class Client:
     # -- serving -------------------------------------------------------------------------
 
     def _serve(self, wire: _Wire, attempt: int, name: str, data: Any, time_left_ms: int,
-               caller: str) -> None:
+               caller: str, traceparent: str | None = None) -> None:
         entry = self._handlers.get(name)
         if entry is None:  # unprovided a moment ago: let another provider have it
             wire.send([REJECT, attempt])
@@ -434,7 +439,8 @@ class Client:
         handler, is_async, wants_ctx = entry
         try:
             if wants_ctx:
-                result = handler(data, CallContext(name, attempt, caller, time_left_ms / 1000))
+                result = handler(data, CallContext(name, attempt, caller, time_left_ms / 1000,
+                                                   traceparent))
             else:
                 result = handler(data)
         except Exception as exc:

@@ -25,6 +25,7 @@ class CallContext:
     call_id: int          # the node's id for this attempt
     caller: str           # the calling client's name@session (or session id)
     time_left: float      # seconds the caller still waits, as of arrival
+    traceparent: str | None = None   # the caller's W3C trace context, when it sent one
 
 
 def describe(handler: Handler) -> tuple[Handler, bool, bool]:

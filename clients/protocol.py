@@ -14,8 +14,8 @@ Shapes (c = client, n = node, p = a client acting as provider)::
     PROVIDE   c→n  [4, ref, [name, ...]]          answered by OK or ERROR
     UNPROVIDE c→n  [5, ref, [name, ...]]          answered by OK or ERROR
     OK        n→c  [6, ref]
-    REQUEST   c→n  [16, cid, name, data, timeout_ms | nil]
-    REQUEST   n→p  [16, id, name, data, time_left_ms, caller, sent_ms]
+    REQUEST   c→n  [16, cid, name, data, timeout_ms | nil, {traceparent}?]
+    REQUEST   n→p  [16, id, name, data, time_left_ms, caller, sent_ms, traceparent?]
     ACCEPT    p→n  [17, id]
     RESPONSE  p→n  [18, id, data]        n→c [18, cid, data]
     REJECT    p→n  [19, id]
@@ -151,8 +151,8 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
     kind = msg[0]
     n = len(msg)
     if kind == REQUEST:
-        if n != 5:
-            return "REQUEST takes [16, cid, name, data, timeout_ms|nil]"
+        if n != 5 and n != 6:
+            return "REQUEST takes [16, cid, name, data, timeout_ms|nil, {meta}?]"
         if not is_id(msg[1]):
             return "REQUEST cid must be an unsigned integer"
         name = msg[2]
@@ -161,6 +161,13 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
         timeout = msg[4]
         if timeout is not None and (type(timeout) is not int or timeout <= 0):
             return "REQUEST timeout_ms must be a positive integer or nil"
+        if n == 6:
+            meta = msg[5]
+            if type(meta) is not dict:
+                return "REQUEST meta must be a map"
+            trace = meta.get("traceparent")
+            if trace is not None and (type(trace) is not str or not 0 < len(trace) <= 256):
+                return "REQUEST traceparent must be a string of 1-256 characters"
         return None
     if kind == RESPONSE:
         if n != 3 or not is_id(msg[1]):

@@ -57,9 +57,11 @@ class RemoteNode:
         self.provides: set[str] = set()
 
     def send(self, msg: list[Any]) -> None:
-        if msg[0] == REQUEST:  # [16, id, name, data, left_ms, caller, sent_ms]
-            self.link.bus.publish(self.topic, [m.INVOKE, msg[1], msg[2], msg[3], msg[4],
-                                               self.link.ack_ms, msg[5]])
+        if msg[0] == REQUEST:  # [16, id, name, data, left_ms, caller, sent_ms, trace?]
+            invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5]]
+            if len(msg) > 7:
+                invoke.append(msg[7])
+            self.link.bus.publish(self.topic, invoke)
         elif msg[0] == C_CANCEL:
             self.link.bus.publish(self.topic, [m.CANCEL, msg[1]])
         elif msg[0] == ACK_CHECK:
@@ -150,7 +152,7 @@ class ClusterLink:
         self.acked, self.refused = RecentIds(keep), RecentIds(keep)
         self._terminating: set[str] = set()
         self.stats = {"stale_invokes": 0, "nodes_dead": 0, "silent_attempts": 0,
-                      "checks_refused": 0}
+                      "checks_refused": 0, "cache_lookups": 0, "cache_misses": 0}
         self._warned: dict[str, tuple[float, int]] = {}
         self._next_beat = 0.0
         self._last_echo = 0.0
@@ -163,8 +165,10 @@ class ClusterLink:
     def targets(self, name: str, now: float, discover: bool) -> list[tuple[Any, int]] | None:
         if not self.available:
             return []
+        self.stats["cache_lookups"] += 1
         entry = self.cache.entries.get(name)
         if entry is None:
+            self.stats["cache_misses"] += 1
             if not discover:
                 return []
             publish, done = self.cache.begin_query(name, self.membership.live(), now,
@@ -207,6 +211,10 @@ class ClusterLink:
         """Announce ``ready`` or ``terminating`` now (and in every heartbeat after)."""
         self.state = state
         self._beat(asyncio.get_running_loop().time())
+
+    def joined(self, now: float) -> bool:
+        """The bus works and a first round of heartbeats has been heard."""
+        return self.available and now >= self._settled_at
 
     def stalled(self, now: float) -> None:
         """This process was stopped or starved, not the bus or the peers: nothing could
@@ -308,7 +316,8 @@ class ClusterLink:
             self._state(sender, msg, sent_at, now)
 
     def _invoke(self, origin: str, msg: list[Any], age: float, now: float) -> None:
-        _, attempt, name, data, left_ms, ack_ms, label = msg
+        _, attempt, name, data, left_ms, ack_ms, label = msg[:7]
+        trace = msg[7] if len(msg) > 7 else None
         if self.state == m.TERMINATING:  # the origin will try another node at once
             self.bus.publish(self._node(origin).topic, [m.REJECT, attempt])
             return
@@ -339,7 +348,8 @@ class ClusterLink:
                 self._warn_some("late_ack_invoke_refused", origin=origin, rpc=name)
                 self.bus.publish(node.topic, [m.REJECT, attempt])
                 return
-            self.router.request(caller, attempt, name, data, int((deadline - t) * 1000), t)
+            self.router.request(caller, attempt, name, data, int((deadline - t) * 1000), t,
+                                trace)
 
         self.starting += 1
         self.bus.publish(node.topic, [m.ACK, attempt], then=start)

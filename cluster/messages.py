@@ -8,7 +8,7 @@ A message is an array whose first element is its kind (docs/cluster.md)::
     STATE            [1, state, url, started_unix, info]     control topic
     RPC_QUERY        [10, rpc]                                control topic
     PROVIDER_UPDATE  [11, rpc, count]                         control topic
-    INVOKE           [20, id, rpc, data, time_left_ms, ack_left_ms, caller]
+    INVOKE           [20, id, rpc, data, time_left_ms, ack_left_ms, caller, traceparent?]
     ACK              [21, id]        the INVOKE arrived; the node works on it
     ACCEPTED         [22, id]        one of its providers accepted
     RESPONSE         [23, id, data]
@@ -79,14 +79,15 @@ def _well_formed(msg: Any) -> bool:
     if type(msg) is not list or not msg or type(msg[0]) is not int:
         return False
     fields = _SHAPES.get(msg[0])
-    if fields is None or len(msg) != fields + 1:
+    if fields is None or (len(msg) != fields + 1
+                          and not (msg[0] == INVOKE and len(msg) == fields + 2)):
         return False
     kind = msg[0]
     if kind >= INVOKE and (type(msg[1]) is not int or msg[1] < 0):
         return False
     if kind == INVOKE:
         return (type(msg[2]) is str and type(msg[4]) is int and type(msg[5]) is int
-                and type(msg[6]) is str)
+                and type(msg[6]) is str and (len(msg) == 7 or type(msg[7]) is str))
     if kind == ERROR:
         return type(msg[2]) is str and type(msg[3]) is str
     if kind in (RPC_QUERY, PROVIDER_UPDATE):

@@ -1,0 +1,156 @@
+"""``GET /metrics``: the node's counters in Prometheus text format (prometheus-client).
+
+Nothing is counted through prometheus-client on the hot path: the router,
+sessions, gate and cluster link keep plain counters (docs/architecture.md), and
+this collector turns a snapshot of them into metric families at scrape time.
+Names and labels are listed in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from .rpcstats import BOUNDS
+
+if TYPE_CHECKING:
+    from .node import Node
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# router counters exported one metric each: name -> help
+_ROUTER = {
+    "ack_timeouts": "Attempts given up because the provider did not accept in time.",
+    "ack_checks": "Node attempts with no ACK in time that were checked with the node.",
+    "response_timeouts": "Calls that ended RESPONSE_TIMEOUT.",
+    "retries": "Calls moved to another provider.",
+    "rejects": "REJECTs from providers or nodes.",
+    "provider_gone": "Calls that ended PROVIDER_GONE.",
+    "late": "Answers for attempts no longer pending (dropped).",
+    "foreign": "Answers from a peer the attempt was not given to (dropped).",
+    "discarded": "Outcomes for callers already gone (dropped).",
+    "cancelled": "INVOKEs cancelled by their origin node.",
+    "parked": "Calls that waited for provider discovery.",
+}
+# node I/O counters: name -> help
+_IO = {
+    "messages_in": "Client messages received.",
+    "frames_in": "Client frames received.",
+    "frames_out": "Frames sent to clients.",
+    "messages_out": "Messages sent to clients.",
+    "dropped_out": "Messages for clients dropped (connection gone, unencodable).",
+    "invalid_messages": "Malformed client messages (answered INVALID_MESSAGE).",
+    "closed_for_garbage": "Connections closed after too many invalid messages.",
+    "rate_limited": "Requests refused RATE_LIMITED.",
+    "permission_denied": "Requests refused PERMISSION_DENIED.",
+    "slow_consumers": "Connections closed for not reading.",
+    "reads_paused": "Times a connection hit its in-flight limit (backpressure).",
+    "connections": "Connections accepted.",
+}
+
+
+class _NodeCollector:
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node
+        snap = node.snapshot()
+        yield _gauge("rpcbus_up", "1 while the node serves, 0 while starting or draining.",
+                     1 if snap["state"] == "ready" else 0)
+        yield _gauge("rpcbus_connections", "Open client connections.", snap["sessions"])
+        yield _gauge("rpcbus_pending_calls", "Calls routed by this node, not yet ended.",
+                     snap["pending"])
+        providers = GaugeMetricFamily("rpcbus_providers", "Local providers per rpc.",
+                                      labels=["rpc"])
+        for rpc, count in snap["providers"].items():
+            providers.add_metric([rpc], count)
+        yield providers
+
+        calls = CounterMetricFamily("rpcbus_calls", "Calls ended, by rpc and outcome code "
+                                    "(ok or an error code), on the caller's node.",
+                                    labels=["rpc", "outcome"])
+        latency = HistogramMetricFamily("rpcbus_call_duration_seconds",
+                                        "Time from REQUEST to outcome, on the caller's node.",
+                                        labels=["rpc"])
+        for rpc, stats in list(node.router.rpc_stats.by_name.items()):
+            for code, n in list(stats.outcomes.items()):
+                calls.add_metric([rpc, code], n)
+            cumulative, buckets = 0, []
+            for bound, n in zip((*map(str, BOUNDS), "+Inf"), stats.buckets):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            latency.add_metric([rpc], buckets, stats.sum)
+        yield calls
+        yield latency
+
+        router = snap["router"]
+        for name, text in _ROUTER.items():
+            yield _counter(f"rpcbus_{name}", text, router.get(name, 0))
+        io = snap["io"]
+        for name, text in _IO.items():
+            yield _counter(f"rpcbus_{name}", text, io.get(name, 0))
+        auth = snap["auth"]
+        yield _counter("rpcbus_auth_failures", "Failed AUTH attempts.",
+                       auth.get("auth_failures", 0))
+        yield _counter("rpcbus_auth_refused_connections", "Connections refused at AUTH "
+                       "for the user's connection cap.", auth.get("connections_refused", 0))
+
+        cluster = snap["cluster"]
+        if cluster is not None:
+            yield from _cluster(cluster)
+
+
+def _cluster(cluster: dict[str, Any]) -> Iterator[Metric]:
+    bus = cluster["bus"]
+    yield _gauge("rpcbus_cluster_available", "1 while the cluster bus (Redis) works.",
+                 1 if cluster["available"] else 0)
+    yield _gauge("rpcbus_cluster_members", "Other nodes heard from.", len(cluster["members"]))
+    for what in ("messages", "batches"):
+        family = CounterMetricFamily(f"rpcbus_bus_{what}", f"Cluster bus {what} "
+                                     "(a batch is one PUBLISH).", labels=["direction"])
+        family.add_metric(["in"], bus[f"{what}_in"])
+        family.add_metric(["out"], bus[f"{what}_out"])
+        yield family
+    rejected = CounterMetricFamily("rpcbus_bus_rejected", "Cluster batches and messages "
+                                   "dropped unread, by reason.", labels=["reason"])
+    for reason, n in cluster["bus_rejected"].items():
+        rejected.add_metric([reason], n)
+    rejected.add_metric(["malformed_batch"], bus["bad_batches"])
+    rejected.add_metric(["malformed_message"], bus["bad_messages"])
+    yield rejected
+    yield _counter("rpcbus_bus_reconnects", "Cluster bus sessions lost (Redis reconnects).",
+                   bus["reconnects"])
+    yield _counter("rpcbus_bus_dropped", "Cluster messages dropped while the bus was down.",
+                   bus["dropped"])
+    yield _counter("rpcbus_provider_cache_lookups", "Provider cache lookups.",
+                   cluster["cache_lookups"])
+    yield _counter("rpcbus_provider_cache_misses", "Provider cache misses.",
+                   cluster["cache_misses"])
+    yield _counter("rpcbus_provider_queries", "Provider queries sent to the cluster.",
+                   cluster["queries_sent"])
+    yield _counter("rpcbus_stale_invokes", "INVOKEs refused unrun as too late.",
+                   cluster["stale_invokes"])
+    yield _counter("rpcbus_nodes_dead", "Nodes declared dead.", cluster["nodes_dead"])
+
+
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)
+
+
+def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, text, value=value)
+
+
+def render(node: "Node") -> bytes:
+    """The node's metrics now, in the Prometheus text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_NodeCollector(node))  # type: ignore[arg-type]
+    return generate_latest(registry)

@@ -1,0 +1,39 @@
+"""What an operator sees of a cluster: readiness follows the bus; trace context crosses
+nodes; metrics count the bus."""
+
+import asyncio
+
+import clients
+
+from ..integration.test_operations import TRACE, get, samples
+
+
+async def test_trace_context_crosses_nodes_and_bus_traffic_is_counted(make_cluster):
+    c = make_cluster(nodes=2)
+    n1, n2 = c.nodes
+    async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+        await prov.provide("ops.trace", lambda d, ctx: [ctx.traceparent, d])
+        assert await caller.call("ops.trace", 1, traceparent=TRACE, timeout=5) == [TRACE, 1]
+        assert await caller.call("ops.trace", 2, timeout=5) == [None, 2]
+    m = samples(n1)
+    assert m[("rpcbus_calls_total", frozenset({"rpc": "ops.trace", "outcome": "ok"}.items()))] \
+        == 2
+    assert m[("rpcbus_bus_messages_total", frozenset({"direction": "out"}.items()))] > 0
+    assert m[("rpcbus_cluster_available", frozenset())] == 1
+    assert ("rpcbus_calls_total", frozenset({"rpc": "ops.trace", "outcome": "ok"}.items())) \
+        not in samples(n2)                                  # counted once, where the caller is
+
+
+async def test_readyz_follows_the_cluster_bus(make_cluster):
+    c = make_cluster(nodes=2)
+    n1 = c.nodes[0]
+    assert get(n1, "/readyz") == (200, "ready\n")
+    c.redis.kill()
+    await asyncio.to_thread(n1.wait_event, "cluster_unavailable", 10.0)
+    assert get(n1, "/readyz") == (503, "cluster bus (Redis) unreachable\n")
+    assert get(n1, "/healthz")[0] == 200                    # alive: local calls still work
+    c.redis.start()
+    await asyncio.to_thread(n1.wait_event, "bus_up", 15.0, count=2)
+    async with asyncio.timeout(10):                         # a round of heartbeats, then ready
+        while get(n1, "/readyz")[0] != 200:
+            await asyncio.sleep(0.05)

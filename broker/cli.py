@@ -7,6 +7,7 @@ import asyncio
 import json
 import signal
 import sys
+import time
 from typing import Any
 
 import click
@@ -161,11 +162,15 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None) -> None:
               help="Redis of the cluster [the config's, else redis://127.0.0.1:6379/0].")
 @click.option("--namespace", default=None, help="Topic prefix [the config's: rpcbus].")
 @click.option("--listen", default=2.5, show_default=True,
-              help="Seconds to listen for heartbeats.")
+              help="Seconds to listen for heartbeats (longer than the nodes' "
+              "cluster.heartbeat_interval, or some are missed).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               default=None, help="A node's TOML file: its Redis, namespace and cluster keys.")
+@click.option("--json", "as_json", is_flag=True, help="Print the nodes as JSON.")
+@click.option("--watch", is_flag=True,
+              help="Refresh the table every --listen seconds until Ctrl-C.")
 def status(redis_url: str | None, namespace: str | None, listen: float,
-           config_file: str | None) -> None:
+           config_file: str | None, as_json: bool, watch: bool) -> None:
     """Show the live nodes and, per rpc name, which nodes provide it."""
     from cluster.seal import Sealer
     from cluster.status import collect, render
@@ -177,13 +182,30 @@ def status(redis_url: str | None, namespace: str | None, listen: float,
     redis_url = redis_url or cfg.redis_url or "redis://127.0.0.1:6379/0"
     sealer = (Sealer(cfg.seal, cfg.keys, cfg.key_id, cfg.max_skew)
               if cfg.seal != "none" else None)
+    ns = namespace or cfg.namespace
+
+    def once() -> dict[str, Any]:
+        try:
+            return asyncio.run(collect(redis_url, ns, listen, sealer))
+        except Exception as exc:  # OSError, and redis-py's errors, which do not share it
+            raise click.ClickException(f"cannot read {redis_url}: {exc}") from None
+
+    if not watch:
+        nodes = once()
+        click.echo(json.dumps(nodes, indent=2, sort_keys=True) if as_json else render(nodes))
+        return
     try:
-        nodes = asyncio.run(collect(redis_url, namespace or cfg.namespace, listen, sealer))
-    except (OSError, ConnectionError) as exc:
-        raise click.ClickException(f"cannot read {redis_url}: {exc}") from None
-    except Exception as exc:  # redis-py's errors do not share OSError
-        raise click.ClickException(f"cannot read {redis_url}: {exc}") from None
-    click.echo(render(nodes))
+        while True:  # each pass listens --listen seconds: that is the refresh interval
+            nodes = once()
+            if as_json:
+                click.echo(json.dumps(nodes, sort_keys=True), nl=True)
+            else:
+                click.clear()
+                click.echo(f"rpcbus status  {redis_url}  ({time.strftime('%H:%M:%S')}, "
+                           f"every {listen:g} s, Ctrl-C to stop)\n")
+                click.echo(render(nodes))
+    except KeyboardInterrupt:
+        pass
 
 
 @main.command("hash-password")

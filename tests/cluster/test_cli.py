@@ -1,6 +1,7 @@
 """rpcbus cluster up and rpcbus status, as a user runs them."""
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -29,10 +30,30 @@ async def test_cluster_up_status_and_a_clean_stop():
             status = await asyncio.to_thread(
                 subprocess.run, [sys.executable, "-m", "broker", "status", "--redis", redis_url,
                                  "--listen", "2.5"], capture_output=True, text=True, timeout=30)
-        assert status.returncode == 0, status.stderr
-        assert re.search(r"^n1\s+ready\s+ws://", status.stdout, re.M), status.stdout
-        assert re.search(r"^n2\s+ready\s+ws://", status.stdout, re.M), status.stdout
-        assert re.search(r"^billing\.charge\s+n1: 1$", status.stdout, re.M), status.stdout
+            assert status.returncode == 0, status.stderr
+            assert re.search(r"^n1\s+ready\s+ws://", status.stdout, re.M), status.stdout
+            assert re.search(r"^n2\s+ready\s+ws://", status.stdout, re.M), status.stdout
+            assert re.search(r"^billing\.charge\s+n1: 1$", status.stdout, re.M), status.stdout
+            as_json = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "broker", "status", "--redis", redis_url,
+                                 "--listen", "1.5", "--json"], capture_output=True, text=True,
+                timeout=30)
+            nodes = json.loads(as_json.stdout)
+            assert nodes["n1"]["providers"] == {"billing.charge": 1}
+            assert nodes["n2"]["state"] == "ready" and nodes["n2"]["url"] == urls[1]
+            watch = subprocess.Popen([sys.executable, "-m", "broker", "status", "--redis",
+                                      redis_url, "--listen", "1.2", "--watch", "--json"],
+                                     stdout=subprocess.PIPE, text=True)
+            try:
+                for _ in range(2):                       # it refreshes until stopped
+                    line = await asyncio.to_thread(watch.stdout.readline)
+                    assert set(json.loads(line)) == {"n1", "n2"}
+                watch.send_signal(signal.SIGINT)
+                assert await asyncio.to_thread(watch.wait, 10) == 0
+            finally:
+                if watch.poll() is None:
+                    watch.kill()
+                    watch.wait()
         up.send_signal(signal.SIGINT)
         rest = await asyncio.to_thread(up.communicate, timeout=30)
         assert up.returncode == 0 and "n1 exit 0, n2 exit 0" in rest[0]

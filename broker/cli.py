@@ -56,7 +56,7 @@ def node(host: str | None, port: int | None, name: str | None, redis_url: str | 
         node_ = Node(cfg)
     except config_mod.ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    logs.configure(cfg.log.level, cfg.log.format, node=node_.name)
+    logs.configure(cfg.log.level, cfg.log.format, cfg.log.levels, node=node_.name)
     loop_kind = use_uvloop(cfg.server.uvloop)
 
     async def run() -> None:
@@ -64,7 +64,7 @@ def node(host: str | None, port: int | None, name: str | None, redis_url: str | 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, node_.stop)
         import structlog
-        structlog.get_logger("rpcbus.cli").info("node_starting", loop=loop_kind,
+        structlog.get_logger(module="rpcbus.cli").info("node_starting", loop=loop_kind,
                                                  host=cfg.node.host, port=cfg.node.port)
         await node_.run()
 

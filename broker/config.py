@@ -92,6 +92,7 @@ class ClusterSection:
 class LogSection:
     level: str = "info"
     format: str = "auto"
+    levels: dict = field(default_factory=dict)   # module prefix -> level
 
 
 @dataclass
@@ -216,6 +217,10 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"node.port: must be 0-65535, got {config.node.port}")
     if config.rpc.response_timeout > config.rpc.max_timeout:
         raise ConfigError("rpc.response_timeout: must not exceed rpc.max_timeout")
+    for module, level in config.log.levels.items():
+        if level not in _CHOICES[("log", "level")]:
+            raise ConfigError(f"log.levels.{module}: must be one of "
+                              f"{', '.join(_CHOICES[('log', 'level')])}")
     if bool(config.server.tls_cert) != bool(config.server.tls_key):
         raise ConfigError("server.tls_cert and server.tls_key: set both or neither")
     from .auth import AuthConfigError, Users

@@ -27,7 +27,7 @@ from .auth import User, Users, verify_password
 from .config import Config
 from .limits import WindowLimiter
 
-log = structlog.get_logger("rpcbus.auth")
+log = structlog.get_logger(module="rpcbus.auth")
 
 MAX_LOGINS_AT_ONCE = 32
 LOGIN_CACHE_TTL = 300.0

@@ -38,7 +38,7 @@ from .gate import Gate
 from .router import Router
 from .session import Session
 
-log = structlog.get_logger("rpcbus.node")
+log = structlog.get_logger(module="rpcbus.node")
 
 STALL = 0.25       # s without a tick: the process was stopped or starved
 STALL_HOLD = 0.2   # s to read the backlog before deadlines apply again

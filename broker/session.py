@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from .limits import WindowLimiter
     from .node import Node
 
-log = structlog.get_logger("rpcbus.session")
+log = structlog.get_logger(module="rpcbus.session")
 
 
 class Session(FrameIO, ServerConnection):

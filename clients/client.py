@@ -53,7 +53,7 @@ from .transport import FrameIO
 
 __all__ = ["CallContext", "Client", "connect"]
 
-log = structlog.get_logger("rpcbus.client")
+log = structlog.get_logger(module="rpcbus.client")
 
 
 class _NotRun(Exception):

@@ -12,7 +12,7 @@ import structlog
 from . import errors
 from .protocol import ERROR, REJECT, RESPONSE
 
-log = structlog.get_logger("rpcbus.client")
+log = structlog.get_logger(module="rpcbus.client")
 
 Handler = Callable[..., Any]
 

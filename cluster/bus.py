@@ -35,7 +35,7 @@ from clients.backoff import Backoff
 from .messages import BadBatch, decode_batch, encode_batch
 from .seal import ReplayGuard, Sealer, SealError
 
-log = structlog.get_logger("rpcbus.bus")
+log = structlog.get_logger(module="rpcbus.bus")
 
 #: PUBLISH rounds written at once, each on its own pooled connection: a new round
 #: need not wait for the previous one's replies (order across rounds is not kept;

@@ -40,7 +40,7 @@ from .seal import Sealer
 if TYPE_CHECKING:
     from broker.router import Router
 
-log = structlog.get_logger("rpcbus.cluster")
+log = structlog.get_logger(module="rpcbus.cluster")
 
 
 class RemoteNode:

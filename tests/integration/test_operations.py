@@ -95,3 +95,20 @@ async def test_readyz_is_503_while_draining_and_healthz_follows(start_node):
         release.set()
         assert await call == 1
     assert await asyncio.to_thread(node.wait_exit, 20) == 0
+
+
+async def test_logs_name_node_and_module_levels_per_module_and_no_line_per_call(start_node):
+    node = start_node(RPCBUS_LOG_LEVELS='{"rpcbus": "warning", "rpcbus.node": "info"}')
+    async with clients.connect(node.url) as prov, clients.connect(node.url) as caller:
+        await prov.provide("ops.quiet", lambda d: d)
+        lines_before = len(node.lines)
+        await asyncio.gather(*(caller.call("ops.quiet", i, timeout=5) for i in range(300)))
+        assert len(node.lines) - lines_before < 5           # no line per successful call
+    await asyncio.to_thread(node.stop)
+    lines = list(node.lines)
+    assert any(x.get("event") == "node_ready" and x.get("module") == "rpcbus.node"
+               for x in lines)
+    assert any(x.get("event") == "session_closed" for x in lines)  # rpcbus.node: info
+    assert not [x for x in lines if x.get("event") == "node_starting"]  # rpcbus.cli: warning
+    structured = [x for x in lines if x.get("event") != "raw"]
+    assert structured and all(x.get("node") and x.get("module") for x in structured)

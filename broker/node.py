@@ -241,6 +241,16 @@ class Node:
             if self.ready:
                 return connection.respond(200, "ok\n")
             return connection.respond(503, "draining\n" if self.draining else "starting\n")
+        if path == "/cluster":
+            response = connection.respond(200, json.dumps(self.cluster_view()) + "\n")
+            response.headers["Content-Type"] = "application/json"
+            return response
+        if path == "/dashboard":
+            from .dashboard import PAGE
+
+            response = connection.respond(200, PAGE)
+            response.headers["Content-Type"] = "text/html; charset=utf-8"
+            return response
         if path == "/readyz":
             why = self.not_ready()
             return connection.respond(503 if why else 200, (why or "ready") + "\n")
@@ -272,10 +282,26 @@ class Node:
         return None
 
     def _heartbeat_info(self) -> dict[str, Any]:
-        """What this node tells the cluster in every heartbeat (for ``rpcbus status``)."""
+        """What this node tells the cluster in every heartbeat (``rpcbus status``, the
+        dashboard): its load and its calls so far (ended ok / ended with an error)."""
+        stats = self.router.stats
+        failed = (stats.provider_errors + stats.no_provider + stats.response_timeouts
+                  + stats.provider_gone + stats.cluster_unavailable + stats.invalid_names)
         return {"connections": len(self.sessions), "pending": self.router.pending,
                 "uptime_s": round(time.time() - self._started, 1),
-                "providers": self.router.provider_counts()}
+                "providers": self.router.provider_counts(),
+                "calls_ok": stats.ok, "calls_failed": failed}
+
+    def cluster_view(self) -> dict[str, Any]:
+        """This node and every node it hears, with their last heartbeat (``/cluster``)."""
+        nodes = {self.name: {"state": self.snapshot()["state"], "url": self.url,
+                             **self._heartbeat_info()}}
+        if self.link is not None:
+            for name, member in self.link.membership.members.items():
+                nodes[name] = {"state": member.state, "url": member.url, **member.info}
+        return {"node": self.name, "time": time.time(), "nodes": nodes,
+                "cluster": self.link is not None,
+                "bus": "up" if self.link is None or self.link.available else "down"}
 
     def snapshot(self) -> dict[str, Any]:
         """Counters for /stats and the benchmarks: outcomes, drops, frames and messages."""

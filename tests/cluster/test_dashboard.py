@@ -1,0 +1,139 @@
+"""The dashboard page in a real headless Chromium (Debian's package), driven over the
+DevTools protocol: it shows a running 2-node cluster and follows it live."""
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+from websockets.asyncio.client import connect as ws_connect
+
+import clients
+from cluster.local import free_port
+
+
+class Browser:
+    """Headless Chromium with one page, evaluated through the DevTools protocol."""
+
+    def __init__(self, exe, profile):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-extensions", "--remote-debugging-address=127.0.0.1",
+             f"--remote-debugging-port={self.port}", f"--user-data-dir={profile}",
+             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.ws = None
+        self._ids = itertools.count(1)
+
+    async def open(self):
+        async with asyncio.timeout(30):
+            while True:                                # until DevTools lists the page
+                try:
+                    pages = await asyncio.to_thread(self._json, "/json/list")
+                    page = next(p for p in pages if p.get("type") == "page")
+                    break
+                except (OSError, StopIteration, ValueError):
+                    assert self.proc.poll() is None, "chromium exited"
+                    await asyncio.sleep(0.1)
+        self.ws = await ws_connect(page["webSocketDebuggerUrl"], max_size=None)
+
+    def _json(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+            return json.load(r)
+
+    async def send(self, method, **params):
+        cid = next(self._ids)
+        await self.ws.send(json.dumps({"id": cid, "method": method, "params": params}))
+        while True:
+            msg = json.loads(await self.ws.recv())
+            if msg.get("id") == cid:
+                assert "error" not in msg, msg
+                return msg["result"]
+
+    async def value(self, expression):
+        result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True)
+        assert "exceptionDetails" not in result, result["exceptionDetails"]   # a typo, say
+        return result["result"].get("value")
+
+    async def wait_for(self, expression, timeout=15.0):
+        """Until ``expression`` is truthy in the page; returns its value."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not (value := await self.value(expression)):
+                    await asyncio.sleep(0.1)
+        except TimeoutError:
+            page = await self.value("document.body && document.body.innerText")
+            raise AssertionError(f"never true: {expression}\npage:\n{page}") from None
+        return value
+
+    async def close(self):
+        if self.ws is not None:
+            await self.ws.close()
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+async def browser(tmp_path):
+    exe = shutil.which("chromium")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: ./dev test installs it")
+        pytest.skip("chromium is not installed (./dev test installs it)")
+    b = Browser(exe, tmp_path / "profile")
+    try:
+        await b.open()
+        yield b
+    finally:
+        await b.close()
+
+
+ROWS = """Array.from(document.querySelectorAll('#nodes tbody tr'))
+          .map(r => Array.from(r.cells).map(c => c.textContent))"""
+
+
+def rpc_row(rpc):
+    return f"""(() => {{ const r = document.querySelector('#rpcs tr[data-rpc="{rpc}"]');
+              return r && Array.from(r.cells).map(c => c.textContent); }})()"""
+
+
+async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser):
+    c = make_cluster(nodes=2)
+    n1, n2 = c.nodes
+    async with clients.connect(n2.url) as p2, clients.connect(n1.url) as caller:
+        await p2.provide("dash.before", lambda d: d)
+        await browser.send("Page.navigate", url=n1.url.replace("ws://", "http://") + "/dashboard")
+        rows = await browser.wait_for(f"(() => {{ const rows = {ROWS};"
+                                      " return rows.length == 2 && rows; })()")
+        assert [r[0] for r in rows] == ["n1", "n2"] and {r[1] for r in rows} == {"ready"}
+        assert [r[2] for r in rows] == [n1.url, n2.url]
+        header = await browser.value(
+            "Array.from(document.querySelectorAll('#rpcs thead th')).map(c => c.textContent)")
+        assert header == ["rpc", "n1", "n2"]
+        assert await browser.wait_for(rpc_row("dash.before")) == ["dash.before", "", "1"]
+
+        async with clients.connect(n1.url) as p1:         # a provider joins, on n1
+            await p1.provide("dash.joined", lambda d: d)
+            assert await browser.wait_for(rpc_row("dash.joined")) == ["dash.joined", "1", ""]
+
+            stop = asyncio.Event()
+
+            async def load():
+                while not stop.is_set():
+                    await asyncio.gather(*(caller.call("dash.before", i, timeout=5)
+                                           for i in range(20)))
+
+            task = asyncio.create_task(load())
+            try:                                          # calls/s of n1 (the callers' node)
+                rate = await browser.wait_for(
+                    f"(() => {{ const r = {ROWS}.find(r => r[0] == 'n1');"
+                    " return r && parseFloat(r[6]) > 0 && r[6]; })()")
+                assert float(rate) > 0
+            finally:
+                stop.set()
+                await task
+        assert await browser.wait_for(f"!{rpc_row('dash.joined')}")   # gone when it leaves

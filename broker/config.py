@@ -69,6 +69,7 @@ class ServerSection:
     uvloop: bool = True
     tls_cert: str = ""
     tls_key: str = ""
+    per_rpc_metrics: bool = True
 
 
 @dataclass

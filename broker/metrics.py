@@ -18,7 +18,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from .rpcstats import BOUNDS
+from .rpcstats import BOUNDS, SAMPLE
 
 if TYPE_CHECKING:
     from .node import Node
@@ -78,8 +78,8 @@ class _NodeCollector:
                                     "(ok or an error code), on the caller's node.",
                                     labels=["rpc", "outcome"])
         latency = HistogramMetricFamily("rpcbus_call_duration_seconds",
-                                        "Time from REQUEST to outcome, on the caller's node.",
-                                        labels=["rpc"])
+                                        f"Time from REQUEST to outcome, on the caller's node "
+                                        f"(sampled: 1 call in {SAMPLE}).", labels=["rpc"])
         for rpc, stats in list(node.router.rpc_stats.by_name.items()):
             for code, n in list(stats.outcomes.items()):
                 calls.add_metric([rpc, code], n)

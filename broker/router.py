@@ -65,7 +65,7 @@ from clients.protocol import (
     valid_name,
 )
 
-from .rpcstats import RpcStatsTable
+from .rpcstats import SAMPLE, RpcStatsTable
 
 
 class Peer(Protocol):
@@ -152,6 +152,7 @@ class Router:
         self.prefer_local = prefer_local
         self._clock = clock                  # None: no per-rpc metrics
         self.rpc_stats = RpcStatsTable()
+        self._arrivals = 0                   # picks the calls whose latency is sampled
         self._parked: dict[str, list[Call]] = {}
         self.count_changed: Callable[[str, int], None] | None = None  # (name, local count)
         self._providers: dict[str, list[Peer]] = {}
@@ -275,7 +276,9 @@ class Router:
                 timeout = self.max_timeout
         call = Call(caller, cid, name, data, now + timeout)
         if self._clock is not None:
-            call.started = self._clock()
+            self._arrivals = arrivals = self._arrivals + 1
+            if not arrivals & (SAMPLE - 1):
+                call.started = self._clock()
         if traceparent is not None:
             call.traceparent = traceparent
         local = self._providers.get(name)
@@ -521,8 +524,13 @@ class Router:
     def _conclude(self, call: Call, msg: list[Any]) -> None:
         """The call's one outcome; the call must already be out of every table."""
         if self._clock is not None and not call.local_only:
-            self.rpc_stats.record(call.name, "ok" if msg[0] == RESPONSE else msg[2],
-                                  self._clock() - call.started)
+            stats = self.rpc_stats.by_name.get(call.name) or self.rpc_stats.get(call.name)
+            if msg[0] == RESPONSE:
+                stats.ok += 1
+            else:
+                stats.error(msg[2])
+            if call.started:
+                stats.observe(self._clock() - call.started)
         call.caller.inflight -= 1
         if call.caller.closed:
             self.stats.discarded += 1

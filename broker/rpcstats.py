@@ -1,9 +1,10 @@
 """Per-rpc outcome counts and latency histograms, recorded by the router. Pure.
 
-Recorded once per call, at its one outcome, on the node the caller is
-connected to (calls served for other nodes are counted there, not twice).
-Cost per call: one clock read, a dict lookup, a ``bisect`` over the bucket
-bounds and three increments. Names are bounded: past ``MAX_NAMES`` distinct
+Recorded at each call's one outcome, on the node the caller is connected to
+(calls served for other nodes are counted there, not twice). Outcome counts are
+exact; latency is observed for one call in ``SAMPLE`` (chosen by arrival order,
+so every rpc is sampled alike), which keeps the per-call cost to a dict lookup
+and an increment for most calls. Names are bounded: past ``MAX_NAMES`` distinct
 names (a client calling random names, say) the rest are counted under
 ``OTHER``, so memory and the metrics' label sets stay bounded.
 """
@@ -15,27 +16,42 @@ from bisect import bisect_left
 #: Latency bucket upper bounds in seconds (Prometheus ``le``); the last bucket is +Inf.
 BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
           0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+SAMPLE = 8          # latency observed for 1 call in SAMPLE (a power of two)
 MAX_NAMES = 1000
 OTHER = "_other"
 
 
 class RpcStats:
-    """One rpc name: outcomes by code ("ok" for a response) and its latency histogram."""
+    """One rpc name: calls answered, errors by code, and its sampled latency histogram."""
 
-    __slots__ = ("outcomes", "buckets", "sum", "count")
+    __slots__ = ("ok", "errors", "buckets", "sum", "count")
 
     def __init__(self) -> None:
-        self.outcomes: dict[str, int] = {}
+        self.ok = 0
+        self.errors: dict[str, int] = {}
         self.buckets = [0] * (len(BOUNDS) + 1)
         self.sum = 0.0
         self.count = 0
+
+    def error(self, code: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bisect_left(BOUNDS, seconds)] += 1
+        self.sum += seconds
+        self.count += 1
+
+    @property
+    def outcomes(self) -> dict[str, int]:
+        return {"ok": self.ok, **self.errors} if self.ok else dict(self.errors)
 
 
 class RpcStatsTable:
     def __init__(self) -> None:
         self.by_name: dict[str, RpcStats] = {}
 
-    def record(self, name: str, code: str, seconds: float) -> None:
+    def get(self, name: str) -> RpcStats:
+        """The stats of ``name`` (made on first use; OTHER's once MAX_NAMES are in use)."""
         stats = self.by_name.get(name)
         if stats is None:
             if len(self.by_name) >= MAX_NAMES:
@@ -43,8 +59,4 @@ class RpcStatsTable:
             stats = self.by_name.get(name)
             if stats is None:
                 stats = self.by_name[name] = RpcStats()
-        outcomes = stats.outcomes
-        outcomes[code] = outcomes.get(code, 0) + 1
-        stats.buckets[bisect_left(BOUNDS, seconds)] += 1
-        stats.sum += seconds
-        stats.count += 1
+        return stats

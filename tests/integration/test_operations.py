@@ -58,7 +58,7 @@ async def test_metrics_count_calls_by_rpc_and_outcome_with_latency_histograms(no
     assert value(after, "rpcbus_calls_total", rpc="ops.nobody", outcome="NO_PROVIDER") >= 1
     count = value(after, "rpcbus_call_duration_seconds_count", rpc="ops.echo")
     assert count == value(after, "rpcbus_call_duration_seconds_bucket", rpc="ops.echo",
-                          le="+Inf") >= 30
+                          le="+Inf") in (3, 4)          # 30 calls in a row, 1 in 8 sampled
     assert 0 < value(after, "rpcbus_call_duration_seconds_sum", rpc="ops.echo") < count * 5
     assert value(after, "rpcbus_up") == 1 and value(after, "rpcbus_connections") >= 0
 

@@ -123,7 +123,8 @@ class Session(FrameIO, ServerConnection):
 
     def unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
         self.dropped_out += 1
-        log.error("unencodable_message", session=self.sid, kind=msg[0], error=str(exc))
+        log.error("unencodable_message", session=self.sid, kind=msg[0], error=str(exc),
+                  call_id=msg[1] if len(msg) > 1 else None)
         if msg[0] == RESPONSE:  # the caller must still get its one outcome
             return [ERROR, msg[1], errors.PROVIDER_ERROR, "the response could not be encoded"]
         return None
@@ -231,7 +232,7 @@ class Session(FrameIO, ServerConnection):
 
     def _admit(self, ref: int, name: str, now: float) -> bool:
         """A REQUEST within the user's rate limit and permissions; else answered here."""
-        if self._limiter is not None and not self._take(ref, now):
+        if self._limiter is not None and not self._take(ref, now, name):
             return False
         if self._perms is not None and not self._perms.may_call(name):
             self.node.stats["permission_denied"] += 1
@@ -252,15 +253,15 @@ class Session(FrameIO, ServerConnection):
                 return False
         return True
 
-    def _take(self, ref: int | None, now: float) -> bool:
+    def _take(self, ref: int | None, now: float, rpc: str | None = None) -> bool:
         limiter = self._limiter
         assert limiter is not None
         if limiter.take(now):
             return True
         self.node.stats["rate_limited"] += 1
         if limiter.first_refusal_in_window():
-            log.warning("rate_limited", session=self.sid, user=self._who(),
-                        refused_total=limiter.refused)
+            log.warning("rate_limited", session=self.sid, user=self._who(), call_id=ref,
+                        rpc=rpc, refused_total=limiter.refused)
         self.send([ERROR, ref, errors.RATE_LIMITED,
                    f"over the rate limit of {self._who()}; try again after "
                    f"{max(limiter.end - now, 0):.2f} s"])

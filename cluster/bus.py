@@ -26,12 +26,12 @@ import asyncio
 import time
 from typing import Any, Callable
 
-import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
 from clients.backoff import Backoff
 
+from . import redisconn
 from .messages import BadBatch, decode_batch, encode_batch
 from .seal import ReplayGuard, Sealer, SealError
 
@@ -139,9 +139,9 @@ class Bus:
             await asyncio.sleep(delay)
 
     async def _serve_once(self) -> None:
-        pub = aioredis.Redis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0,
-                                      **self._redis_opts)
-        sub = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0, **self._redis_opts)
+        pub = redisconn.client(self.url, socket_timeout=2.0, socket_connect_timeout=2.0,
+                               **self._redis_opts)
+        sub = redisconn.client(self.url, socket_connect_timeout=2.0, **self._redis_opts)
         pubsub = sub.pubsub()
         reader: asyncio.Task[None] | None = None
         writer: asyncio.Task[None] | None = None

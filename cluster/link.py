@@ -324,7 +324,7 @@ class ClusterLink:
         if (age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0
                 or (origin, attempt) in self.refused):
             self.stats["stale_invokes"] += 1
-            self._warn_some("stale_invoke_dropped", origin=origin, rpc=name,
+            self._warn_some("stale_invoke_dropped", origin=origin, rpc=name, call_id=attempt,
                             age_ms=int(age * 1000))
             return
         node = self._node(origin)
@@ -345,7 +345,8 @@ class ClusterLink:
                 # Refuse it unrun; an origin still waiting moves it now.
                 self.invoked.pop(key, None)
                 self.stats["stale_invokes"] += 1
-                self._warn_some("late_ack_invoke_refused", origin=origin, rpc=name)
+                self._warn_some("late_ack_invoke_refused", origin=origin, rpc=name,
+                                call_id=attempt)
                 self.bus.publish(node.topic, [m.REJECT, attempt])
                 return
             self.router.request(caller, attempt, name, data, int((deadline - t) * 1000), t,

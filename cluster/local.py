@@ -25,6 +25,50 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class RedisSentinel:
+    """A ``redis-server --sentinel`` on a free loopback port watching one master."""
+
+    def __init__(self, master_port: int, name: str = "rpcbus", directory: str = "/tmp") -> None:
+        self.port = free_port()
+        self.name = name
+        self.config = os.path.join(directory, f"sentinel-{self.port}.conf")
+        with open(self.config, "w") as f:  # sentinel rewrites its config file: its own copy
+            f.write(f"port {self.port}\nbind 127.0.0.1\n"
+                    f"sentinel monitor {name} 127.0.0.1 {master_port} 1\n"
+                    f"sentinel down-after-milliseconds {name} 500\n"   # quick, for tests
+                    f"sentinel failover-timeout {name} 2000\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 10.0) -> "RedisSentinel":
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed (./dev setup installs it)")
+        self.proc = subprocess.Popen([exe, self.config, "--sentinel"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for_port(self.proc, self.port, timeout)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(5)
+
+
+def _wait_for_port(proc: subprocess.Popen[bytes], port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # a child process: nothing to await but its port
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16)[:1] in (b"+", b"-"):  # PONG, or NOAUTH with ACL users
+                    return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"redis-server did not answer on port {port}")
+
+
 class RedisServer:
     def __init__(self, port: int | None = None, args: list[str] | None = None) -> None:
         self.port = port or free_port()
@@ -44,18 +88,8 @@ class RedisServer:
              "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning",
              *self.args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:  # a child process: nothing to await but its port
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16)[:1] in (b"+", b"-"):  # PONG, or NOAUTH with ACL users
-                        return self
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+        _wait_for_port(self.proc, self.port, timeout)
+        return self
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

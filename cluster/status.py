@@ -6,9 +6,9 @@ import asyncio
 import time
 from typing import Any
 
-import redis.asyncio as aioredis
 
 from . import messages as m
+from . import redisconn
 from .seal import Sealer, SealError
 
 
@@ -18,7 +18,7 @@ async def collect(url: str, namespace: str, listen_s: float,
 
     With a ``sealer`` (a sealed cluster) only batches that open with its keys count.
     """
-    client = aioredis.Redis.from_url(url, socket_connect_timeout=3.0)
+    client = redisconn.client(url, socket_connect_timeout=3.0)
     pubsub = client.pubsub()
     nodes: dict[str, dict[str, Any]] = {}
     try:

@@ -1,8 +1,11 @@
-"""A sealed cluster bus: a process with Redis access but without the key cannot get a node
-to run an RPC, divert calls, or change what the nodes think of each other."""
+"""The cluster bus's security and reach: a process with Redis access but without the key
+cannot get a node to run an RPC, divert calls, or change what the nodes think of each
+other; keys rotate; Redis ACL credentials and Sentinel work through the URL."""
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -12,7 +15,7 @@ import redis.asyncio as aioredis
 import clients
 from broker.process import NodeProcess
 from cluster import messages as m
-from cluster.local import LocalCluster, RedisServer
+from cluster.local import LocalCluster, RedisSentinel, RedisServer
 from cluster.seal import Sealer, new_key
 
 from .conftest import FAST, stats
@@ -137,3 +140,44 @@ async def test_redis_acl_credentials_pass_through_from_the_url():
         if cluster is not None:
             cluster.stop()
         redis.stop()
+
+
+async def test_nodes_find_the_master_through_sentinel(tmp_path):
+    """redis+sentinel://: the nodes ask a Sentinel for the master and route through it;
+    when the master dies, the Sentinel promotes the replica and the nodes follow."""
+    master = RedisServer().start()
+    replica = RedisServer(args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    sentinel = RedisSentinel(master.port, directory=str(tmp_path)).start()
+    url = f"redis+sentinel://127.0.0.1:{sentinel.port}/rpcbus"
+    cluster = None
+    try:
+        cluster = LocalCluster(nodes=2, redis_url=url, env=FAST).start()
+        n1, n2 = cluster.nodes
+        async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+            await prov.provide("work", lambda d: d)
+            assert await caller.call("work", "via sentinel", timeout=5) == "via sentinel"
+        status = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "broker", "status", "--redis", url,
+                             "--json", "--listen", "1.0"], capture_output=True, text=True,
+            timeout=30)
+        assert set(json.loads(status.stdout)) == {"n1", "n2"}, status.stderr
+
+        master.kill()                                   # failover: the replica takes over
+        await asyncio.to_thread(n1.wait_event, "cluster_unavailable", 10.0)
+        async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+            await prov.provide("work", lambda d: d)
+            async with asyncio.timeout(30):             # detection 0.5 s, promotion, backoff
+                while True:
+                    try:
+                        if await caller.call("work", "after", timeout=2) == "after":
+                            break
+                    except (clients.ClusterUnavailableError, clients.NoProviderError,
+                            clients.ResponseTimeoutError):
+                        await asyncio.sleep(0.2)
+        assert n1.events("bus_up")[-1]["url"].startswith("redis+sentinel://")
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        sentinel.stop()
+        replica.stop()
+        master.stop()

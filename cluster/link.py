@@ -75,13 +75,37 @@ class RemoteCaller:
     closed = False  # publishing to a node that left is harmless
     provides: set[str] = set()
 
-    __slots__ = ("link", "origin", "topic", "id", "label", "inflight")
+    __slots__ = ("link", "origin", "topic", "id", "label", "inflight", "invoke", "late_at")
 
     def __init__(self, link: "ClusterLink", origin: "RemoteNode", attempt: int,
-                 label: str) -> None:
+                 label: str, invoke: list[Any], late_at: float) -> None:
         self.link, self.origin, self.topic = link, origin.name, origin.topic
         self.id, self.label = attempt, label
         self.inflight = 0
+        self.invoke = invoke      # the INVOKE, until it starts
+        self.late_at = late_at    # starting after this, the origin may have moved it on
+
+    def start(self) -> None:
+        """Redis has taken the ACK (the origin will not move the attempt now): run it."""
+        link = self.link
+        link.starting -= 1
+        key = (self.origin, self.id)
+        if link.invoked.get(key) is not self:  # cancelled meanwhile
+            return
+        msg, self.invoke = self.invoke, None
+        t = link.loop.time()
+        if t > self.late_at:
+            # This process stalled before Redis took the ACK (a SIGSTOP, a starved
+            # machine): the origin may have given the attempt up and moved the call on.
+            # Refuse it unrun; an origin still waiting moves it now.
+            del link.invoked[key]
+            link.stats["stale_invokes"] += 1
+            link._warn_some("late_ack_invoke_refused", origin=self.origin, rpc=msg[2],
+                            call_id=self.id)
+            link.bus.publish(self.topic, [m.REJECT, self.id])
+            return
+        link.router.request(self, self.id, msg[2], msg[3], int((msg[4] - t) * 1000), t,
+                            msg[7] if len(msg) > 7 else None)
 
     def send(self, msg: list[Any]) -> None:
         kind = msg[0]
@@ -207,6 +231,7 @@ class ClusterLink:
     # -- life ----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        self.loop = asyncio.get_running_loop()
         await self.bus.run()
 
     def set_state(self, state: str) -> None:
@@ -318,44 +343,23 @@ class ClusterLink:
             self._state(sender, msg, sent_at, now)
 
     def _invoke(self, origin: str, msg: list[Any], age: float, now: float) -> None:
-        _, attempt, name, data, left_ms, ack_ms, label = msg[:7]
-        trace = msg[7] if len(msg) > 7 else None
+        attempt, left_ms, ack_ms = msg[1], msg[4], msg[5]
         if self.state == m.TERMINATING:  # the origin will try another node at once
             self.bus.publish(self._node(origin).topic, [m.REJECT, attempt])
             return
-        if (age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0
-                or (origin, attempt) in self.refused):
+        key = (origin, attempt)
+        if age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0 or key in self.refused:
             self.stats["stale_invokes"] += 1
-            self._warn_some("stale_invoke_dropped", origin=origin, rpc=name, call_id=attempt,
-                            age_ms=int(age * 1000))
+            self._warn_some("stale_invoke_dropped", origin=origin, rpc=msg[2],
+                            call_id=attempt, age_ms=int(age * 1000))
             return
         node = self._node(origin)
-        caller = RemoteCaller(self, node, attempt, label)
-        key = (origin, attempt)
+        msg[4] = now + left_ms / 1000 - age   # from here on: the call's deadline
+        caller = RemoteCaller(self, node, attempt, msg[6], msg, now + ack_ms / 2000 - age)
         self.invoked[key] = caller
         self.acked.add(key)
-        deadline = now + left_ms / 1000 - age
-
-        def start() -> None:  # once Redis has the ACK: the origin will not re-route it now
-            self.starting -= 1
-            if self.invoked.get(key) is not caller:  # cancelled meanwhile
-                return
-            t = asyncio.get_running_loop().time()
-            if (age + t - now) * 1000 > ack_ms / 2:
-                # This process stalled before Redis took the ACK (a SIGSTOP, a starved
-                # machine): the origin may have given the attempt up and moved the call on.
-                # Refuse it unrun; an origin still waiting moves it now.
-                self.invoked.pop(key, None)
-                self.stats["stale_invokes"] += 1
-                self._warn_some("late_ack_invoke_refused", origin=origin, rpc=name,
-                                call_id=attempt)
-                self.bus.publish(node.topic, [m.REJECT, attempt])
-                return
-            self.router.request(caller, attempt, name, data, int((deadline - t) * 1000), t,
-                                trace)
-
         self.starting += 1
-        self.bus.publish(node.topic, [m.ACK, attempt], then=start)
+        self.bus.publish(node.topic, [m.ACK, attempt], then=caller.start)
 
     def _state(self, sender: str, msg: list[Any], sent_at: float, now: float) -> None:
         _, state, url, started, info = msg

@@ -27,8 +27,8 @@ from broker.process import NodeProcess
 from cluster.local import LocalCluster
 
 
-def _spawn(role: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.workers", role, *args],
+def _spawn(role: str, *args: str, module: str = "benchmarks.workers") -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", module, role, *args],
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
 
 
@@ -44,37 +44,44 @@ def _stats(url: str) -> dict[str, Any]:
         return json.load(r)
 
 
-def _percentile(sorted_values: list[int], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return float(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))])
+def _histogram(latencies_us: list[int]) -> Any:
+    """An HDR histogram (1 µs to 10 min, 3 significant digits) of the latencies."""
+    from hdrh.histogram import HdrHistogram
+
+    hist = HdrHistogram(1, 600_000_000, 3)
+    for value in latencies_us:
+        hist.record_value(max(1, value))
+    return hist
 
 
 def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
-                stats_urls: list[str] = (), redis_cpu: Any = None) -> dict[str, Any]:
-    """Run the callers (round-robin over ``urls``); sample CPU and /stats over the window."""
+                stats_urls: list[str] = (), redis_cpu: Any = None,
+                role: str = "caller", module: str = "benchmarks.workers") -> dict[str, Any]:
+    """Run the callers (round-robin over ``urls``); sample CPU and /stats over the window.
+
+    ``role``/``module``: another caller with the same flags and output (benchmarks/peers.py).
+    """
     per_caller = max(1, args.max_calls // args.callers)
     start_at = time.time() + 1.5 + args.callers * args.conns * 0.004
-    callers = [_spawn("caller", "--url", urls[i % len(urls)], "--conns", str(args.conns),
+    callers = [_spawn(role, "--url", urls[i % len(urls)], "--conns", str(args.conns),
                       "--inflight", str(args.inflight), "--payload", str(args.payload),
                       "--duration", str(args.duration), "--warmup", str(args.warmup),
                       "--max-calls", str(per_caller), "--start-at", str(start_at),
-                      "--rpc", args.rpc)
+                      "--rpc", args.rpc, module=module)
                for i in range(args.callers)]
     time.sleep(max(0.0, start_at + args.warmup - time.time()))
-    cpu0 = cpu_of() if cpu_of else None
+    cpu0 = cpu_of() if cpu_of else None      # per process
     rcpu0 = redis_cpu() if redis_cpu else None
     s0 = [_stats(u) for u in stats_urls]
-    t0 = time.perf_counter()
-    _progress(args.duration)
-    time.sleep(max(0.0, args.duration - (time.perf_counter() - t0)))
+    series = _measure(args.duration, stats_urls, s0)
     cpu1 = cpu_of() if cpu_of else None
     rcpu1 = redis_cpu() if redis_cpu else None
     s1 = [_stats(u) for u in stats_urls]
     results = [json.loads(c.communicate(timeout=args.duration + 60)[0].strip().splitlines()[-1])
                for c in callers]
     measured = sum(r["measured"] for r in results)
-    latencies = sorted(v for r in results for v in r["latencies_us"])
+    latencies = [v for r in results for v in r["latencies_us"]]
+    hist = _histogram(latencies)
     errors: dict[str, int] = {}
     for r in results:
         for code, n in r["errors"].items():
@@ -91,15 +98,21 @@ def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
         "calls_total": sum(r["total"] for r in results),
         "unanswered": sum(r["unanswered"] for r in results),
         "errors": errors,
-        "p50_us": _percentile(latencies, 0.50),
-        "p99_us": _percentile(latencies, 0.99),
-        "max_us": float(latencies[-1]) if latencies else float("nan"),
+        "p50_us": float(hist.get_value_at_percentile(50)),
+        "p90_us": float(hist.get_value_at_percentile(90)),
+        "p99_us": float(hist.get_value_at_percentile(99)),
+        "p999_us": float(hist.get_value_at_percentile(99.9)),
+        "max_us": float(hist.get_max_value()),
+        "throughput_series": series,       # [seconds into the window, calls/s]
+        "_histogram": hist,                # for plots; not written to JSON
     }
     if cpu0 is not None and measured:
-        out["node_cpu_us_per_call"] = (cpu1 - cpu0) * 1e6 / measured  # all nodes together
-        out["node_cpu_share"] = (cpu1 - cpu0) / args.duration
+        used = [b - a for a, b in zip(cpu0, cpu1)]
+        out["node_cpu_us_per_call"] = sum(used) * 1e6 / measured  # all nodes together
+        out["node_cpu_share"] = sum(used) / args.duration
+        out["cpu_us_per_call_by_node"] = [u * 1e6 / measured for u in used]
     if rcpu0 is not None and measured:
-        out["redis_cpu_us_per_call"] = (rcpu1 - rcpu0) * 1e6 / measured
+        out["redis_cpu_us_per_call"] = sum(rcpu1) * 1e6 / measured - sum(rcpu0) * 1e6 / measured
     if s0:
         def delta(section: str, key: str) -> float:
             return sum(((b.get(section) or {}).get(key, 0) - (a.get(section) or {}).get(key, 0))
@@ -119,14 +132,49 @@ def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
     return out
 
 
-def _progress(duration: float) -> None:
-    print(f"  measuring for {duration:.0f} s ...", file=sys.stderr, flush=True)
+def _ended(stats: dict[str, Any]) -> int:
+    """Calls a node has ended so far (answered or failed), from its /stats."""
+    r = stats["router"]
+    return (r["ok"] + r["provider_errors"] + r["no_provider"] + r["response_timeouts"]
+            + r["provider_gone"] + r["cluster_unavailable"])
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__,
+def _measure(duration: float, stats_urls: list[str] | tuple[()],
+             first: list[dict[str, Any]]) -> list[list[float]]:
+    """Wait out the window with a progress bar on stderr; with node URLs, sample the calls
+    the nodes ended twice a second for the bar's current rate and the throughput series.
+    (Each call is ended by one node: summing over nodes counts it once per node that
+    routed it, so the series is "routed calls/s", the same as calls/s on one node.)"""
+    series: list[list[float]] = []
+    t0 = time.perf_counter()
+    last_t, last_n = t0, sum(_ended(s) for s in first) if first else 0
+    width = 30
+    while (elapsed := time.perf_counter() - t0) < duration:
+        time.sleep(min(0.5, duration - elapsed))
+        now = time.perf_counter()
+        rate_text = ""
+        if stats_urls:
+            try:
+                n = sum(_ended(_stats(u)) for u in stats_urls)
+            except OSError:
+                n = last_n
+            rate = (n - last_n) / (now - last_t) if now > last_t else 0.0
+            series.append([round(now - t0, 3), rate])
+            last_t, last_n = now, n
+            rate_text = f"  {rate:>10,.0f} calls/s"
+        done = min(1.0, (now - t0) / duration)
+        bar = "#" * int(done * width) + "." * (width - int(done * width))
+        print(f"\r  [{bar}] {now - t0:5.1f}/{duration:.0f} s{rate_text}", end="",
+              file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return series
+
+
+def parser(prog: str = "python -m benchmarks.load") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", help="an existing node (default: start one)")
+    ap.add_argument("--url", help="existing node(s), comma-separated (default: start them); "
+                    "no CPU figures then")
     ap.add_argument("--providers", type=int, default=1, help="provider processes")
     ap.add_argument("--callers", type=int, default=4, help="caller processes")
     ap.add_argument("--conns", type=int, default=1, help="connections per caller process")
@@ -145,7 +193,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="with --nodes > 1: how the cluster bus is sealed (a fresh key)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the direct echo baseline")
     ap.add_argument("--out", help="write the JSON result here too")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    result = run(parser().parse_args(argv))
+    print(_summary(result))
+    if result["args"].get("out"):
+        with open(result["args"]["out"], "w") as f:
+            json.dump(jsonable(result), f, indent=2)
+    return result
+
+
+def jsonable(result: dict[str, Any]) -> dict[str, Any]:
+    """The result without what JSON cannot hold (the histograms)."""
+    return {k: (jsonable(v) if isinstance(v, dict) else v)
+            for k, v in result.items() if not k.startswith("_")}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One benchmark run as ``args`` say; returns the figures (see ``_summary``)."""
     shape = (f"{args.nodes} node(s) {args.layout if args.nodes > 1 else ''}; "
              f"{args.providers} provider(s), {args.callers} caller process(es) x {args.conns} "
              f"conn(s) x {args.inflight} in flight = {args.callers * args.conns * args.inflight}; "
@@ -168,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     providers: list[subprocess.Popen[str]] = []
     try:
         if args.url is not None:
-            node_urls = [args.url]
+            node_urls = args.url.split(",")
         elif args.nodes == 1:
             nodes = [NodeProcess().start()]
             node_urls = [nodes[0].url]
@@ -189,6 +256,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["rpcbus"] = run_callers(
             caller_urls, args, cpu_of=_cpu_reader([n.pid for n in nodes]) if nodes else None,
             stats_urls=node_urls, redis_cpu=_cpu_reader([redis_pid]) if redis_pid else None)
+        result["rpcbus"]["nodes"] = [n.name or n.url for n in nodes] or node_urls
+        if nodes:
+            import psutil
+
+            result["rpcbus"]["rss_mb_by_node"] = [
+                round(psutil.Process(n.pid).memory_info().rss / 2**20, 1) for n in nodes]
     finally:
         for prov in providers:
             prov.kill()
@@ -202,10 +275,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         base = result["baseline"]
         result["ratio_calls_per_s"] = result["rpcbus"]["calls_per_s"] / base["calls_per_s"]
         result["ratio_p99"] = result["rpcbus"]["p99_us"] / base["p99_us"]
-    print(_summary(result))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
     return result
 
 
@@ -219,13 +288,13 @@ def _seal_env(mode: str) -> dict[str, str]:
 
 
 def _cpu_reader(pids: list[int]) -> Any:
-    """A function giving the user + system CPU seconds of these processes together."""
+    """A function giving the user + system CPU seconds of each of these processes."""
     import psutil
 
     procs = [psutil.Process(pid) for pid in pids]
 
-    def read() -> float:
-        return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+    def read() -> list[float]:
+        return [t.user + t.system for t in (p.cpu_times() for p in procs)]
 
     return read
 

@@ -208,6 +208,15 @@ def status(redis_url: str | None, namespace: str | None, listen: float,
         pass
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args: tuple[str, ...]) -> None:
+    """Load benchmark: rpcbus bench {local,cross,cluster} [options] (rpcbus bench --help)."""
+    from benchmarks.bench import main as bench_main
+
+    bench_main(list(args))
+
+
 @main.command("hash-password")
 @click.option("--stdin", "from_stdin", is_flag=True,
               help="Read the password from the first line of stdin instead of a prompt.")

@@ -1,6 +1,7 @@
 """The load benchmark still runs end to end (a tiny run; real runs are manual)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -30,3 +31,26 @@ def test_soak_smoke(tmp_path):
     assert len(result["samples"]) >= 2
     assert all(s["calls"] > 0 and not s["errors"] for s in result["samples"])
     assert (tmp_path / "soak.png").stat().st_size > 1000
+
+
+def test_rpcbus_bench_writes_its_report_and_compares_with_redis_and_nats(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "broker", "bench", "cross", "--smoke", "--compare",
+         "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    r = result["rpcbus"]
+    assert result["scenario"] == "cross" and r["calls_measured"] > 0 and r["errors"] == {}
+    assert r["p50_us"] <= r["p90_us"] <= r["p99_us"] <= r["p999_us"] <= r["max_us"]
+    assert len(r["cpu_us_per_call_by_node"]) == 2 and r["redis_cpu_us_per_call"] > 0
+    assert r["throughput_series"] and r["msgs_per_publish"] >= 1
+    assert "| rpcbus |" in (tmp_path / "summary.md").read_text()
+    for png in ("latency.png", "throughput.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    redis, nats = result["redis"], result["nats"]
+    assert redis["calls_measured"] > 0 and redis["errors"] == {} and redis["unanswered"] == 0
+    assert redis["rpcbus_ratio_calls_per_s"] > 0 and "rpcbus ÷ raw Redis" in run.stdout
+    if "skipped" in nats:                     # ./dev test installs nats-server; CI must have it
+        assert not os.environ.get("CI"), nats
+    else:
+        assert nats["calls_measured"] > 0 and nats["errors"] == {}

@@ -1,0 +1,211 @@
+"""``rpcbus bench SCENARIO``: a load benchmark that starts what it needs and writes a report.
+
+Scenarios (benchmarks/load.py does the running):
+
+- ``local``: one node; providers and callers on it.
+- ``cross``: two nodes; providers on n1, callers on n2 (every call crosses Redis).
+- ``cluster``: ``--nodes`` nodes (default 3); providers and callers spread over all.
+
+Everything runs in its own process (nodes, an embedded redis-server, provider
+and caller processes), on loopback, and stops by itself (``--duration`` and
+``--max-calls``); ``--url`` aims at running nodes instead. Each run writes to
+``--out`` (default ``bench-results/SCENARIO-YYYYmmdd-HHMMSS``):
+
+- ``result.json``: calls/s; latency p50/p90/p99/p99.9/max (HDR histogram);
+  errors by code; node CPU µs per call (all nodes, and each), Redis CPU µs per
+  call; messages per frame and per PUBLISH; node memory (RSS); the throughput
+  series; the same for the baseline (a direct echo server on the same I/O
+  stack, same callers and shape) and ``rpcbus ÷ direct``;
+- ``latency.png`` (latency by percentile, log scale) and ``throughput.png``
+  (calls/s over the measured window);
+- ``summary.md``: a Markdown table of the above.
+
+``--smoke`` is a tiny run for the test suite; real runs are manual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from . import load
+
+NAMES = {"baseline": "direct echo", "rpcbus": "rpcbus", "redis": "raw Redis req/reply",
+         "nats": "NATS req/reply"}
+SCENARIOS = {
+    "local": {"nodes": 1, "layout": "cross"},
+    "cross": {"nodes": 2, "layout": "cross"},
+    "cluster": {"nodes": 3, "layout": "spread"},
+}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = load.parser("rpcbus bench")
+    ap.description = __doc__
+    ap.add_argument("scenario", choices=sorted(SCENARIOS), nargs="?", default="local")
+    ap.add_argument("--smoke", action="store_true", help="a tiny run (the test suite's)")
+    ap.add_argument("--out-dir", default=None, help="where the report goes")
+    ap.add_argument("--compare", action="store_true",
+                    help="also run raw Redis pub/sub and NATS request/reply (nats-py) with "
+                    "the same callers, payload and calls in flight")
+    ap.set_defaults(nodes=None, layout=None)
+    args = ap.parse_args(argv)
+    preset = SCENARIOS[args.scenario]
+    if args.nodes is None:
+        args.nodes = preset["nodes"]
+    args.layout = args.layout or preset["layout"]
+    if args.scenario == "cluster" and args.providers < args.nodes:
+        args.providers = args.nodes
+    if args.smoke:
+        args.duration, args.warmup, args.callers, args.inflight = 0.6, 0.2, 1, 20
+    out_dir = args.out_dir or os.path.join(
+        "bench-results", f"{args.scenario}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(out_dir, exist_ok=True)
+
+    result = load.run(args)
+    result["scenario"] = args.scenario
+    if args.compare:
+        for kind in ("redis", "nats"):
+            result[kind] = compare(kind, args)
+            peer = result[kind]
+            if "calls_per_s" in peer:
+                peer["rpcbus_ratio_calls_per_s"] = (result["rpcbus"]["calls_per_s"]
+                                                    / peer["calls_per_s"])
+                peer["rpcbus_ratio_p99"] = result["rpcbus"]["p99_us"] / peer["p99_us"]
+    print(load._summary(result))
+    for kind in ("redis", "nats"):
+        peer = result.get(kind)
+        if peer is not None:
+            print(f"rpcbus ÷ {NAMES[kind]}: " + (
+                f"throughput {peer['rpcbus_ratio_calls_per_s']:.2f}, p99 "
+                f"{peer['rpcbus_ratio_p99']:.2f}  ({peer['calls_per_s']:,.0f} calls/s, p99 "
+                f"{peer['p99_us']:,.0f} µs)" if "skipped" not in peer
+                else f"skipped ({peer['skipped']})"))
+    with open(os.path.join(out_dir, "result.json"), "w") as f:
+        json.dump(load.jsonable(result), f, indent=2)
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write(markdown(result))
+    plot(result, out_dir)
+    print(f"report: {out_dir}/ (result.json, summary.md, latency.png, throughput.png)")
+    return result
+
+
+def compare(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One peer run (benchmarks/peers.py): its figures, or why it was skipped."""
+    from .peers import Peer
+
+    label = {"redis": "raw Redis pub/sub request/reply",
+             "nats": "NATS request/reply (nats-py)"}[kind]
+    print(f"peer: {label} ...", file=sys.stderr)
+    try:
+        peer = Peer(kind, responders=args.providers)
+    except (RuntimeError, OSError) as exc:
+        print(f"  skipped: {exc}", file=sys.stderr)
+        return {"skipped": str(exc)}
+    try:
+        out = load.run_callers([peer.url], args, cpu_of=load._cpu_reader([peer.pid]),
+                               role=f"{kind}-caller", module="benchmarks.peers")
+        out["broker_cpu_us_per_call"] = out.pop("node_cpu_us_per_call", None)
+        out.pop("cpu_us_per_call_by_node", None)
+        return out
+    finally:
+        peer.stop()
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = [f"# rpcbus bench {result['scenario']}", "", f"Shape: {result['shape']}", "",
+            "| run | calls/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | node CPU µs/call "
+            "| Redis CPU µs/call | msgs/frame in/out | msgs/PUBLISH | node RSS MB | errors |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
+    for key in ("baseline", "rpcbus", "redis", "nats"):
+        r = result.get(key)
+        if r is None or "skipped" in r:
+            continue
+        frames = (f"{r['msgs_per_frame_in']:.1f} / {r['msgs_per_frame_out']:.1f}"
+                  if "msgs_per_frame_in" in r else "–")
+        rows.append(
+            f"| {NAMES[key]} | {r['calls_per_s']:,.0f} "
+            f"| {r['p50_us']:,.0f} | {r['p90_us']:,.0f} | {r['p99_us']:,.0f} "
+            f"| {r['p999_us']:,.0f} | {r['max_us']:,.0f} "
+            f"| {_num(r.get('node_cpu_us_per_call', r.get('broker_cpu_us_per_call')))} "
+            f"| {_num(r.get('redis_cpu_us_per_call'))} "
+            f"| {frames} | {_num(r.get('msgs_per_publish'), 1)} "
+            f"| {', '.join(map(str, r.get('rss_mb_by_node', []))) or '–'} "
+            f"| {', '.join(f'{c} {n}' for c, n in r['errors'].items()) or 'none'} |")
+    if "ratio_calls_per_s" in result:
+        rows += ["", f"rpcbus ÷ direct echo: throughput **{result['ratio_calls_per_s']:.2f}**, "
+                 f"p99 latency **{result['ratio_p99']:.2f}** (measured in the same run)."]
+    for kind in ("redis", "nats"):
+        peer = result.get(kind)
+        if peer is None:
+            continue
+        if "skipped" in peer:
+            rows += ["", f"{NAMES[kind]}: skipped ({peer['skipped']})."]
+        else:
+            rows += ["", f"rpcbus ÷ {NAMES[kind]}: throughput "
+                     f"**{peer['rpcbus_ratio_calls_per_s']:.2f}**, p99 latency "
+                     f"**{peer['rpcbus_ratio_p99']:.2f}**."]
+    rows += ["", "For peers, \"node CPU\" is the broker's: redis-server or nats-server."]
+    by_node = result.get("rpcbus", {}).get("cpu_us_per_call_by_node")
+    if by_node:
+        names = result["rpcbus"].get("nodes", [])
+        rows += ["", "Node CPU µs per call, each: " + ", ".join(
+            f"{n} {v:.1f}" for n, v in zip(names, by_node))]
+    return "\n".join(rows) + "\n"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def plot(result: dict[str, Any], out_dir: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    qs = [50, 75, 90, 95, 99, 99.5, 99.9, 99.95, 99.99]
+    at = [1 / (1 - q / 100) for q in qs]      # "number of nines" spacing
+    for key, label in NAMES.items():
+        r = result.get(key)
+        if r is None or "_histogram" not in r:
+            continue
+        hist = r["_histogram"]
+        ax.plot(at, [hist.get_value_at_percentile(q) / 1000 for q in qs], marker="o",
+                label=label)
+    ax.set_xticks(at, [f"{q:g}" for q in qs])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.set_xlabel("percentile")
+    ax.set_ylabel("latency, ms")
+    ax.set_title(f"latency by percentile — {result['scenario']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "latency.png"), dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    series = result.get("rpcbus", {}).get("throughput_series") or []
+    ax.plot([t for t, _ in series], [v for _, v in series], marker=".")
+    ax.set_xlabel("seconds into the measured window")
+    ax.set_ylabel("calls/s (sampled from the nodes)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"throughput — {result['scenario']}")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "throughput.png"), dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -183,7 +183,9 @@ def parser(prog: str = "python -m benchmarks.load") -> argparse.ArgumentParser:
     ap.add_argument("--duration", type=float, default=5.0, help="measured seconds")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
     ap.add_argument("--max-calls", type=int, default=5_000_000, help="hard cap on calls")
-    ap.add_argument("--rpc", default="bench.echo")
+    ap.add_argument("--rpc", default="bench.echo",
+                    help="rpc name(s), comma-separated: every provider provides all, callers "
+                    "call them in turn")
     ap.add_argument("--nodes", type=int, default=1, help="nodes (more than 1: a cluster on "
                     "an embedded redis-server)")
     ap.add_argument("--layout", choices=["cross", "spread"], default="cross",

@@ -42,7 +42,7 @@ class CallerRun:
 
     def __init__(self, rpc: str, payload: bytes, start: float, end: float, cap: int,
                  sample_every: int) -> None:
-        self.rpc, self.payload = rpc, payload
+        self.rpcs, self.payload = rpc.split(","), payload   # names, called in turn
         self.start, self.end, self.cap = start, end, cap
         self.sample_every = sample_every
         self.sent_at: dict[int, float] = {}
@@ -61,7 +61,9 @@ class CallerRun:
             return
         self.next_id += 1
         self.sent_at[self.next_id] = now
-        wire.send([p.REQUEST, self.next_id, self.rpc, self.payload, 10_000])
+        rpcs = self.rpcs
+        wire.send([p.REQUEST, self.next_id, rpcs[self.next_id % len(rpcs)] if len(rpcs) > 1
+                   else rpcs[0], self.payload, 10_000])
 
     def on_frame(self, wire: _CallerWire, data: bytes) -> None:
         now = time.perf_counter()
@@ -140,7 +142,8 @@ async def run_provider(args: argparse.Namespace) -> None:
 
     async with clients.connect(args.url.split(","), name="bench-provider",
                                ping_interval=None) as c:
-        await c.provide(args.rpc, handler)
+        for name in args.rpc.split(","):
+            await c.provide(name, handler)
         print(json.dumps({"ready": True}), flush=True)
         await asyncio.Event().wait()  # until killed
 
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.workers")
     ap.add_argument("role", choices=["caller", "provider", "echo"])
     ap.add_argument("--url", default="")
-    ap.add_argument("--rpc", default="bench.echo")
+    ap.add_argument("--rpc", default="bench.echo", help="rpc name(s), comma-separated")
     ap.add_argument("--conns", type=int, default=1)
     ap.add_argument("--inflight", type=int, default=50)
     ap.add_argument("--payload", type=int, default=16)

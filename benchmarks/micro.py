@@ -19,10 +19,13 @@ from clients.protocol import REQUEST, check_from_client, decode, encode
 
 
 class _Peer:
-    __slots__ = ("label", "closed", "inflight", "provides", "out", "is_node")
+    __slots__ = ("label", "closed", "inflight", "provides", "out", "is_node", "provider_name",
+                 "hrows")
 
     def __init__(self, label: str) -> None:
         self.label, self.closed, self.inflight, self.is_node = label, False, 0, False
+        self.provider_name = label
+        self.hrows: dict[Any, Any] = {}
         self.provides: set[str] = set()
         self.out: list[list[Any]] = []
 
@@ -37,8 +40,13 @@ def _per_op(fn: Any, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def bench_router(n: int) -> None:
-    r = Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0, now=0.0)
+def bench_router(n: int, history: bool = False, metrics: bool = True) -> None:
+    r = Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0, now=0.0,
+               clock=time.perf_counter if metrics else None)
+    if history:
+        from cluster.history import History
+
+        r.history = History("n1", 10.0, None, time.time())
     caller, prov = _Peer("c"), _Peer("p")
     r.provide(prov, ["bench.echo"])
     data = b"x" * 16
@@ -69,10 +77,16 @@ def bench_dict(n: int) -> None:
 def main() -> None:
     n = 300_000
     base = _per_op(bench_dict, n)
+    bare = _per_op(lambda k: bench_router(k, metrics=False), n)
     router = _per_op(bench_router, n)
+    history = _per_op(lambda k: bench_router(k, history=True), n)
     codec = _per_op(bench_codec, n)
     print(f"baseline dict insert+delete   {base:6.3f} µs")
-    print(f"router, one call              {router:6.3f} µs   {router / base:5.1f}x baseline")
+    print(f"router, one call, no metrics  {bare:6.3f} µs   {bare / base:5.1f}x baseline")
+    print(f"router, one call              {router:6.3f} µs   {router / base:5.1f}x baseline"
+          f"   (per-rpc metrics: +{router - bare:.3f} µs)")
+    print(f"router + load history         {history:6.3f} µs   {history / base:5.1f}x baseline"
+          f"   (history: +{history - router:.3f} µs)")
     print(f"codec, per message            {codec:6.3f} µs   {codec / base:5.1f}x baseline")
 
 

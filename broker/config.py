@@ -90,6 +90,13 @@ class ClusterSection:
 
 
 @dataclass
+class HistorySection:
+    dir: str = ""                   # empty: no load history
+    window: float = 10.0
+    max_queued: int = 1000
+
+
+@dataclass
 class LogSection:
     level: str = "info"
     format: str = "auto"
@@ -104,6 +111,7 @@ class Config:
     auth: AuthSection = field(default_factory=AuthSection)
     server: ServerSection = field(default_factory=ServerSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
+    history: HistorySection = field(default_factory=HistorySection)
     log: LogSection = field(default_factory=LogSection)
 
     def as_dict(self) -> dict[str, dict[str, Any]]:

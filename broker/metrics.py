@@ -103,6 +103,14 @@ class _NodeCollector:
         yield _counter("rpcbus_auth_refused_connections", "Connections refused at AUTH "
                        "for the user's connection cap.", auth.get("connections_refused", 0))
 
+        history = snap["history"]
+        if history is not None:
+            yield _counter("rpcbus_history_rows_written", "Load-history rows written.",
+                           history["rows_written"])
+            yield _counter("rpcbus_history_rows_dropped", "Load-history rows dropped "
+                           "(writer queue full or disk errors).", history["rows_dropped"])
+            yield _gauge("rpcbus_history_writer_lag_seconds", "How long the last window's rows "
+                         "waited for the writer thread.", history["writer_lag_s"])
         cluster = snap["cluster"]
         if cluster is not None:
             yield from _cluster(cluster)

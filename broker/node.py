@@ -61,6 +61,7 @@ class Node:
             clock=time.perf_counter if config.server.per_rpc_metrics else None,
         )
         self.link: Any = None  # the ClusterLink when cluster.redis_url is set
+        self.history: Any = None  # cluster.history.History when history.dir is set
         from .config import check_serving
 
         check_serving(config)  # raises ConfigError: no users and auth not off on purpose
@@ -117,6 +118,13 @@ class Node:
             self.link = ClusterLink(self.router, cfg.cluster, self.name, self.url,
                                     self._heartbeat_info)
             bus = asyncio.create_task(self.link.run(), name="rpcbus-bus")
+        if cfg.history.dir:
+            from cluster.history import History, HistoryWriter
+
+            self.history = History(self.name, cfg.history.window,
+                                   HistoryWriter(cfg.history.dir, self.name,
+                                                 cfg.history.max_queued), time.time())
+            self.router.history = self.history
         ticker = asyncio.create_task(self._tick_forever(), name="rpcbus-ticker")
         try:
             self.ready = True
@@ -133,6 +141,9 @@ class Node:
             server.close(close_connections=True)
             await server.wait_closed()
             self.gate.close()
+            if self.history is not None:  # the last (partial) window, then the file
+                self.history.roll(time.time(), force=True)
+                await asyncio.to_thread(self.history.writer.close)
             log.info("node_stopped", node=self.name, **self.router.stats.as_dict())
 
     def _warn_if_open(self) -> None:
@@ -205,6 +216,8 @@ class Node:
             router.tick(now)
             if self.link is not None:
                 self.link.tick(now)
+            if self.history is not None:
+                self.history.roll(time.time())
             if self.draining and router.pending == 0 and (
                     self.link is None or self.link.starting == 0):
                 self._drained.set()
@@ -322,6 +335,10 @@ class Node:
             "router": self.router.stats.as_dict(),
             "io": {**dict(self.stats), **dict(totals)},
             "auth": dict(self.gate.stats),
+            "history": None if self.history is None else {
+                "rows_written": self.history.writer.written,
+                "rows_dropped": self.history.writer.dropped,
+                "writer_lag_s": round(self.history.writer.lag_s, 6)},
             "cluster": self.link.snapshot() if self.link is not None else None,
         }
 

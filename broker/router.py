@@ -67,6 +67,8 @@ from clients.protocol import (
 
 from .rpcstats import SAMPLE, RpcStatsTable
 
+HISTORY_SAMPLE_MASK = 7   # cluster/history.py's SAMPLE - 1: latency for 1 attempt in 8
+
 
 class Peer(Protocol):
     closed: bool
@@ -100,7 +102,7 @@ class Call:
 
     __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
                  "accepted", "acked", "checked", "tried", "local_only", "started",
-                 "traceparent")
+                 "traceparent", "hrow", "hstart")
 
     def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float) -> None:
         self.caller = caller
@@ -112,6 +114,8 @@ class Call:
         self.local_only = caller.is_node     # an INVOKE: never forwarded to a third node
         self.started = 0.0                   # the router's clock, when metrics are on
         self.traceparent: str | None = None
+        self.hrow: Any = None                # the current attempt's load-history row
+        self.hstart = 0.0
         # id (the current attempt's), provider, accepted, acked and checked are set by
         # each dispatch.
 
@@ -153,6 +157,7 @@ class Router:
         self._clock = clock                  # None: no per-rpc metrics
         self.rpc_stats = RpcStatsTable()
         self._arrivals = 0                   # picks the calls whose latency is sampled
+        self.history: Any = None             # cluster.history.History, when recording
         self._parked: dict[str, list[Call]] = {}
         self.count_changed: Callable[[str, int], None] | None = None  # (name, local count)
         self._providers: dict[str, list[Peer]] = {}
@@ -219,8 +224,12 @@ class Router:
             return
         self._provider_peers.discard(peer)
         self.unprovide(peer, list(peer.provides))
+        if self.history is not None and not peer.is_node:
+            self.history.forget(peer)
         for call in [c for c in self._calls.values() if c.provider is peer]:
             self._end_attempt(call)
+            if call.hrow is not None:
+                self._history_end(call, 2)  # errors: the provider left
             if call.accepted or call.acked:
                 self.stats.provider_gone += 1
                 self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
@@ -322,6 +331,12 @@ class Router:
         if call is None or call.provider is not peer:
             self._stray(peer, attempt, call)
             return
+        row = call.hrow
+        if row is not None:  # _history_end inlined: the most common end of an attempt
+            row.inflight -= 1
+            row.outcomes[0] += 1
+            if call.hstart:
+                self.history.observe(row, call.hstart)
         self.stats.ok += 1
         self._conclude(call, [RESPONSE, call.cid, data])
 
@@ -332,6 +347,8 @@ class Router:
         if call is None:
             return
         self._end_attempt(call)
+        if call.hrow is not None:
+            self._history_end(call, 2)  # errors
         self.stats.provider_errors += 1
         self._conclude(call, [ERROR, call.cid, code, message[:MAX_ERROR_MESSAGE]])
 
@@ -342,6 +359,8 @@ class Router:
             return
         self.stats.rejects += 1
         self._end_attempt(call)
+        if call.hrow is not None:
+            self._history_end(call, 1)  # rejected
         self._retry(call, now)
 
     def cancel_from(self, caller: Peer, cid: int) -> None:
@@ -349,6 +368,8 @@ class Router:
         for call in self._calls.values():
             if call.caller is caller and call.cid == cid:
                 self._end_attempt(call)
+                if call.hrow is not None:
+                    self._history_end(call, 4)  # the origin's deadline passed
                 self.stats.cancelled += 1
                 if call.provider is not None and not call.provider.closed:
                     call.provider.send([CANCEL, call.id])
@@ -384,6 +405,8 @@ class Router:
                 self.stats.ack_timeouts += 1
                 msg = None
             del calls[attempt]
+            if call.hrow is not None:
+                self._history_end(call, 4 if msg is not None else 3)  # response / ack timeout
             provider = call.provider
             if provider is not None and not provider.closed:
                 provider.send([CANCEL, attempt])
@@ -481,6 +504,18 @@ class Router:
         call.provider = provider
         call.accepted = call.acked = call.checked = False
         self._calls[attempt] = call
+        history = self.history
+        if history is not None and not provider.is_node:  # History.start, inlined (hot)
+            caller = call.caller
+            # the provider's own row cache: rpc name -> row for calls routed here,
+            # (name, origin) -> row for INVOKEs from other nodes
+            slot = (call.name, caller.origin) if caller.is_node else call.name
+            row = provider.hrows.get(slot) or history.row_for(provider, slot)
+            row.inflight = n = row.inflight + 1
+            if n > row.peak:
+                row.peak = n
+            call.hrow = row
+            call.hstart = history.clock() if not attempt & HISTORY_SAMPLE_MASK else 0.0
         if left > self.ack_timeout:
             self._deadlines.add(attempt, now + self.ack_timeout)
         else:
@@ -516,6 +551,14 @@ class Router:
         else:
             call.tried.add(call.provider)
         self._route(call, now, discover=False)
+
+    def _history_end(self, call: Call, outcome: int) -> None:
+        """History.end, inlined (hot): the attempt's outcome goes into its row."""
+        row, call.hrow = call.hrow, None
+        row.inflight -= 1
+        row.outcomes[outcome] += 1
+        if call.hstart:
+            self.history.observe(row, call.hstart)
 
     def _end_attempt(self, call: Call) -> None:
         """The current attempt leaves the call table (its deadline entry is ignored later)."""

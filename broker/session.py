@@ -71,6 +71,8 @@ class Session(FrameIO, ServerConnection):
         self.router = node.router
         self.sid = node.new_session_id()
         self.label = self.sid            # how providers see this client as a caller
+        self.provider_name = self.sid    # how load history names it as a provider
+        self.hrows: dict[Any, Any] = {}  # its load-history rows (cluster/history.py)
         self.closed = False
         self.authenticated = False
         self.inflight = 0
@@ -315,6 +317,7 @@ class Session(FrameIO, ServerConnection):
     def _authenticated(self, user: User | None, name: str | None) -> None:
         if name is not None:
             self.label = f"{name}@{self.sid}"
+            self.provider_name = name
         elif user is not None:
             self.label = f"{user.name}@{self.sid}"
         self._limiter = self.node.gate.limiter_for(user)

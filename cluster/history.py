@@ -1,0 +1,214 @@
+"""Provider load history: what each provider was given, per time window, written to disk.
+
+Recorded by the router on the node where the provider is connected (it saw
+every attempt), per window of ``history.window`` seconds and per
+(rpc, provider, routing node). One row per key and window that had any
+activity; the schema (``SCHEMA_VERSION``) is in docs/history.md.
+
+Cost on the hot path: an attempt at a provider finds its ``Row`` (one dict
+lookup on a tuple key) and increments; its end increments the same row (the
+call keeps the row). Latency goes into a fixed log-bucket histogram (the
+bounds of broker/rpcstats.py, so windows and nodes merge exactly) for one
+attempt in ``SAMPLE``; counts are exact.
+
+Writing never blocks the event loop: ``roll`` hands finished rows to a
+``HistoryWriter`` thread through a bounded queue (full: rows are dropped and
+counted, never waited for). Files are JSON lines, partitioned
+``DIR/date=YYYY-MM-DD/hour=HH/node=NAME/part-<start>-<pid>.jsonl``: one file
+per node and hour (a new hour rotates to a new file). ``close`` flushes what is
+left (graceful shutdown).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+from bisect import bisect_left
+import threading
+import time
+from typing import Any
+
+import structlog
+
+from broker.rpcstats import BOUNDS
+
+log = structlog.get_logger(module="rpcbus.history")
+
+SCHEMA_VERSION = 1
+SAMPLE = 8
+OK, REJECTED, ERRORS, ACK_TIMEOUTS, RESPONSE_TIMEOUTS = range(5)
+OUTCOMES = ("ok", "rejected", "errors", "ack_timeouts", "response_timeouts")
+
+
+class Row:
+    """One (rpc, provider, routing node): counters for the current window."""
+
+    __slots__ = ("key", "outcomes", "buckets", "lat_sum", "lat_min", "lat_max", "inflight",
+                 "peak", "users")
+
+    def __init__(self, key: tuple[str, str, str]) -> None:
+        self.key = key
+        self.inflight = 0
+        self.users = 0       # provider connections whose row cache holds it
+        self._reset()
+
+    def _reset(self) -> None:
+        self.outcomes = [0, 0, 0, 0, 0]
+        self.buckets = [0] * (len(BOUNDS) + 1)
+        self.lat_sum, self.lat_min, self.lat_max = 0.0, float("inf"), 0.0
+        self.peak = self.inflight    # > 0: the row had work in this window
+
+
+class History:
+    """The recorder of one node (pure but for ``clock``; ``roll`` is called by the node)."""
+
+    def __init__(self, node: str, window: float, writer: "HistoryWriter | None",
+                 now_wall: float, clock: Any = time.perf_counter) -> None:
+        self.node = node
+        self.window = window
+        self.writer = writer
+        self.clock = clock
+        self.rows: dict[tuple[str, str, str], Row] = {}
+        self.window_start = now_wall - now_wall % window
+        self.n = 0   # attempts so far: picks the sampled ones
+
+    # The router inlines start and end on its hot path (broker/router.py ``_dispatch`` and
+    # ``_history_end``); these are the same steps, for everyone else and the tests.
+
+    def start(self, provider: Any, rpc: str, origin: str | None) -> tuple[Row, float]:
+        """An attempt given to ``provider`` (a session): its row, and its start time if
+        sampled (else 0). ``origin``: the node that routed it, None for this one."""
+        slot = rpc if origin is None else (rpc, origin)
+        row = provider.hrows.get(slot) or self.row_for(provider, slot)
+        row.inflight = n = row.inflight + 1
+        if n > row.peak:
+            row.peak = n
+        self.n = k = self.n + 1
+        return row, (self.clock() if not k & (SAMPLE - 1) else 0.0)
+
+    def row_for(self, provider: Any, slot: Any) -> Row:
+        """The row of ``slot`` (an rpc name, or (name, origin node)) for ``provider``,
+        made or shared (two connections with one name share rows) and cached on it."""
+        rpc, origin = (slot, self.node) if isinstance(slot, str) else slot
+        key = (rpc, provider.provider_name, origin)
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = Row(key)
+        row.users += 1
+        provider.hrows[slot] = row
+        return row
+
+    def forget(self, provider: Any) -> None:
+        """``provider`` is gone: its rows go once written and no other connection uses them."""
+        for row in provider.hrows.values():
+            row.users -= 1
+        provider.hrows.clear()
+
+    def end(self, row: Row, outcome: int, started: float) -> None:
+        row.inflight -= 1
+        row.outcomes[outcome] += 1
+        if started:
+            self.observe(row, started)
+
+    def observe(self, row: Row, started: float) -> None:
+        """A sampled attempt's latency, from ``started`` (``clock``) to now."""
+        latency = self.clock() - started
+        row.buckets[bisect_left(BOUNDS, latency)] += 1
+        row.lat_sum += latency
+        if latency < row.lat_min:
+            row.lat_min = latency
+        if latency > row.lat_max:
+            row.lat_max = latency
+
+    def roll(self, now_wall: float, force: bool = False) -> int:
+        """Close the window if it is over (or ``force``): hand its rows to the writer.
+        Returns how many rows were written."""
+        end = self.window_start + self.window
+        if now_wall < end and not force:
+            return 0
+        rows = [self._record(row, self.window_start, end) for row in self.rows.values()
+                if row.peak]
+        for key in [k for k, r in self.rows.items() if not r.users and not r.inflight]:
+            del self.rows[key]  # rows of providers gone leave (once written)
+        for row in self.rows.values():
+            row._reset()
+        self.window_start = now_wall - now_wall % self.window
+        if rows and self.writer is not None:
+            self.writer.put(rows)
+        return len(rows)
+
+    def _record(self, row: Row, start: float, end: float) -> dict[str, Any]:
+        rpc, provider, routed_by = row.key
+        o = row.outcomes
+        sampled = sum(row.buckets)
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "window_start": round(start, 3), "window_end": round(end, 3),
+            "rpc": rpc, "provider": provider, "served_by": self.node, "routed_by": routed_by,
+            "calls": sum(o), **dict(zip(OUTCOMES, o)),
+            "latency_bounds_s": list(BOUNDS), "latency_buckets": list(row.buckets),
+            "latency_sampled": sampled, "latency_sum_s": round(row.lat_sum, 6),
+            "latency_min_s": round(row.lat_min, 6) if sampled else None,
+            "latency_max_s": round(row.lat_max, 6) if sampled else None,
+            "peak_in_flight": row.peak,
+        }
+
+
+class HistoryWriter:
+    """A thread appending rows to the partitioned JSON-lines files; bounded queue."""
+
+    def __init__(self, directory: str, node: str, max_queued: int = 1000) -> None:
+        self.directory = directory
+        self.node = node
+        self.dropped = 0
+        self.written = 0
+        self.lag_s = 0.0                 # how long the last batch waited in the queue
+        self._queue: queue.Queue[tuple[float, list[dict[str, Any]]] | None] = \
+            queue.Queue(max_queued)
+        self._file: Any = None
+        self._path = ""
+        self._thread = threading.Thread(target=self._run, name="rpcbus-history", daemon=True)
+        self._thread.start()
+
+    def put(self, rows: list[dict[str, Any]]) -> None:
+        try:
+            self._queue.put_nowait((time.monotonic(), rows))
+        except queue.Full:
+            self.dropped += len(rows)
+            log.warning("history_rows_dropped", rows=len(rows), total=self.dropped)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is queued, close the file, stop the thread (waits up to ``timeout``)."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            queued_at, rows = item
+            try:
+                self._write(rows)
+            except OSError as exc:
+                self.dropped += len(rows)
+                log.error("history_write_failed", error=str(exc), rows=len(rows))
+            self.lag_s = time.monotonic() - queued_at
+        if self._file is not None:
+            self._file.close()
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        start = rows[0]["window_start"]
+        t = time.gmtime(start)
+        folder = os.path.join(self.directory, time.strftime("date=%Y-%m-%d", t),
+                              time.strftime("hour=%H", t), f"node={self.node}")
+        if self._file is None or not self._path.startswith(folder + os.sep):
+            if self._file is not None:
+                self._file.close()  # a new hour: rotate
+            os.makedirs(folder, exist_ok=True)
+            self._path = os.path.join(folder, f"part-{int(start)}-{os.getpid()}.jsonl")
+            self._file = open(self._path, "a", encoding="utf-8")
+        self._file.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+        self._file.flush()
+        self.written += len(rows)

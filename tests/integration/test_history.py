@@ -1,0 +1,50 @@
+"""Provider load history written by a real node: what the files say equals what was done."""
+
+import asyncio
+import glob
+import json
+import os
+
+import clients
+from broker.process import NodeProcess
+from cluster.history import SCHEMA_VERSION
+
+from .conftest import FAST
+
+
+async def test_history_counts_every_attempt_per_provider_and_window(tmp_path):
+    node = NodeProcess(env={**FAST, "RPCBUS_HISTORY_DIR": str(tmp_path),
+                            "RPCBUS_HISTORY_WINDOW": "0.25"}).start()
+    try:
+        async with clients.connect(node.url, name="billing-worker-3") as good, \
+                clients.connect(node.url) as bad, clients.connect(node.url) as caller:
+            await good.provide("h.echo", lambda d: d)
+            await bad.provide("h.fail", lambda d: 1 / 0)
+            for burst in range(4):                         # spread over several windows
+                assert await asyncio.gather(*(caller.call("h.echo", i, timeout=5)
+                                              for i in range(100))) == list(range(100))
+                await asyncio.sleep(0.3)
+            for _ in range(5):
+                try:
+                    await caller.call("h.fail", timeout=5)
+                except clients.ProviderError:
+                    pass
+            bad_name = bad.session["session"]
+    finally:
+        assert node.stop() == 0
+    rows = [json.loads(line) for path in glob.glob(f"{tmp_path}/date=*/hour=*/node=*/*.jsonl")
+            for line in open(path)]
+    assert rows and all(r["schema_version"] == SCHEMA_VERSION for r in rows)
+    assert {os.path.basename(os.path.dirname(p)) for p in
+            glob.glob(f"{tmp_path}/date=*/hour=*/node=*/*.jsonl")} == {f"node={node.name}"}
+    echo = [r for r in rows if r["rpc"] == "h.echo"]
+    assert sum(r["calls"] for r in echo) == sum(r["ok"] for r in echo) == 400
+    assert {r["provider"] for r in echo} == {"billing-worker-3"}
+    assert len({r["window_start"] for r in echo}) >= 3              # several windows
+    assert all(r["served_by"] == r["routed_by"] == node.name for r in rows)
+    fail = [r for r in rows if r["rpc"] == "h.fail"]
+    assert sum(r["errors"] for r in fail) == 5 and {r["provider"] for r in fail} == {bad_name}
+    sampled = sum(r["latency_sampled"] for r in echo)
+    assert sampled == sum(sum(r["latency_buckets"]) for r in echo) and 400 // 8 - 1 <= sampled
+    assert all(r["peak_in_flight"] >= 1 for r in echo)
+    assert max(r["peak_in_flight"] for r in echo) > 1                # 100 at once

@@ -2,6 +2,8 @@
 nodes; metrics count the bus."""
 
 import asyncio
+import glob
+import json
 
 import clients
 
@@ -37,3 +39,21 @@ async def test_readyz_follows_the_cluster_bus(make_cluster):
     async with asyncio.timeout(10):                         # a round of heartbeats, then ready
         while get(n1, "/readyz")[0] != 200:
             await asyncio.sleep(0.05)
+
+
+async def test_history_names_the_routing_and_the_serving_node(make_cluster, tmp_path):
+    c = make_cluster(nodes=2, RPCBUS_HISTORY_DIR=str(tmp_path), RPCBUS_HISTORY_WINDOW="0.5")
+    n1, n2 = c.nodes
+    async with clients.connect(n2.url, name="far-worker") as prov, \
+            clients.connect(n1.url) as caller:
+        await prov.provide("h.far", lambda d: d)
+        assert await asyncio.gather(*(caller.call("h.far", i, timeout=5)
+                                      for i in range(150))) == list(range(150))
+    for node in (n1, n2):
+        assert node.stop() == 0                             # the last window is flushed
+    rows = [json.loads(line) for path in glob.glob(f"{tmp_path}/*/*/node=*/*.jsonl")
+            for line in open(path)]
+    far = [r for r in rows if r["rpc"] == "h.far"]
+    assert {(r["served_by"], r["routed_by"], r["provider"]) for r in far} == \
+        {("n2", "n1", "far-worker")}
+    assert sum(r["ok"] for r in far) == sum(r["calls"] for r in far) == 150

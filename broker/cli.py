@@ -217,6 +217,37 @@ def bench(args: tuple[str, ...]) -> None:
     bench_main(list(args))
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def analyze(args: tuple[str, ...]) -> None:
+    """PySpark job over the load history: rpcbus analyze --history DIR --out DIR (--help)."""
+    from cluster.analysis import main as analyze_main
+
+    analyze_main(list(args))
+
+
+@main.command("history-gen")
+@click.option("--out", required=True, help="Directory to write the history under.")
+@click.option("--nodes", default=3, show_default=True)
+@click.option("--providers", default=6, show_default=True)
+@click.option("--rpcs", default=4, show_default=True)
+@click.option("--hours", default=1.0, show_default=True, help="Time span.")
+@click.option("--window", default=10.0, show_default=True, help="Seconds per window.")
+@click.option("--rate", default=50.0, show_default=True, help="Mean calls/s per provider.")
+@click.option("--slow", multiple=True, help="A provider that answers ~10x slower (repeat).")
+@click.option("--failing", multiple=True, help="A provider that fails ~20% (repeat).")
+@click.option("--seed", default=1, show_default=True)
+def history_gen(out: str, nodes: int, providers: int, rpcs: int, hours: float, window: float,
+                rate: float, slow: tuple[str, ...], failing: tuple[str, ...], seed: int) -> None:
+    """Write a synthetic provider load history (providers are p1, p2, ...)."""
+    from cluster.historygen import generate
+
+    t0 = time.monotonic()
+    rows = generate(out, nodes=nodes, providers=providers, rpcs=rpcs, hours=hours,
+                    window=window, slow=slow, failing=failing, seed=seed, rate=rate)
+    click.echo(f"{rows:,} rows under {out} in {time.monotonic() - t0:.1f} s")
+
+
 @main.command("hash-password")
 @click.option("--stdin", "from_stdin", is_flag=True,
               help="Read the password from the first line of stdin instead of a prompt.")

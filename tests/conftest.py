@@ -10,8 +10,15 @@ def no_process_left_behind():
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
     left = [p for p in psutil.Process().children(recursive=True)
-            if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            if p.pid not in before and _running(p)]
     for p in left:
         p.kill()
     assert not left, "processes left running: " + "; ".join(
         " ".join(p.cmdline()[:6]) for p in left)
+
+
+def _running(proc):
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone, or a zombie psutil cannot read
+        return False

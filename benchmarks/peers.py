@@ -191,7 +191,7 @@ class Peer:
     """The broker of a peer (redis-server or nats-server) and its responders."""
 
     def __init__(self, kind: str, responders: int) -> None:
-        from cluster.local import RedisServer, free_port
+        from cluster.local import RedisServer, free_port, wait_for_server
 
         self.kind = kind
         self.procs: list[subprocess.Popen[Any]] = []
@@ -208,7 +208,8 @@ class Peer:
                                            stdout=subprocess.DEVNULL,
                                            stderr=subprocess.DEVNULL)
             self.url, self.pid = f"nats://127.0.0.1:{port}", self.server.pid
-            _wait_port(port)
+            wait_for_server(self.server, port, say=b"", answers=(b"INFO",),
+                            name="nats-server")  # it greets with INFO
         for _ in range(responders):
             proc = subprocess.Popen([sys.executable, "-m", "benchmarks.peers",
                                      f"{kind}-responder", "--url", self.url],
@@ -225,19 +226,6 @@ class Peer:
         else:
             self.server.kill()
             self.server.wait()
-
-
-def _wait_port(port: int, timeout: float = 10.0) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:  # a child process: nothing to await but its port
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on port {port}")
 
 
 def main(argv: list[str] | None = None) -> None:

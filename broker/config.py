@@ -234,7 +234,7 @@ def _validate(config: Config) -> None:
         raise ConfigError("server.tls_cert and server.tls_key: set both or neither")
     from .auth import AuthConfigError, Users
     try:
-        users = Users(config.auth.users, config.auth.roles)
+        Users(config.auth.users, config.auth.roles)  # raises on a bad user or role
     except AuthConfigError as exc:
         raise ConfigError(str(exc)) from None
     cluster = config.cluster

@@ -134,19 +134,16 @@ def _cluster(cluster: dict[str, Any]) -> Iterator[Metric]:
     rejected.add_metric(["malformed_batch"], bus["bad_batches"])
     rejected.add_metric(["malformed_message"], bus["bad_messages"])
     yield rejected
-    yield _counter("rpcbus_bus_reconnects", "Cluster bus sessions lost (Redis reconnects).",
-                   bus["reconnects"])
-    yield _counter("rpcbus_bus_dropped", "Cluster messages dropped while the bus was down.",
-                   bus["dropped"])
-    yield _counter("rpcbus_provider_cache_lookups", "Provider cache lookups.",
-                   cluster["cache_lookups"])
-    yield _counter("rpcbus_provider_cache_misses", "Provider cache misses.",
-                   cluster["cache_misses"])
-    yield _counter("rpcbus_provider_queries", "Provider queries sent to the cluster.",
-                   cluster["queries_sent"])
-    yield _counter("rpcbus_stale_invokes", "INVOKEs refused unrun as too late.",
-                   cluster["stale_invokes"])
-    yield _counter("rpcbus_nodes_dead", "Nodes declared dead.", cluster["nodes_dead"])
+    for name, (value, text) in {
+        "bus_reconnects": (bus["reconnects"], "Cluster bus sessions lost (Redis reconnects)."),
+        "bus_dropped": (bus["dropped"], "Cluster messages dropped while the bus was down."),
+        "provider_cache_lookups": (cluster["cache_lookups"], "Provider cache lookups."),
+        "provider_cache_misses": (cluster["cache_misses"], "Provider cache misses."),
+        "provider_queries": (cluster["queries_sent"], "Provider queries sent to the cluster."),
+        "stale_invokes": (cluster["stale_invokes"], "INVOKEs refused unrun as too late."),
+        "nodes_dead": (cluster["nodes_dead"], "Nodes declared dead."),
+    }.items():
+        yield _counter(f"rpcbus_{name}", text, value)
 
 
 def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:

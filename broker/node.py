@@ -299,16 +299,14 @@ class Node:
         """What this node tells the cluster in every heartbeat (``rpcbus status``, the
         dashboard): its load and its calls so far (ended ok / ended with an error)."""
         stats = self.router.stats
-        failed = (stats.provider_errors + stats.no_provider + stats.response_timeouts
-                  + stats.provider_gone + stats.cluster_unavailable + stats.invalid_names)
         return {"connections": len(self.sessions), "pending": self.router.pending,
                 "uptime_s": round(time.time() - self._started, 1),
                 "providers": self.router.provider_counts(),
-                "calls_ok": stats.ok, "calls_failed": failed}
+                "calls_ok": stats.ok, "calls_failed": stats.failed()}
 
     def cluster_view(self) -> dict[str, Any]:
         """This node and every node it hears, with their last heartbeat (``/cluster``)."""
-        nodes = {self.name: {"state": self.snapshot()["state"], "url": self.url,
+        nodes = {self.name: {"state": self.state, "url": self.url,
                              **self._heartbeat_info()}}
         if self.link is not None:
             for name, member in self.link.membership.members.items():
@@ -316,6 +314,10 @@ class Node:
         return {"node": self.name, "time": time.time(), "nodes": nodes,
                 "cluster": self.link is not None,
                 "bus": "up" if self.link is None or self.link.available else "down"}
+
+    @property
+    def state(self) -> str:
+        return "draining" if self.draining else ("ready" if self.ready else "starting")
 
     def snapshot(self) -> dict[str, Any]:
         """Counters for /stats and the benchmarks: outcomes, drops, frames and messages."""
@@ -325,7 +327,7 @@ class Node:
         return {
             "node": self.name,
             "url": self.url,
-            "state": "draining" if self.draining else ("ready" if self.ready else "starting"),
+            "state": self.state,
             "uptime_s": round(time.time() - self._started, 3),
             "sessions": len(self.sessions),
             "pending": self.router.pending,

@@ -67,8 +67,6 @@ from clients.protocol import (
 
 from .rpcstats import SAMPLE, RpcStatsTable
 
-HISTORY_SAMPLE_MASK = 7   # cluster/history.py's SAMPLE - 1: latency for 1 attempt in 8
-
 
 class Peer(Protocol):
     closed: bool
@@ -135,8 +133,14 @@ class RouterStats:
         for name in self.__slots__:
             setattr(self, name, 0)
 
+    def failed(self) -> int:
+        """Calls that ended with an error (``ok + failed()``: every call ended)."""
+        return (self.provider_errors + self.no_provider + self.response_timeouts
+                + self.provider_gone + self.cluster_unavailable + self.invalid_names)
+
     def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {**{name: getattr(self, name) for name in self.__slots__},
+                "failed": self.failed()}
 
 
 class Router:
@@ -515,7 +519,7 @@ class Router:
             if n > row.peak:
                 row.peak = n
             call.hrow = row
-            call.hstart = history.clock() if not attempt & HISTORY_SAMPLE_MASK else 0.0
+            call.hstart = history.clock() if not attempt & (SAMPLE - 1) else 0.0
         if left > self.ack_timeout:
             self._deadlines.add(attempt, now + self.ack_timeout)
         else:

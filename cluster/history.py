@@ -6,10 +6,10 @@ every attempt), per window of ``history.window`` seconds and per
 activity; the schema (``SCHEMA_VERSION``) is in docs/history.md.
 
 Cost on the hot path: an attempt at a provider finds its ``Row`` (one dict
-lookup on a tuple key) and increments; its end increments the same row (the
-call keeps the row). Latency goes into a fixed log-bucket histogram (the
+lookup in the provider connection's row cache) and increments; its end
+increments the same row (the call keeps the row). Latency goes into a fixed log-bucket histogram (the
 bounds of broker/rpcstats.py, so windows and nodes merge exactly) for one
-attempt in ``SAMPLE``; counts are exact.
+attempt in ``SAMPLE`` (broker/rpcstats.py: 8, by attempt id); counts are exact.
 
 Writing never blocks the event loop: ``roll`` hands finished rows to a
 ``HistoryWriter`` thread through a bounded queue (full: rows are dropped and
@@ -24,19 +24,17 @@ from __future__ import annotations
 import json
 import os
 import queue
-from bisect import bisect_left
 import threading
 import time
 from typing import Any
 
 import structlog
 
-from broker.rpcstats import BOUNDS
+from broker.rpcstats import BOUNDS, bucket_of
 
 log = structlog.get_logger(module="rpcbus.history")
 
 SCHEMA_VERSION = 1
-SAMPLE = 8
 OK, REJECTED, ERRORS, ACK_TIMEOUTS, RESPONSE_TIMEOUTS = range(5)
 OUTCOMES = ("ok", "rejected", "errors", "ack_timeouts", "response_timeouts")
 
@@ -71,21 +69,10 @@ class History:
         self.clock = clock
         self.rows: dict[tuple[str, str, str], Row] = {}
         self.window_start = now_wall - now_wall % window
-        self.n = 0   # attempts so far: picks the sampled ones
 
-    # The router inlines start and end on its hot path (broker/router.py ``_dispatch`` and
-    # ``_history_end``); these are the same steps, for everyone else and the tests.
-
-    def start(self, provider: Any, rpc: str, origin: str | None) -> tuple[Row, float]:
-        """An attempt given to ``provider`` (a session): its row, and its start time if
-        sampled (else 0). ``origin``: the node that routed it, None for this one."""
-        slot = rpc if origin is None else (rpc, origin)
-        row = provider.hrows.get(slot) or self.row_for(provider, slot)
-        row.inflight = n = row.inflight + 1
-        if n > row.peak:
-            row.peak = n
-        self.n = k = self.n + 1
-        return row, (self.clock() if not k & (SAMPLE - 1) else 0.0)
+    # The router records attempts itself, on its hot path (broker/router.py ``_dispatch``
+    # finds the row and counts the start, ``_history_end`` counts the end); the rows and
+    # their caches on provider connections are kept here.
 
     def row_for(self, provider: Any, slot: Any) -> Row:
         """The row of ``slot`` (an rpc name, or (name, origin node)) for ``provider``,
@@ -105,16 +92,10 @@ class History:
             row.users -= 1
         provider.hrows.clear()
 
-    def end(self, row: Row, outcome: int, started: float) -> None:
-        row.inflight -= 1
-        row.outcomes[outcome] += 1
-        if started:
-            self.observe(row, started)
-
     def observe(self, row: Row, started: float) -> None:
         """A sampled attempt's latency, from ``started`` (``clock``) to now."""
         latency = self.clock() - started
-        row.buckets[bisect_left(BOUNDS, latency)] += 1
+        row.buckets[bucket_of(latency)] += 1
         row.lat_sum += latency
         if latency < row.lat_min:
             row.lat_min = latency

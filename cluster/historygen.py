@@ -16,7 +16,7 @@ import random
 import time
 from typing import Any
 
-from broker.rpcstats import BOUNDS
+from broker.rpcstats import BOUNDS, bucket_of
 
 from .history import SCHEMA_VERSION
 
@@ -70,7 +70,7 @@ def _row(rng: random.Random, t: float, window: float, rpc: str, prov: str, serve
     lat_sum, lo, hi = 0.0, math.inf, 0.0
     for _ in range(sampled):
         latency = rng.lognormvariate(math.log(0.02 if slow else 0.002), 0.6)
-        buckets[_bucket(latency)] += 1
+        buckets[bucket_of(latency)] += 1
         lat_sum += latency
         lo, hi = min(lo, latency), max(hi, latency)
     return {"schema_version": SCHEMA_VERSION, "window_start": t, "window_end": t + window,
@@ -82,12 +82,6 @@ def _row(rng: random.Random, t: float, window: float, rpc: str, prov: str, serve
             "latency_min_s": round(lo, 6) if sampled else None,
             "latency_max_s": round(hi, 6) if sampled else None,
             "peak_in_flight": max(1, int(calls / window * 0.01 * (10 if slow else 1)))}
-
-
-def _bucket(seconds: float) -> int:
-    from bisect import bisect_left
-
-    return bisect_left(BOUNDS, seconds)
 
 
 def _file(files: dict[str, Any], out: str, node: str, t: float) -> Any:

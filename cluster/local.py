@@ -45,7 +45,7 @@ class RedisSentinel:
             raise RuntimeError("redis-server is not installed (./dev setup installs it)")
         self.proc = subprocess.Popen([exe, self.config, "--sentinel"], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for_port(self.proc, self.port, timeout)
+        wait_for_server(self.proc, self.port, timeout)
         return self
 
     def stop(self) -> None:
@@ -54,19 +54,24 @@ class RedisSentinel:
             self.proc.wait(5)
 
 
-def _wait_for_port(proc: subprocess.Popen[bytes], port: int, timeout: float) -> None:
+def wait_for_server(proc: subprocess.Popen[Any], port: int, timeout: float = 10.0,
+                    say: bytes = b"PING\r\n", answers: tuple[bytes, ...] = (b"+", b"-"),
+                    name: str = "redis-server") -> None:
+    """Until the child ``proc`` answers on ``port``: sends ``say`` (if any) and waits for a
+    reply starting with one of ``answers`` (Redis: PONG, or NOAUTH with ACL users)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:  # a child process: nothing to await but its port
         if proc.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {proc.returncode}")
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16)[:1] in (b"+", b"-"):  # PONG, or NOAUTH with ACL users
+                if say:
+                    s.sendall(say)
+                if s.recv(16).startswith(answers):
                     return
         except OSError:
             time.sleep(0.02)
-    raise RuntimeError(f"redis-server did not answer on port {port}")
+    raise RuntimeError(f"{name} did not answer on port {port}")
 
 
 class RedisServer:
@@ -88,7 +93,7 @@ class RedisServer:
              "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning",
              *self.args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for_port(self.proc, self.port, timeout)
+        wait_for_server(self.proc, self.port, timeout)
         return self
 
     def kill(self) -> None:

@@ -5,7 +5,6 @@ import math
 import signal
 from collections import Counter
 
-import pytest
 
 import clients
 from clients import protocol as p

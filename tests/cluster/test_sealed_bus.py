@@ -115,6 +115,20 @@ async def test_keys_rotate_without_downtime(make_cluster):
     assert stats(n2)["cluster"]["bus"]["rejected"] == 0
 
 
+async def started_and_routing(url, text):
+    """Two nodes on the Redis behind ``url``; one call crosses them. Returns the cluster."""
+    cluster = LocalCluster(nodes=2, redis_url=url, env=FAST).start()
+    n1, n2 = cluster.nodes
+    try:
+        async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+            await prov.provide("work", lambda d: d)
+            assert await caller.call("work", text, timeout=5) == text
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
 async def test_redis_acl_credentials_pass_through_from_the_url():
     """Redis with ACL users only (no default user): nodes given user:password in the URL
     join and route; a node with a wrong password stays out, saying why."""
@@ -123,11 +137,7 @@ async def test_redis_acl_credentials_pass_through_from_the_url():
     url = f"redis://rpcbus:s3cret@127.0.0.1:{redis.port}/0"
     cluster = None
     try:
-        cluster = LocalCluster(nodes=2, redis_url=url, env=FAST).start()
-        n1, n2 = cluster.nodes
-        async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
-            await prov.provide("work", lambda d: d)
-            assert await caller.call("work", "via ACL user", timeout=5) == "via ACL user"
+        cluster = await started_and_routing(url, "via ACL user")
         bad = NodeProcess("--port", "0", "--redis", url.replace("s3cret", "guess"),
                           env=FAST).start()
         try:
@@ -151,11 +161,8 @@ async def test_nodes_find_the_master_through_sentinel(tmp_path):
     url = f"redis+sentinel://127.0.0.1:{sentinel.port}/rpcbus"
     cluster = None
     try:
-        cluster = LocalCluster(nodes=2, redis_url=url, env=FAST).start()
+        cluster = await started_and_routing(url, "via sentinel")
         n1, n2 = cluster.nodes
-        async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
-            await prov.provide("work", lambda d: d)
-            assert await caller.call("work", "via sentinel", timeout=5) == "via sentinel"
         status = await asyncio.to_thread(
             subprocess.run, [sys.executable, "-m", "broker", "status", "--redis", url,
                              "--json", "--listen", "1.0"], capture_output=True, text=True,

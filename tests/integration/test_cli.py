@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 
-import pytest
 
 import clients
 from clients import protocol as p

@@ -29,6 +29,7 @@ async def test_trace_context_crosses_nodes_and_bus_traffic_is_counted(make_clust
 async def test_readyz_follows_the_cluster_bus(make_cluster):
     c = make_cluster(nodes=2)
     n1 = c.nodes[0]
+    await ready(n1)                  # after a first round of heartbeats ("joining" before)
     assert get(n1, "/readyz") == (200, "ready\n")
     c.redis.kill()
     await asyncio.to_thread(n1.wait_event, "cluster_unavailable", 10.0)
@@ -36,8 +37,13 @@ async def test_readyz_follows_the_cluster_bus(make_cluster):
     assert get(n1, "/healthz")[0] == 200                    # alive: local calls still work
     c.redis.start()
     await asyncio.to_thread(n1.wait_event, "bus_up", 15.0, count=2)
-    async with asyncio.timeout(10):                         # a round of heartbeats, then ready
-        while get(n1, "/readyz")[0] != 200:
+    await ready(n1)
+
+
+async def ready(node, timeout=10.0):
+    """Until /readyz answers 200 (a node is "joining" until it heard a round of heartbeats)."""
+    async with asyncio.timeout(timeout):
+        while get(node, "/readyz")[0] != 200:
             await asyncio.sleep(0.05)
 
 

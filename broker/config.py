@@ -35,6 +35,7 @@ class RpcSection:
     response_timeout: float = 10.0
     max_timeout: float = 300.0
     timer_granularity: float = 0.01
+    weights_file: str = ""          # provider weights (rpcbus analyze's weights.json); "" = all 1
 
 
 @dataclass

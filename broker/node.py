@@ -33,15 +33,17 @@ from websockets.frames import CloseCode
 from clients import errors
 from clients.protocol import ERROR
 
-from .config import Config
+from .config import Config, ConfigError
 from .gate import Gate
 from .router import Router
 from .session import Session
+from .weights import WeightsError, WeightsFile
 
 log = structlog.get_logger(module="rpcbus.node")
 
 STALL = 0.25       # s without a tick: the process was stopped or starved
 STALL_HOLD = 0.2   # s to read the backlog before deadlines apply again
+WEIGHTS_CHECK = 2.0  # s between looks at the weights file's modification time
 
 
 class Node:
@@ -65,6 +67,13 @@ class Node:
         from .config import check_serving
 
         check_serving(config)  # raises ConfigError: no users and auth not off on purpose
+        self.weights_file: WeightsFile | None = None
+        if config.rpc.weights_file:
+            try:
+                self.weights_file = WeightsFile(config.rpc.weights_file)
+            except WeightsError as e:
+                raise ConfigError(f"rpc.weights_file: {e}") from None
+            self.router.weights = self.weights_file.weights
         self.gate = Gate(config)
         self.sessions: set[Session] = set()
         self.stats: Counter[str] = Counter()
@@ -142,7 +151,7 @@ class Node:
             await server.wait_closed()
             self.gate.close()
             if self.history is not None:  # the last (partial) window, then the file
-                self.history.roll(time.time(), force=True)
+                self.history.roll(time.time(), force=True, weights=self.router.weights)
                 await asyncio.to_thread(self.history.writer.close)
             log.info("node_stopped", node=self.name, **self.router.stats.as_dict())
 
@@ -202,6 +211,7 @@ class Node:
         router = self.router
         last = loop.time()
         hold_until = 0.0
+        weights_due = last + WEIGHTS_CHECK
         while True:
             await asyncio.sleep(interval)
             now = loop.time()
@@ -217,10 +227,26 @@ class Node:
             if self.link is not None:
                 self.link.tick(now)
             if self.history is not None:
-                self.history.roll(time.time())
+                self.history.roll(time.time(), weights=router.weights)
+            if self.weights_file is not None and now >= weights_due:
+                weights_due = now + WEIGHTS_CHECK
+                self._reload_weights()
             if self.draining and router.pending == 0 and (
                     self.link is None or self.link.starting == 0):
                 self._drained.set()
+
+    def _reload_weights(self) -> None:
+        """The weights file changed: use it (a bad one is logged, the old weights stay)."""
+        try:
+            weights = self.weights_file.reload()
+        except WeightsError as e:
+            log.error("weights_file_invalid", node=self.name, error=str(e),
+                      hint="the weights loaded before stay in use")
+            return
+        if weights is not None:
+            self.router.set_weights(weights)
+            log.info("weights_reloaded", node=self.name, path=self.weights_file.path,
+                     rpcs=len(weights.rpcs))
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -342,6 +368,10 @@ class Node:
                 "rows_dropped": self.history.writer.dropped,
                 "writer_lag_s": round(self.history.writer.lag_s, 6)},
             "cluster": self.link.snapshot() if self.link is not None else None,
+            "weights": None if self.weights_file is None else {
+                "file": self.weights_file.path, "rpcs": len(self.weights_file.weights.rpcs),
+                "reloads": self.weights_file.reloads,
+                "reload_errors": self.weights_file.reload_errors},
         }
 
 

@@ -162,6 +162,7 @@ class Router:
         self.rpc_stats = RpcStatsTable()
         self._arrivals = 0                   # picks the calls whose latency is sampled
         self.history: Any = None             # cluster.history.History, when recording
+        self.weights: Any = None             # broker.weights.Weights, when a file is loaded
         self._parked: dict[str, list[Call]] = {}
         self.count_changed: Callable[[str, int], None] | None = None  # (name, local count)
         self._providers: dict[str, list[Peer]] = {}
@@ -189,6 +190,23 @@ class Router:
     def provider_counts(self) -> dict[str, int]:
         return {name: len(peers) for name, peers in self._providers.items()}
 
+    def advertised(self, name: str) -> float:
+        """What this node counts for in other nodes' weighted choice of ``name``: its
+        number of providers, or with weights loaded the sum of their weights."""
+        peers = self._providers.get(name, ())
+        if self.weights is None:
+            return len(peers)
+        weight = self.weights.of
+        return sum(weight(name, p.provider_name) for p in peers)
+
+    def set_weights(self, weights: Any) -> None:
+        """Use ``weights`` (broker.weights.Weights, or None: all 1) from the next call on;
+        what this node advertises for each name changes with them."""
+        self.weights = weights
+        if self.count_changed is not None:
+            for name in self._providers:
+                self.count_changed(name, self.advertised(name))
+
     # -- providers -----------------------------------------------------------------
 
     def provide(self, peer: Peer, names: list[str]) -> None:
@@ -199,7 +217,7 @@ class Router:
             if peer not in peers:
                 peers.append(peer)
                 if self.count_changed is not None:
-                    self.count_changed(name, len(peers))
+                    self.count_changed(name, self.advertised(name))
             peer.provides.add(name)
 
     def unprovide(self, peer: Peer, names: list[str]) -> None:
@@ -211,7 +229,7 @@ class Router:
                 if not peers:
                     del self._providers[name]
                 if self.count_changed is not None:
-                    self.count_changed(name, len(peers))
+                    self.count_changed(name, self.advertised(name))
             peer.provides.discard(name)
 
     def drop_peer(self, peer: Peer, now: float) -> None:
@@ -341,6 +359,9 @@ class Router:
             row.outcomes[0] += 1
             if call.hstart:
                 self.history.observe(row, call.hstart)
+                self.history.size_out(row, data)
+            elif not row.out_n:  # each row's first answer in a window is measured too
+                self.history.size_out(row, data)
         self.stats.ok += 1
         self._conclude(call, [RESPONSE, call.cid, data])
 
@@ -465,7 +486,9 @@ class Router:
     def _dispatch(self, call: Call, local: list[Peer] | tuple[()],
                   remote: list[tuple[Peer, int]] | tuple[()], now: float) -> None:
         tried = call.tried
-        if remote and tried is None:  # weighted: a local provider counts 1, a node its count
+        if self.weights is not None:   # weights loaded: a local provider counts its weight
+            provider = self._weighted(call.name, local, remote, tried)
+        elif remote and tried is None:  # weighted: a local provider counts 1, a node its count
             n_local = total = len(local)
             for _, n in remote:
                 total += n
@@ -519,7 +542,13 @@ class Router:
             if n > row.peak:
                 row.peak = n
             call.hrow = row
-            call.hstart = history.clock() if not attempt & (SAMPLE - 1) else 0.0
+            if not attempt & (SAMPLE - 1):
+                call.hstart = history.clock()
+                history.size_in(row, call.data)
+            else:
+                call.hstart = 0.0
+                if not row.in_n:  # each row's first request in a window is measured too
+                    history.size_in(row, call.data)
         if left > self.ack_timeout:
             self._deadlines.add(attempt, now + self.ack_timeout)
         else:
@@ -530,6 +559,25 @@ class Router:
         else:
             provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
                            call.caller.label, int(now * 1000), call.traceparent])
+
+    def _weighted(self, name: str, local: list[Peer] | tuple[()],
+                  remote: list[tuple[Peer, float]] | tuple[()],
+                  tried: set[Peer] | None) -> Peer | None:
+        """A target not in ``tried``, chosen with the weights of the weights file (local
+        providers) and the weight sums other nodes advertise."""
+        weight = self.weights.of
+        weighted = [(p, weight(name, p.provider_name)) for p in local
+                    if tried is None or p not in tried]
+        weighted += [(p, n) for p, n in remote if tried is None or p not in tried]
+        total = sum(n for _, n in weighted)
+        if not weighted or total <= 0:
+            return None
+        pick = self._rand() * total
+        for provider, n in weighted:
+            pick -= n
+            if pick < 0:
+                return provider
+        return weighted[-1][0]  # rounding left a sliver above the last one
 
     def _no_target(self, call: Call) -> None:
         cluster = self.cluster

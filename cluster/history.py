@@ -7,9 +7,13 @@ activity; the schema (``SCHEMA_VERSION``) is in docs/history.md.
 
 Cost on the hot path: an attempt at a provider finds its ``Row`` (one dict
 lookup in the provider connection's row cache) and increments; its end
-increments the same row (the call keeps the row). Latency goes into a fixed log-bucket histogram (the
-bounds of broker/rpcstats.py, so windows and nodes merge exactly) for one
-attempt in ``SAMPLE`` (broker/rpcstats.py: 8, by attempt id); counts are exact.
+increments the same row (the call keeps the row). Latency goes into a fixed
+log-bucket histogram (the bounds of broker/rpcstats.py, so windows and nodes
+merge exactly) for one attempt in ``SAMPLE`` (broker/rpcstats.py: 8, by
+attempt id); counts are exact. Payload bytes are measured (re-encoded with
+msgpack) for the same sampled attempts and for each row's first request and
+answer in a window; ``bytes_in`` / ``bytes_out`` are the mean measured size
+times the calls (answers), so estimates, exact for uniform payloads.
 
 Writing never blocks the event loop: ``roll`` hands finished rows to a
 ``HistoryWriter`` thread through a bounded queue (full: rows are dropped and
@@ -29,6 +33,7 @@ import time
 from typing import Any
 
 import structlog
+from msgpack import packb
 
 from broker.rpcstats import BOUNDS, bucket_of
 
@@ -43,12 +48,13 @@ class Row:
     """One (rpc, provider, routing node): counters for the current window."""
 
     __slots__ = ("key", "outcomes", "buckets", "lat_sum", "lat_min", "lat_max", "inflight",
-                 "peak", "users")
+                 "peak", "users", "in_sum", "in_n", "out_sum", "out_n", "in_mean", "out_mean")
 
     def __init__(self, key: tuple[str, str, str]) -> None:
         self.key = key
         self.inflight = 0
         self.users = 0       # provider connections whose row cache holds it
+        self.in_mean = self.out_mean = 0.0   # payload bytes per request / answer, last known
         self._reset()
 
     def _reset(self) -> None:
@@ -56,6 +62,7 @@ class Row:
         self.buckets = [0] * (len(BOUNDS) + 1)
         self.lat_sum, self.lat_min, self.lat_max = 0.0, float("inf"), 0.0
         self.peak = self.inflight    # > 0: the row had work in this window
+        self.in_sum = self.in_n = self.out_sum = self.out_n = 0  # payload sizes measured
 
 
 class History:
@@ -92,6 +99,18 @@ class History:
             row.users -= 1
         provider.hrows.clear()
 
+    @staticmethod
+    def size_in(row: Row, data: Any) -> None:
+        """Measure one request payload (sampled attempts, and each row's first per window)."""
+        row.in_sum += _size(data)
+        row.in_n += 1
+
+    @staticmethod
+    def size_out(row: Row, data: Any) -> None:
+        """Measure one answer payload (sampled attempts, and each row's first per window)."""
+        row.out_sum += _size(data)
+        row.out_n += 1
+
     def observe(self, row: Row, started: float) -> None:
         """A sampled attempt's latency, from ``started`` (``clock``) to now."""
         latency = self.clock() - started
@@ -102,14 +121,15 @@ class History:
         if latency > row.lat_max:
             row.lat_max = latency
 
-    def roll(self, now_wall: float, force: bool = False) -> int:
+    def roll(self, now_wall: float, force: bool = False, weights: Any = None) -> int:
         """Close the window if it is over (or ``force``): hand its rows to the writer.
-        Returns how many rows were written."""
+        ``weights`` (broker.weights.Weights, or None: all 1) are the weights in use,
+        recorded with each row. Returns how many rows were written."""
         end = self.window_start + self.window
         if now_wall < end and not force:
             return 0
-        rows = [self._record(row, self.window_start, end) for row in self.rows.values()
-                if row.peak]
+        rows = [self._record(row, self.window_start, end, weights)
+                for row in self.rows.values() if row.peak]
         for key in [k for k, r in self.rows.items() if not r.users and not r.inflight]:
             del self.rows[key]  # rows of providers gone leave (once written)
         for row in self.rows.values():
@@ -119,10 +139,14 @@ class History:
             self.writer.put(rows)
         return len(rows)
 
-    def _record(self, row: Row, start: float, end: float) -> dict[str, Any]:
+    def _record(self, row: Row, start: float, end: float, weights: Any) -> dict[str, Any]:
         rpc, provider, routed_by = row.key
         o = row.outcomes
         sampled = sum(row.buckets)
+        if row.in_n:
+            row.in_mean = row.in_sum / row.in_n
+        if row.out_n:
+            row.out_mean = row.out_sum / row.out_n
         return {
             "schema_version": SCHEMA_VERSION,
             "window_start": round(start, 3), "window_end": round(end, 3),
@@ -133,7 +157,17 @@ class History:
             "latency_min_s": round(row.lat_min, 6) if sampled else None,
             "latency_max_s": round(row.lat_max, 6) if sampled else None,
             "peak_in_flight": row.peak,
+            "bytes_in": round(row.in_mean * sum(o)), "bytes_out": round(row.out_mean * o[OK]),
+            "weight": 1.0 if weights is None else weights.of(rpc, provider),
         }
+
+
+def _size(data: Any) -> int:
+    """The msgpack size of a payload (what it took on the wire, less the frame around it)."""
+    try:
+        return len(packb(data))
+    except (TypeError, ValueError, OverflowError):  # not msgpack (in-process tests only)
+        return 0
 
 
 class HistoryWriter:

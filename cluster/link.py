@@ -276,8 +276,9 @@ class ClusterLink:
         if not self.membership.members:  # a first join: hear a round of heartbeats first
             self._settled_at = now + 1.5 * self.config.heartbeat_interval
         self._beat(now)
-        for name, count in self.router.provider_counts().items():
-            self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, name, count])
+        for name in self.router.provider_counts():
+            self.bus.publish(self.bus.control,
+                             [m.PROVIDER_UPDATE, name, self.router.advertised(name)])
 
     def _on_down(self, reason: str) -> None:
         now = asyncio.get_running_loop().time()
@@ -289,7 +290,7 @@ class ClusterLink:
                                    self.config.query_timeout)  # it can no longer be kept true
         self.router.cluster_down(now)
 
-    def _count_changed(self, name: str, count: int) -> None:
+    def _count_changed(self, name: str, count: float) -> None:
         self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, name, count])
 
     def _on_batch(self, sender: str, sent_at: float, msgs: list[list[Any]]) -> None:
@@ -334,7 +335,7 @@ class ClusterLink:
                 self.stats["checks_refused"] += 1
                 self.bus.publish(self._node(sender).topic, [m.REJECT, msg[1]])
         elif kind == m.RPC_QUERY:  # a terminating node takes no new calls: it has none
-            count = len(router.providers_of(msg[1])) if self.state != m.TERMINATING else 0
+            count = router.advertised(msg[1]) if self.state != m.TERMINATING else 0
             self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, msg[1], count])
         elif kind == m.PROVIDER_UPDATE:
             if self.cache.on_update(sender, msg[1], msg[2], now):

@@ -8,6 +8,8 @@ A message is an array whose first element is its kind (docs/cluster.md)::
     STATE            [1, state, url, started_unix, info]     control topic
     RPC_QUERY        [10, rpc]                                control topic
     PROVIDER_UPDATE  [11, rpc, count]                         control topic
+                     (count: the node's providers of rpc, or the sum of their
+                     weights when it loaded a weights file: int or float >= 0)
     INVOKE           [20, id, rpc, data, time_left_ms, ack_left_ms, caller, traceparent?]
     ACK              [21, id]        the INVOKE arrived; the node works on it
     ACCEPTED         [22, id]        one of its providers accepted
@@ -90,8 +92,12 @@ def _well_formed(msg: Any) -> bool:
                 and type(msg[6]) is str and (len(msg) == 7 or type(msg[7]) is str))
     if kind == ERROR:
         return type(msg[2]) is str and type(msg[3]) is str
-    if kind in (RPC_QUERY, PROVIDER_UPDATE):
-        return type(msg[1]) is str and (kind == RPC_QUERY or type(msg[2]) is int)
+    if kind == RPC_QUERY:
+        return type(msg[1]) is str
+    if kind == PROVIDER_UPDATE:
+        count = msg[2]
+        return (type(msg[1]) is str and type(count) in (int, float)
+                and 0 <= count < float("inf"))
     if kind == STATE:
         return type(msg[1]) is str and type(msg[2]) is str and type(msg[4]) is dict
     return True

@@ -28,12 +28,12 @@ class Entry:
 
     __slots__ = ("counts", "targets", "peers")
 
-    def __init__(self, counts: dict[str, int]) -> None:
+    def __init__(self, counts: dict[str, float]) -> None:
         self.counts = {n: c for n, c in counts.items() if c > 0}
         self.targets = list(self.counts.items())
         self.peers: list | None = None  # the owner's memo of targets as its peer objects
 
-    def set(self, node: str, count: int) -> None:
+    def set(self, node: str, count: float) -> None:
         if count > 0:
             self.counts[node] = count
         else:
@@ -46,7 +46,7 @@ class Entry:
 class Query:
     expected: set[str]
     deadline: float
-    answers: dict[str, int] = field(default_factory=dict)
+    answers: dict[str, float] = field(default_factory=dict)
 
 
 class ProviderCache:
@@ -86,7 +86,7 @@ class ProviderCache:
         self.queries_sent += 1
         return True, False
 
-    def on_update(self, node: str, name: str, count: int, now: float) -> bool:
+    def on_update(self, node: str, name: str, count: float, now: float) -> bool:
         """A PROVIDER_UPDATE from ``node``; True when it completed a query for ``name``."""
         self._now = now
         query = self.queries.get(name)
@@ -144,7 +144,7 @@ class ProviderCache:
             self._store(name, self.queries.pop(name).answers)
         return done
 
-    def _store(self, name: str, counts: dict[str, int]) -> None:
+    def _store(self, name: str, counts: dict[str, float]) -> None:
         entry = Entry(counts)
         self._positive.pop(name, None)
         self._negative.pop(name, None)

@@ -21,8 +21,9 @@ async def test_history_counts_every_attempt_per_provider_and_window(tmp_path):
             await good.provide("h.echo", lambda d: d)
             await bad.provide("h.fail", lambda d: 1 / 0)
             for burst in range(4):                         # spread over several windows
-                assert await asyncio.gather(*(caller.call("h.echo", i, timeout=5)
-                                              for i in range(100))) == list(range(100))
+                sent = [{"i": i, "pad": "x" * 200} for i in range(100)]  # 210 bytes each
+                assert await asyncio.gather(*(caller.call("h.echo", d, timeout=5)
+                                              for d in sent)) == sent
                 await asyncio.sleep(0.3)
             for _ in range(5):
                 try:
@@ -46,5 +47,8 @@ async def test_history_counts_every_attempt_per_provider_and_window(tmp_path):
     assert sum(r["errors"] for r in fail) == 5 and {r["provider"] for r in fail} == {bad_name}
     sampled = sum(r["latency_sampled"] for r in echo)
     assert sampled == sum(sum(r["latency_buckets"]) for r in echo) and 400 // 8 - 1 <= sampled
+    # payloads of one size: the estimate from the measured ones is exact
+    assert sum(r["bytes_in"] for r in echo) == sum(r["bytes_out"] for r in echo) == 400 * 210
+    assert all(r["weight"] == 1.0 for r in rows)                      # no weights file
     assert all(r["peak_in_flight"] >= 1 for r in echo)
     assert max(r["peak_in_flight"] for r in echo) > 1                # 100 at once

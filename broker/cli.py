@@ -236,15 +236,17 @@ def analyze(args: tuple[str, ...]) -> None:
 @click.option("--rate", default=50.0, show_default=True, help="Mean calls/s per provider.")
 @click.option("--slow", multiple=True, help="A provider that answers ~10x slower (repeat).")
 @click.option("--failing", multiple=True, help="A provider that fails ~20% (repeat).")
+@click.option("--hog", multiple=True, help="A provider given twice its share (repeat).")
 @click.option("--seed", default=1, show_default=True)
 def history_gen(out: str, nodes: int, providers: int, rpcs: int, hours: float, window: float,
-                rate: float, slow: tuple[str, ...], failing: tuple[str, ...], seed: int) -> None:
+                rate: float, slow: tuple[str, ...], failing: tuple[str, ...],
+                hog: tuple[str, ...], seed: int) -> None:
     """Write a synthetic provider load history (providers are p1, p2, ...)."""
     from cluster.historygen import generate
 
     t0 = time.monotonic()
     rows = generate(out, nodes=nodes, providers=providers, rpcs=rpcs, hours=hours,
-                    window=window, slow=slow, failing=failing, seed=seed, rate=rate)
+                    window=window, slow=slow, failing=failing, hogs=hog, seed=seed, rate=rate)
     click.echo(f"{rows:,} rows under {out} in {time.monotonic() - t0:.1f} s")
 
 

@@ -23,6 +23,8 @@ report are not built yet (issue 6 stays open).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import threading
 import time
 from typing import Any
@@ -30,6 +32,7 @@ from typing import Any
 from broker.rpcstats import BOUNDS
 
 QUANTILES = (0.5, 0.95, 0.99)
+BUCKETS = len(BOUNDS) + 1
 PERIODS = {"per_minute": 60, "per_hour": 3600}
 KEYS = ["provider", "rpc", "served_by"]
 COUNTS = ["calls", "ok", "rejected", "errors", "ack_timeouts", "response_timeouts"]
@@ -51,14 +54,23 @@ def schema() -> Any:
                T.StructField("latency_sum_s", T.DoubleType()),
                T.StructField("latency_min_s", T.DoubleType()),
                T.StructField("latency_max_s", T.DoubleType()),
-               T.StructField("peak_in_flight", T.LongType())]
+               T.StructField("peak_in_flight", T.LongType()),
+               T.StructField("bytes_in", T.LongType()),
+               T.StructField("bytes_out", T.LongType()),
+               T.StructField("weight", T.DoubleType())]
     return T.StructType(fields)
 
 
-def session(master: str = "local[*]") -> Any:
+def session(master: str | None = "local[*]") -> Any:
+    """A Spark session; ``master`` None leaves it to spark-submit (else local[*])."""
     from pyspark.sql import SparkSession
 
-    return (SparkSession.builder.master(master).appName("rpcbus-analyze")
+    builder = SparkSession.builder
+    if master is not None:
+        builder = builder.master(master)
+    elif not os.environ.get("PYSPARK_GATEWAY_PORT"):  # not under spark-submit
+        builder = builder.master("local[*]")
+    return (builder.appName("rpcbus-analyze")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.shuffle.partitions", "8")
@@ -81,66 +93,151 @@ def stop(spark: Any) -> None:
         SparkContext._gateway = SparkContext._jvm = None
 
 
-def analyze(spark: Any, history: str, out: str, since: float | None = None,
-            until: float | None = None) -> dict[str, int]:
-    """Run the job; returns the rows written per table."""
+def read_history(spark: Any, history: str, fmt: str = "auto") -> Any:
+    """The history rows (JSON lines as the nodes write them, or Parquet with the same
+    columns); ``fmt`` "auto" picks Parquet when a local ``history`` holds .parquet files."""
     from pyspark.sql import functions as F
 
-    rows = (spark.read.schema(schema()).option("recursiveFileLookup", "true")
-            .json(history).where(F.col("schema_version") == 1))
+    if fmt == "auto":
+        fmt = "parquet" if _has_parquet(history) else "json"
+    reader = spark.read.schema(schema()).option("recursiveFileLookup", "true")
+    rows = reader.parquet(history) if fmt == "parquet" else reader.json(history)
+    return rows.withColumn("weight", F.coalesce(F.col("weight"), F.lit(1.0)))
+
+
+def _has_parquet(path: str) -> bool:
+    if "://" in path and not path.startswith("file://"):
+        return False
+    for _, _, files in os.walk(path.removeprefix("file://")):
+        if any(f.endswith(".parquet") for f in files):
+            return True
+    return False
+
+
+def analyze(spark: Any, history: str, out: str, since: float | None = None,
+            until: float | None = None, half_life: float = 3600.0, fmt: str = "auto",
+            report: bool = True, report_dir: str | None = None) -> dict[str, int]:
+    """Run the job; returns the rows written per table (and ``rows_read`` / ``rows_skipped``:
+    rows of another schema version or that could not be parsed, which are left out)."""
+    from pyspark.sql import functions as F
+
+    from cluster import findings
+
+    rows = read_history(spark, history, fmt)
     if since is not None:
         rows = rows.where(F.col("window_start") >= since)
     if until is not None:
         rows = rows.where(F.col("window_start") < until)
     rows = rows.cache()
-    written = {}
-    for name, seconds in PERIODS.items():
-        table = _per_period(rows, seconds)
+    total = rows.count()
+    rows_ok = rows.where((F.col("schema_version") == 1) & F.col("rpc").isNotNull()
+                         & F.col("provider").isNotNull() & F.col("calls").isNotNull()
+                         & F.col("window_start").isNotNull())
+    written = {"rows_read": total}
+    written["rows_skipped"] = total - rows_ok.count()
+    tables = {name: per_period(rows_ok, seconds) for name, seconds in PERIODS.items()}
+    tables["per_provider"] = aggregate(rows_ok, ["rpc", "provider"], extra=[
+        F.array_join(F.sort_array(F.collect_set("served_by")), ",").alias("served_by"),
+        F.min("window_start").alias("first_window"), F.max("window_end").alias("last_window"),
+        F.avg("weight").alias("weight")])
+    for name, table in tables.items():
         table.write.mode("overwrite").parquet(f"{out}/{name}")
         written[name] = spark.read.parquet(f"{out}/{name}").count()
+    per_provider = spark.read.parquet(f"{out}/per_provider")
+    for name, table in findings.tables(rows_ok, per_provider, half_life).items():
+        table.write.mode("overwrite").parquet(f"{out}/{name}")
+        written[name] = spark.read.parquet(f"{out}/{name}").count()
+    doc = findings.weights_doc(spark.read.parquet(f"{out}/weights"),
+                               {"history": history, "since": since, "until": until,
+                                "half_life_s": half_life})
+    write_text(spark, f"{out}/weights.json", json.dumps(doc, indent=1) + "\n")
     rows.unpersist()
+    if report:
+        from cluster import report as report_mod
+
+        report_mod.write(spark, out, report_dir)
     return written
 
 
-def _per_period(rows: Any, seconds: int) -> Any:
-    from pyspark.sql import Window
+def write_text(spark: Any, path: str, text: str) -> None:
+    """One small file, written by the driver: local paths directly, others (``hdfs://``,
+    ``s3a://``) through Hadoop's FileSystem, as Spark writes them."""
+    if "://" not in path or path.startswith("file://"):
+        local = path.removeprefix("file://")
+        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+        with open(local, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    jvm = spark.sparkContext._jvm
+    target = jvm.org.apache.hadoop.fs.Path(path)
+    fs = target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    stream = fs.create(target, True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()
+
+
+def aggregate(rows: Any, keys: list[str], extra: list[Any] = ()) -> Any:
+    """Sum the counters of ``rows`` per ``keys``; rates, bytes, peak in flight and the
+    latency percentiles of the bucket-by-bucket sum of their histograms."""
     from pyspark.sql import functions as F
 
-    keyed = rows.withColumn("period_start",
-                            (F.floor(F.col("window_start") / seconds) * seconds).cast("long"))
-    keys = [*KEYS, "period_start"]
-    sums = keyed.groupBy(*keys).agg(
+    sums = rows.groupBy(*keys).agg(
         *[F.sum(c).alias(c) for c in COUNTS],
         F.max("peak_in_flight").alias("peak_in_flight"),
         F.sum("latency_sampled").alias("latency_sampled"),
         F.sum("latency_sum_s").alias("latency_sum_s"),
         F.min("latency_min_s").alias("latency_min_s"),
-        F.max("latency_max_s").alias("latency_max_s"))
-    # merge the histograms exactly: add bucket by bucket, then find each quantile's bucket
-    buckets = (keyed.select(*keys, F.posexplode("latency_buckets").alias("pos", "n"))
-               .groupBy(*keys, "pos").agg(F.sum("n").alias("n")))
-    running = Window.partitionBy(*keys).orderBy("pos").rowsBetween(
-        Window.unboundedPreceding, Window.currentRow)
-    buckets = (buckets.withColumn("cum", F.sum("n").over(running))
-               .withColumn("total", F.sum("n").over(Window.partitionBy(*keys))))
-    bounds = F.array(*[F.lit(float(b)) for b in BOUNDS], F.lit(float("inf")))
-    quantiles = buckets.groupBy(*keys).agg(*[
-        F.min(F.when((F.col("total") > 0) & (F.col("cum") >= F.col("total") * q), F.col("pos")))
-        .alias(f"_q{i}") for i, q in enumerate(QUANTILES)])
-    quantiles = quantiles.select(*keys, *[
-        F.element_at(bounds, F.col(f"_q{i}") + 1).alias(f"p{int(q * 100)}_s")
-        for i, q in enumerate(QUANTILES)])
-    table = sums.join(quantiles, keys, "left")
+        F.max("latency_max_s").alias("latency_max_s"),
+        F.sum("bytes_in").alias("bytes_in"), F.sum("bytes_out").alias("bytes_out"),
+        F.array(*[F.coalesce(F.sum(F.get("latency_buckets", i)), F.lit(0))
+                  for i in range(BUCKETS)]).alias("_buckets"),
+        *extra)
+    extra_names = {c for c in sums.columns} - set(keys) - set(COUNTS) - {
+        "peak_in_flight", "latency_sampled", "latency_sum_s", "latency_min_s",
+        "latency_max_s", "bytes_in", "bytes_out", "_buckets"}
     calls = F.col("calls")
-    return table.select(
+    return sums.select(
         *keys, *COUNTS,
-        (calls / F.lit(float(seconds))).alias("calls_per_s"),
         F.when(calls > 0, F.col("errors") / calls).alias("error_rate"),
         F.when(calls > 0, F.col("rejected") / calls).alias("reject_rate"),
         F.when(calls > 0, (F.col("ack_timeouts") + F.col("response_timeouts")) / calls)
         .alias("timeout_rate"),
+        F.when(calls > 0, (F.col("errors") + F.col("ack_timeouts")
+                           + F.col("response_timeouts")) / calls).alias("failure_rate"),
         "peak_in_flight", "latency_sampled", "latency_sum_s", "latency_min_s",
-        "latency_max_s", "p50_s", "p95_s", "p99_s")
+        "latency_max_s",
+        F.when(F.col("latency_sampled") > 0, F.col("latency_sum_s") / F.col("latency_sampled"))
+        .alias("latency_mean_s"),
+        *quantiles("_buckets"),
+        "bytes_in", "bytes_out", *[c for c in sums.columns if c in extra_names])
+
+
+def quantiles(buckets: str) -> list[Any]:
+    """p50_s, p95_s, p99_s of the summed histogram in column ``buckets``: the upper bound of
+    the first bucket whose running count reaches the quantile (over 60 s: Infinity).
+    Higher-order functions keep the generated code small (a CASE per bucket outgrows the
+    JVM's method size and Spark falls back to interpreting)."""
+    from pyspark.sql import functions as F
+
+    bounds = "array(" + ", ".join(f"double({b!r})" for b in BOUNDS) + ", double('inf'))"
+    cum = (f"transform({buckets}, (x, i) -> "
+           f"aggregate(slice({buckets}, 1, i + 1), 0L, (a, y) -> a + y))")
+    total = f"aggregate({buckets}, 0L, (a, y) -> a + y)"
+    return [F.expr(f"CASE WHEN {total} > 0 THEN element_at({bounds}, int(array_position("
+                   f"transform({cum}, c -> c * 100 >= {total} * {round(q * 100)}), true))) END")
+            .alias(f"p{int(q * 100)}_s") for q in QUANTILES]
+
+
+def per_period(rows: Any, seconds: int) -> Any:
+    """The per-period table: per provider, rpc, serving node and period of ``seconds``."""
+    from pyspark.sql import functions as F
+
+    keyed = rows.withColumn("period_start",
+                            (F.floor(F.col("window_start") / seconds) * seconds).cast("long"))
+    table = aggregate(keyed, [*KEYS, "period_start"], extra=[F.avg("weight").alias("weight")])
+    return table.withColumn("calls_per_s", F.col("calls") / F.lit(float(seconds)))
 
 
 class _Progress:
@@ -179,19 +276,36 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     ap.add_argument("--out", required=True, help="where the Parquet tables go")
     ap.add_argument("--since", help="first window to include (ISO date/time, UTC)")
     ap.add_argument("--until", help="end of the windows to include (ISO, UTC, exclusive)")
-    ap.add_argument("--master", default="local[*]", help="Spark master [local[*]]")
+    ap.add_argument("--master", default=None,
+                    help="Spark master [local[*]; under spark-submit: its --master]")
+    ap.add_argument("--half-life", type=float, default=3600.0,
+                    help="s: how fast old windows stop counting for the weights [3600]")
+    ap.add_argument("--format", choices=("auto", "json", "parquet"), default="auto",
+                    help="history files: JSON lines (the nodes') or Parquet [auto]")
+    ap.add_argument("--report-dir", help="where report.html and the PNGs go (a local "
+                    "directory) [OUT/report; required when OUT is not local]")
+    ap.add_argument("--no-report", action="store_true", help="tables and weights only")
     args = ap.parse_args(argv)
+    remote = "://" in args.out and not args.out.startswith("file://")
+    if remote and not args.report_dir and not args.no_report:
+        ap.error("--out is not a local path: give --report-dir (local) or --no-report")
     started = time.monotonic()
     spark = session(args.master)
     spark.sparkContext.setLogLevel("ERROR")
     try:
         with _Progress(spark):
             written = analyze(spark, args.history, args.out, _instant(args.since),
-                              _instant(args.until))
+                              _instant(args.until), args.half_life, args.format,
+                              not args.no_report, args.report_dir)
     finally:
         stop(spark)
+    print(f"  {written.pop('rows_read'):,} history rows read, "
+          f"{written.pop('rows_skipped'):,} skipped (other schema version or unreadable)")
     for name, n in written.items():
         print(f"  {name}: {n:,} rows -> {args.out}/{name}")
+    print(f"  weights for rpc.weights_file -> {args.out}/weights.json")
+    if not args.no_report:
+        print(f"  report -> {args.report_dir or os.path.join(args.out, 'report')}/report.html")
     print(f"done in {time.monotonic() - started:.1f} s")
     return written
 

@@ -4,7 +4,8 @@ Writes the same rows, files and partitions as the nodes (cluster/history.py,
 docs/history.md): N nodes, M providers spread over them, K rpcs each provided
 by a few providers, windows over a time span; load follows a daily curve with
 noise; providers named in ``slow`` answer ~10x slower, those in ``failing``
-fail ~20% of their calls. Deterministic for a given ``seed``.
+fail ~20% of their calls, those in ``hogs`` get twice their share (as if the choice
+were unfair). Deterministic for a given ``seed``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from .history import SCHEMA_VERSION
 
 def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours: float = 1.0,
              window: float = 10.0, start: float | None = None, slow: tuple[str, ...] = (),
-             failing: tuple[str, ...] = (), seed: int = 1, rate: float = 50.0) -> int:
+             failing: tuple[str, ...] = (), hogs: tuple[str, ...] = (), seed: int = 1,
+             rate: float = 50.0) -> int:
     """Write the history under ``out``; returns the number of rows."""
     rng = random.Random(seed)
     start = start if start is not None else 1_793_000_000.0    # 2026-10-27, a fixed instant
@@ -43,7 +45,8 @@ def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours:
             for rpc, provs in serving.items():
                 for prov in provs:
                     for routed_by in node_names:
-                        calls = int(rng.expovariate(1.0) * rate * daily * window / nodes)
+                        calls = int(rng.expovariate(1.0) * rate * daily * window / nodes
+                                    * (2 if prov in hogs else 1))
                         if calls == 0:
                             continue
                         row = _row(rng, t, window, rpc, prov, home[prov], routed_by, calls,
@@ -81,7 +84,8 @@ def _row(rng: random.Random, t: float, window: float, rpc: str, prov: str, serve
             "latency_sampled": sampled, "latency_sum_s": round(lat_sum, 6),
             "latency_min_s": round(lo, 6) if sampled else None,
             "latency_max_s": round(hi, 6) if sampled else None,
-            "peak_in_flight": max(1, int(calls / window * 0.01 * (10 if slow else 1)))}
+            "peak_in_flight": max(1, int(calls / window * 0.01 * (10 if slow else 1))),
+            "bytes_in": calls * 120, "bytes_out": ok * 480, "weight": 1.0}
 
 
 def _file(files: dict[str, Any], out: str, node: str, t: float) -> Any:

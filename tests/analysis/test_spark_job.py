@@ -1,44 +1,144 @@
 """The PySpark job against a plain-Python reference on the same generated history:
-every count equal, every histogram percentile the same bucket bound."""
+every count equal, every histogram percentile the same bucket bound, every finding
+(fairness, outliers, hot rpcs, peak minutes, weights) the same; then the weights file
+and the report it writes."""
 
 import glob
 import json
 import math
+import statistics
 from collections import defaultdict
 
 import pytest
 
 from broker.rpcstats import BOUNDS
-from cluster import analysis
+from broker.weights import load as load_weights
+from cluster import analysis, findings
 from cluster.historygen import generate
 
 COUNTS = analysis.COUNTS
+HALF_LIFE = 1800.0
 
 
-def reference(history, seconds):
-    """Plain Python: the same per-period figures from the JSON lines."""
-    groups = defaultdict(lambda: {"counts": [0] * len(COUNTS), "buckets": [0] * (len(BOUNDS) + 1),
-                                  "peak": 0})
+def history_rows(history):
+    rows = []
     for path in glob.glob(f"{history}/**/*.jsonl", recursive=True):
         for line in open(path):
-            r = json.loads(line)
-            key = (r["provider"], r["rpc"], r["served_by"],
-                   int(math.floor(r["window_start"] / seconds) * seconds))
-            g = groups[key]
-            g["counts"] = [a + r[c] for a, c in zip(g["counts"], COUNTS)]
-            g["buckets"] = [a + b for a, b in zip(g["buckets"], r["latency_buckets"])]
-            g["peak"] = max(g["peak"], r["peak_in_flight"])
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    return rows
+
+
+def quantiles(buckets):
+    """The bound of the first bucket whose running count reaches q (integer arithmetic)."""
+    total, cum, qs = sum(buckets), 0, {}
+    for pos, n in enumerate(buckets):
+        cum += n
+        for q in analysis.QUANTILES:
+            if q not in qs and total > 0 and cum * 100 >= total * round(q * 100):
+                qs[q] = (list(BOUNDS) + [math.inf])[pos]
+    return {f"p{int(q * 100)}_s": qs.get(q) for q in analysis.QUANTILES}
+
+
+def aggregate(rows, key):
+    groups = {}
+    for r in rows:
+        g = groups.setdefault(key(r), {"counts": [0] * len(COUNTS), "peak": 0, "bytes": [0, 0],
+                                       "buckets": [0] * (len(BOUNDS) + 1)})
+        g["counts"] = [a + r[c] for a, c in zip(g["counts"], COUNTS)]
+        g["buckets"] = [a + b for a, b in zip(g["buckets"], r["latency_buckets"])]
+        g["peak"] = max(g["peak"], r["peak_in_flight"])
+        g["bytes"] = [g["bytes"][0] + r["bytes_in"], g["bytes"][1] + r["bytes_out"]]
     out = {}
-    for key, g in groups.items():
-        total, cum, qs = sum(g["buckets"]), 0, {}
-        for pos, n in enumerate(g["buckets"]):
-            cum += n
-            for q in analysis.QUANTILES:
-                if q not in qs and total > 0 and cum >= total * q:
-                    qs[q] = (list(BOUNDS) + [math.inf])[pos]
-        out[key] = {**dict(zip(COUNTS, g["counts"])), "peak_in_flight": g["peak"],
-                    **{f"p{int(q * 100)}_s": qs.get(q) for q in analysis.QUANTILES}}
+    for k, g in groups.items():
+        c = dict(zip(COUNTS, g["counts"]))
+        out[k] = {**c, "peak_in_flight": g["peak"], "bytes_in": g["bytes"][0],
+                  "bytes_out": g["bytes"][1], **quantiles(g["buckets"]),
+                  "failure_rate": (c["errors"] + c["ack_timeouts"] + c["response_timeouts"])
+                  / c["calls"]}
     return out
+
+
+def minute(r):
+    return int(math.floor(r["window_start"] / 60) * 60)
+
+
+def fairness(rows):
+    per_min = defaultdict(lambda: [0, []])
+    for r in rows:
+        g = per_min[(r["rpc"], r["provider"], minute(r))]
+        g[0] += r["calls"]
+        g[1].append(r["weight"])
+    w = {k: statistics.fmean(v[1]) for k, v in per_min.items()}
+    span, rpc_min = {}, defaultdict(int)
+    for (rpc, prov, m), (calls, _) in per_min.items():
+        s = span.setdefault((rpc, prov), {"first": m, "last": m, "ws": [], "calls": 0})
+        s["first"], s["last"] = min(s["first"], m), max(s["last"], m)
+        s["ws"].append(w[(rpc, prov, m)])
+        s["calls"] += calls
+        rpc_min[(rpc, m)] += calls
+    expected = defaultdict(float)
+    for (rpc, m), n in rpc_min.items():
+        present = {p: w.get((rpc, p, m), statistics.fmean(s["ws"]))
+                   for (r, p), s in span.items() if r == rpc and s["first"] <= m <= s["last"]}
+        for p, wp in present.items():
+            expected[(rpc, p)] += n * wp / sum(present.values())
+    out = {}
+    for rpc in {r for r, _ in span}:
+        mine = {p: s for (r, p), s in span.items() if r == rpc}
+        total = sum(s["calls"] for s in mine.values())
+        ratios = {p: s["calls"] / expected[(rpc, p)] for p, s in mine.items()}
+        mean = statistics.fmean(ratios.values())
+        for p, s in mine.items():
+            e, ratio = expected[(rpc, p)], ratios[p]
+            flagged = (abs(ratio - 1) > findings.FAIR_TOLERANCE
+                       and abs(s["calls"] - e) > findings.FAIR_Z * math.sqrt(e))
+            out[(rpc, p)] = {"calls": s["calls"], "rpc_calls": total, "expected_calls": e,
+                             "share": s["calls"] / total, "expected_share": e / total,
+                             "ratio": ratio, "cv": statistics.pstdev(ratios.values()) / mean,
+                             "max_over_mean": max(ratios.values()) / mean,
+                             "took": ("more" if ratio > 1 else "less") if flagged else None}
+    return out
+
+
+def outliers(per_provider):
+    out = {}
+    for (rpc, p), me in per_provider.items():
+        others = [v for (r, q), v in per_provider.items() if r == rpc and q != p]
+        p99s = [o["p99_s"] for o in others if o["p99_s"] is not None]
+        if p99s and statistics.median(p99s) > 0 and me["p99_s"] is not None \
+                and me["p99_s"] > findings.SLOW_FACTOR * statistics.median(p99s):
+            out[(rpc, p, "slow")] = (me["p99_s"], statistics.median(p99s))
+        if others:
+            med = statistics.median(o["failure_rate"] for o in others)
+            if me["failure_rate"] >= med + findings.FAIL_MARGIN and \
+                    me["failure_rate"] >= findings.FAIL_FACTOR * med:
+                out[(rpc, p, "failing")] = (me["failure_rate"], med)
+    return out
+
+
+def weights(rows):
+    newest = max(r["window_start"] for r in rows)
+    acc = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for r in rows:
+        d = 0.5 ** ((newest - r["window_start"]) / HALF_LIFE)
+        a = acc[(r["rpc"], r["provider"])]
+        a[0] += d * r["calls"]
+        a[1] += d * (r["errors"] + r["ack_timeouts"] + r["response_timeouts"])
+        a[2] += d * r["latency_sum_s"]
+        a[3] += d * r["latency_sampled"]
+    recent = {k: (a[1] / a[0] if a[0] else 0.0, a[2] / a[3] if a[3] else None)
+              for k, a in acc.items()}
+    score = {}
+    for (rpc, p), (fail, lat) in recent.items():
+        peers = [v[1] for (r, q), v in recent.items() if r == rpc and q != p and v[1] is not None]
+        speed = min(1.0, statistics.median(peers) / lat) if peers and lat else 1.0
+        score[(rpc, p)] = (1 - fail) ** findings.FAILURE_POWER * speed
+    return {k: (s, max(findings.MIN_WEIGHT, round(s / max(v for (r, _), v in score.items()
+                                                           if r == k[0]), 3)))
+            for k, s in score.items()}
 
 
 @pytest.fixture(scope="module")
@@ -49,22 +149,108 @@ def spark():
     analysis.stop(s)
 
 
-def test_every_figure_equals_the_reference(spark, tmp_path):
-    history, out = tmp_path / "history", tmp_path / "out"
-    rows = generate(str(history), nodes=2, providers=4, rpcs=3, hours=1.5, window=10,
-                    slow=("p2",), failing=("p3",), seed=7)
-    assert rows > 1000
-    written = analysis.analyze(spark, str(history), str(out))
-    for table, seconds in analysis.PERIODS.items():
-        expected = reference(history, seconds)
-        got = {(r["provider"], r["rpc"], r["served_by"], r["period_start"]): r.asDict()
-               for r in spark.read.parquet(f"{out}/{table}").collect()}
-        assert written[table] == len(expected) == len(got)
-        for key, want in expected.items():
-            row = got[key]
-            for field, value in want.items():
-                assert row[field] == value, (table, key, field, row[field], value)
-            assert row["calls_per_s"] == pytest.approx(want["calls"] / seconds)
-    slow = spark.read.parquet(f"{out}/per_hour").where("provider = 'p2'").collect()
-    fast = spark.read.parquet(f"{out}/per_hour").where("provider = 'p1'").collect()
-    assert min(r["p50_s"] for r in slow) > max(r["p50_s"] for r in fast)   # generated slow
+@pytest.fixture(scope="module")
+def job(spark, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("job")
+    history, out = tmp / "history", tmp / "out"
+    n = generate(str(history), nodes=2, providers=4, rpcs=3, hours=1.5, window=10,
+                 slow=("p2",), failing=("p3",), hogs=("p4",), seed=1)
+    assert n > 1000
+    with open(next(iter(glob.glob(f"{history}/**/*.jsonl", recursive=True))), "a") as f:
+        f.write('{"schema_version": 99, "rpc": "x"}\nnot json at all\n')   # skipped, counted
+    written = analysis.analyze(spark, str(history), str(out), half_life=HALF_LIFE)
+    rows = [r for r in history_rows(history) if r["schema_version"] == 1]
+    assert len(rows) == n
+
+    def table(name):
+        return [r.asDict() for r in spark.read.parquet(f"{out}/{name}").collect()]
+    return rows, written, table, out
+
+
+def test_period_and_provider_tables_equal_the_reference(job):
+    rows, written, table, _ = job
+    assert written["rows_read"] == len(rows) + 2 and written["rows_skipped"] == 2
+    for name, seconds in analysis.PERIODS.items():
+        want = aggregate(rows, lambda r: (r["provider"], r["rpc"], r["served_by"],
+                                          int(math.floor(r["window_start"] / seconds) * seconds)))
+        got = {(r["provider"], r["rpc"], r["served_by"], r["period_start"]): r
+               for r in table(name)}
+        assert written[name] == len(want) == len(got)
+        for key, fields in want.items():
+            for field, value in fields.items():
+                assert got[key][field] == pytest.approx(value), (name, key, field)
+            assert got[key]["calls_per_s"] == pytest.approx(fields["calls"] / seconds)
+    want = aggregate(rows, lambda r: (r["rpc"], r["provider"]))
+    got = {(r["rpc"], r["provider"]): r for r in table("per_provider")}
+    assert got.keys() == want.keys()
+    for key, fields in want.items():
+        for field, value in fields.items():
+            assert got[key][field] == pytest.approx(value), ("per_provider", key, field)
+    slow = [r for r in got.values() if r["provider"] == "p2"]
+    assert slow and all(r["p50_s"] > got[(r["rpc"], q)]["p50_s"]
+                        for r in slow for (rpc, q) in got if rpc == r["rpc"] and q != "p2")
+
+
+def test_findings_equal_the_reference_and_flag_what_was_injected(job):
+    rows, _, table, _ = job
+    want = fairness(rows)
+    got = {(r["rpc"], r["provider"]): r for r in table("fairness")}
+    assert got.keys() == want.keys()
+    for key, fields in want.items():
+        for field, value in fields.items():
+            assert got[key][field] == pytest.approx(value), ("fairness", key, field)
+    took = {k: v["took"] for k, v in want.items() if v["took"]}
+    assert took and all(p == "p4" and t == "more" for (_, p), t in took.items() if t == "more")
+
+    per_provider = aggregate(rows, lambda r: (r["rpc"], r["provider"]))
+    want = outliers(per_provider)
+    got = {(r["rpc"], r["provider"], r["kind"]): (r["value"], r["peers_median"])
+           for r in table("outliers")}
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value)
+    assert {(p, k) for _, p, k in got} == {("p2", "slow"), ("p3", "failing")}
+
+    calls = defaultdict(int)
+    per_minute = defaultdict(int)
+    for r in rows:
+        calls[r["rpc"]] += r["calls"]
+        per_minute[(r["rpc"], minute(r))] += r["calls"]
+    got = {r["rpc"]: r for r in table("hot_rpcs")}
+    ranked = sorted(calls, key=lambda k: (-calls[k], k))
+    for rpc, n in calls.items():
+        share = n / sum(calls.values())
+        assert (got[rpc]["calls"], got[rpc]["rank"], got[rpc]["hot"]) == \
+            (n, ranked.index(rpc) + 1, share >= 2 / len(calls))
+        assert got[rpc]["share"] == pytest.approx(share)
+        assert got[rpc]["peak_minute_calls"] == max(v for (r, _), v in per_minute.items()
+                                                    if r == rpc)
+    for (_, m), v in list(per_minute.items()):
+        per_minute[("*", m)] += v
+    got = {(r["rpc"], r["rank"]): (r["minute"], r["calls"]) for r in table("peak_minutes")}
+    for rpc in [*calls, "*"]:
+        top = sorted(((m, v) for (r, m), v in per_minute.items() if r == rpc),
+                     key=lambda mv: (-mv[1], mv[0]))[:findings.PEAKS]
+        assert [got[(rpc, i + 1)] for i in range(len(top))] == top
+
+    want = weights(rows)
+    got = {(r["rpc"], r["provider"]): r for r in table("weights")}
+    assert got.keys() == want.keys()
+    for key, (score, weight) in want.items():
+        assert got[key]["score"] == pytest.approx(score)
+        assert got[key]["weight"] == pytest.approx(weight, abs=0.0011)
+    assert all(w["weight"] < 0.2 for w in got.values() if w["provider"] == "p2")   # slow
+    assert all(w["weight"] < 0.6 for w in got.values() if w["provider"] == "p3")   # failing
+
+
+def test_the_weights_file_loads_in_a_node_and_the_report_says_what_was_found(job):
+    _, _, table, out = job
+    loaded = load_weights(f"{out}/weights.json")
+    for w in table("weights"):
+        assert loaded.of(w["rpc"], w["provider"]) == w["weight"]
+    report = (out / "report" / "report.html").read_text()
+    for chart in ("throughput", "latency", "fairness", "heatmap"):
+        assert (out / "report" / f"{chart}.png").stat().st_size > 5000
+        assert f"alt='{chart}' src='data:image/png;base64," in report
+    assert "<b>p2</b> is slow on" in report and "<b>p3</b> is failing on" in report
+    assert "<b>p4</b> took more than its share" in report

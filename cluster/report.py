@@ -1,5 +1,7 @@
 """The report of ``rpcbus analyze``: one self-contained HTML file (charts embedded as PNG)
-that says in plain words what the tables found, with the charts beside it as files.
+that says in plain words what the tables found, with the charts beside it as files,
+and ``findings.json``: the small tables (all but the per-minute and per-hour ones) as
+JSON for scripts.
 
 Reads the small tables the job wrote (``per_minute``, ``per_provider``, ``fairness``,
 ``outliers``, ``hot_rpcs``, ``peak_minutes``, ``weights``) back through Spark and
@@ -12,6 +14,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import os
 import time
 from collections import defaultdict
@@ -28,6 +31,8 @@ def write(spark: Any, out: str, directory: str | None = None) -> str:
     t = {name: [r.asDict() for r in spark.read.parquet(f"{out}/{name}").collect()]
          for name in ("per_minute", "per_provider", "fairness", "outliers", "hot_rpcs",
                       "peak_minutes", "weights")}
+    with open(os.path.join(directory, "findings.json"), "w", encoding="utf-8") as f:
+        json.dump({k: v for k, v in t.items() if k != "per_minute"}, f, indent=1)
     import matplotlib
 
     matplotlib.use("Agg")

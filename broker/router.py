@@ -542,13 +542,10 @@ class Router:
             if n > row.peak:
                 row.peak = n
             call.hrow = row
-            if not attempt & (SAMPLE - 1):
-                call.hstart = history.clock()
-                history.size_in(row, call.data)
-            else:
-                call.hstart = 0.0
-                if not row.in_n:  # each row's first request in a window is measured too
-                    history.size_in(row, call.data)
+            if not attempt & (SAMPLE - 1) or not row.in_n:  # sampled, or the row's first
+                history.size_in(row, call.data)             # request in this window
+                if not attempt & (SAMPLE - 1):
+                    call.hstart = history.clock()  # every end of an attempt resets it
         if left > self.ack_timeout:
             self._deadlines.add(attempt, now + self.ack_timeout)
         else:
@@ -611,6 +608,7 @@ class Router:
         row.outcomes[outcome] += 1
         if call.hstart:
             self.history.observe(row, call.hstart)
+            call.hstart = 0.0
 
     def _end_attempt(self, call: Call) -> None:
         """The current attempt leaves the call table (its deadline entry is ignored later)."""

@@ -118,7 +118,12 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
             until: float | None = None, half_life: float = 3600.0, fmt: str = "auto",
             report: bool = True, report_dir: str | None = None) -> dict[str, int]:
     """Run the job; returns the rows written per table (and ``rows_read`` / ``rows_skipped``:
-    rows of another schema version or that could not be parsed, which are left out)."""
+    rows of another schema version or that could not be parsed, which are left out).
+
+    The history is read once, into a per-minute rollup (provider, rpc, serving node,
+    minute: counters, summed histograms, weights) kept in memory; every table comes
+    from that rollup, which merges exactly like the rows themselves."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from cluster import findings
@@ -128,30 +133,35 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
         rows = rows.where(F.col("window_start") >= since)
     if until is not None:
         rows = rows.where(F.col("window_start") < until)
-    rows = rows.cache()
-    total = rows.count()
-    rows_ok = rows.where((F.col("schema_version") == 1) & F.col("rpc").isNotNull()
-                         & F.col("provider").isNotNull() & F.col("calls").isNotNull()
-                         & F.col("window_start").isNotNull())
-    written = {"rows_read": total}
-    written["rows_skipped"] = total - rows_ok.count()
-    tables = {name: per_period(rows_ok, seconds) for name, seconds in PERIODS.items()}
-    tables["per_provider"] = aggregate(rows_ok, ["rpc", "provider"], extra=[
-        F.array_join(F.sort_array(F.collect_set("served_by")), ",").alias("served_by"),
-        F.min("window_start").alias("first_window"), F.max("window_end").alias("last_window"),
-        F.avg("weight").alias("weight")])
+    ok = ((F.col("schema_version") == 1) & F.col("rpc").isNotNull()
+          & F.col("provider").isNotNull() & F.col("calls").isNotNull()
+          & F.col("window_start").isNotNull())
+    rows = (rows.withColumn("_ok", F.coalesce(ok, F.lit(False)))
+            .withColumn("minute", (F.floor(F.col("window_start") / 60) * 60).cast("long"))
+            .withColumn("weight_sum", F.col("weight")).withColumn("nrows", F.lit(1)))
+    every = rollup(rows, [*KEYS, "minute", "_ok"]).persist(StorageLevel.MEMORY_AND_DISK)
+    counted = every.groupBy("_ok").agg(F.sum("nrows")).collect()
+    written = {"rows_read": sum(r[1] for r in counted),
+               "rows_skipped": sum(r[1] for r in counted if not r[0])}
+    minutes = every.where(F.col("_ok")).drop("_ok")
+    tables = {name: per_period(minutes, seconds) for name, seconds in PERIODS.items()}
+    tables["per_provider"] = (
+        aggregate(minutes, ["rpc", "provider"], extra=[
+            F.array_join(F.sort_array(F.collect_set("served_by")), ",").alias("served_by")])
+        .withColumnRenamed("window_start", "first_window")
+        .withColumnRenamed("window_end", "last_window"))
     for name, table in tables.items():
         table.write.mode("overwrite").parquet(f"{out}/{name}")
         written[name] = spark.read.parquet(f"{out}/{name}").count()
     per_provider = spark.read.parquet(f"{out}/per_provider")
-    for name, table in findings.tables(rows_ok, per_provider, half_life).items():
+    for name, table in findings.tables(minutes, per_provider, half_life).items():
         table.write.mode("overwrite").parquet(f"{out}/{name}")
         written[name] = spark.read.parquet(f"{out}/{name}").count()
     doc = findings.weights_doc(spark.read.parquet(f"{out}/weights"),
                                {"history": history, "since": since, "until": until,
                                 "half_life_s": half_life})
     write_text(spark, f"{out}/weights.json", json.dumps(doc, indent=1) + "\n")
-    rows.unpersist()
+    every.unpersist()
     if report:
         from cluster import report as report_mod
 
@@ -178,12 +188,17 @@ def write_text(spark: Any, path: str, text: str) -> None:
         stream.close()
 
 
-def aggregate(rows: Any, keys: list[str], extra: list[Any] = ()) -> Any:
-    """Sum the counters of ``rows`` per ``keys``; rates, bytes, peak in flight and the
-    latency percentiles of the bucket-by-bucket sum of their histograms."""
+_SUMMED = ["peak_in_flight", "latency_sampled", "latency_sum_s", "latency_min_s",
+           "latency_max_s", "bytes_in", "bytes_out", "latency_buckets", "weight_sum", "nrows",
+           "window_start", "window_end"]
+
+
+def rollup(rows: Any, keys: list[str], extra: list[Any] = ()) -> Any:
+    """Sum ``rows`` (history rows, or an earlier rollup: they have the same columns) per
+    ``keys``; histograms bucket by bucket, so a rollup of rollups is exact."""
     from pyspark.sql import functions as F
 
-    sums = rows.groupBy(*keys).agg(
+    return rows.groupBy(*keys).agg(
         *[F.sum(c).alias(c) for c in COUNTS],
         F.max("peak_in_flight").alias("peak_in_flight"),
         F.sum("latency_sampled").alias("latency_sampled"),
@@ -192,26 +207,35 @@ def aggregate(rows: Any, keys: list[str], extra: list[Any] = ()) -> Any:
         F.max("latency_max_s").alias("latency_max_s"),
         F.sum("bytes_in").alias("bytes_in"), F.sum("bytes_out").alias("bytes_out"),
         F.array(*[F.coalesce(F.sum(F.get("latency_buckets", i)), F.lit(0))
-                  for i in range(BUCKETS)]).alias("_buckets"),
+                  for i in range(BUCKETS)]).alias("latency_buckets"),
+        F.sum("weight_sum").alias("weight_sum"), F.sum("nrows").alias("nrows"),
+        F.min("window_start").alias("window_start"), F.max("window_end").alias("window_end"),
         *extra)
-    extra_names = {c for c in sums.columns} - set(keys) - set(COUNTS) - {
-        "peak_in_flight", "latency_sampled", "latency_sum_s", "latency_min_s",
-        "latency_max_s", "bytes_in", "bytes_out", "_buckets"}
+
+
+def aggregate(rows: Any, keys: list[str], extra: list[Any] = ()) -> Any:
+    """``rollup`` then the figures people read: rates, mean latency, the percentiles of the
+    summed histogram, the mean weight (over the history rows)."""
+    from pyspark.sql import functions as F
+
+    sums = rollup(rows, keys, extra)
     calls = F.col("calls")
+    failed = F.col("errors") + F.col("ack_timeouts") + F.col("response_timeouts")
     return sums.select(
         *keys, *COUNTS,
         F.when(calls > 0, F.col("errors") / calls).alias("error_rate"),
         F.when(calls > 0, F.col("rejected") / calls).alias("reject_rate"),
         F.when(calls > 0, (F.col("ack_timeouts") + F.col("response_timeouts")) / calls)
         .alias("timeout_rate"),
-        F.when(calls > 0, (F.col("errors") + F.col("ack_timeouts")
-                           + F.col("response_timeouts")) / calls).alias("failure_rate"),
+        F.when(calls > 0, failed / calls).alias("failure_rate"),
         "peak_in_flight", "latency_sampled", "latency_sum_s", "latency_min_s",
         "latency_max_s",
         F.when(F.col("latency_sampled") > 0, F.col("latency_sum_s") / F.col("latency_sampled"))
         .alias("latency_mean_s"),
-        *quantiles("_buckets"),
-        "bytes_in", "bytes_out", *[c for c in sums.columns if c in extra_names])
+        *quantiles("latency_buckets"),
+        "bytes_in", "bytes_out", (F.col("weight_sum") / F.col("nrows")).alias("weight"),
+        "window_start", "window_end",
+        *[c for c in sums.columns if c not in keys and c not in COUNTS and c not in _SUMMED])
 
 
 def quantiles(buckets: str) -> list[Any]:
@@ -230,13 +254,13 @@ def quantiles(buckets: str) -> list[Any]:
             .alias(f"p{int(q * 100)}_s") for q in QUANTILES]
 
 
-def per_period(rows: Any, seconds: int) -> Any:
+def per_period(minutes: Any, seconds: int) -> Any:
     """The per-period table: per provider, rpc, serving node and period of ``seconds``."""
     from pyspark.sql import functions as F
 
-    keyed = rows.withColumn("period_start",
-                            (F.floor(F.col("window_start") / seconds) * seconds).cast("long"))
-    table = aggregate(keyed, [*KEYS, "period_start"], extra=[F.avg("weight").alias("weight")])
+    keyed = minutes.withColumn("period_start",
+                               (F.floor(F.col("minute") / seconds) * seconds).cast("long"))
+    table = aggregate(keyed, [*KEYS, "period_start"]).drop("window_start", "window_end")
     return table.withColumn("calls_per_s", F.col("calls") / F.lit(float(seconds)))
 
 

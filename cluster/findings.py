@@ -18,7 +18,7 @@ minutes and recommended weights (PySpark; docs/history.md has every rule in word
 - ``peak_minutes``: the ``PEAKS`` busiest minutes of each rpc, and of all rpcs together
   (rpc ``*``).
 - ``weights``: a recommended weight per rpc and provider, from recent behaviour (each
-  window counts ``0.5 ** (age / half_life)``, age from the newest window):
+  minute counts ``0.5 ** (age / half_life)``, age from the newest minute):
   the score ``(1 - failure rate) ** 4 * min(1, others' median mean latency / own mean
   latency)`` over the best score of the rpc's providers (the best weighs 1), at least
   ``MIN_WEIGHT``, rounded to 3 decimals. ``weights.json`` is what
@@ -42,25 +42,21 @@ MIN_WEIGHT = 0.05
 FAILURE_POWER = 4
 
 
-def tables(rows: Any, per_provider: Any, half_life: float) -> dict[str, Any]:
-    """The findings tables from the history ``rows`` and the span-wide ``per_provider``."""
-    return {"fairness": fairness(rows), "outliers": outliers(per_provider),
-            "hot_rpcs": hot_rpcs(rows), "peak_minutes": peak_minutes(rows),
-            "weights": weights(rows, half_life)}
+def tables(minutes: Any, per_provider: Any, half_life: float) -> dict[str, Any]:
+    """The findings tables from the per-minute rollup of the history (cluster/analysis.py
+    ``rollup``: a ``minute`` column and summed counters) and the span-wide ``per_provider``."""
+    return {"fairness": fairness(minutes), "outliers": outliers(per_provider),
+            "hot_rpcs": hot_rpcs(minutes), "peak_minutes": peak_minutes(minutes),
+            "weights": weights(minutes, half_life)}
 
 
-def _minute(rows: Any) -> Any:
-    from pyspark.sql import functions as F
-
-    return rows.withColumn("minute", (F.floor(F.col("window_start") / 60) * 60).cast("long"))
-
-
-def fairness(rows: Any) -> Any:
+def fairness(minutes: Any) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    per_min = (_minute(rows).groupBy("rpc", "provider", "minute")
-               .agg(F.sum("calls").alias("calls"), F.avg("weight").alias("w")))
+    per_min = (minutes.groupBy("rpc", "provider", "minute")
+               .agg(F.sum("calls").alias("calls"),
+                    (F.sum("weight_sum") / F.sum("nrows")).alias("w")))
     span = per_min.groupBy("rpc", "provider").agg(
         F.min("minute").alias("first"), F.max("minute").alias("last"),
         F.avg("w").alias("w_avg"), F.sum("calls").alias("calls"))
@@ -121,14 +117,14 @@ def outliers(per_provider: Any) -> Any:
     return slow.unionByName(failing)
 
 
-def hot_rpcs(rows: Any) -> Any:
+def hot_rpcs(minutes: Any) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    table = aggregate(rows, ["rpc"], extra=[
-        F.countDistinct("provider").alias("providers"),
-        F.min("window_start").alias("first_window"), F.max("window_end").alias("last_window")])
-    busiest = (_minute(rows).groupBy("rpc", "minute").agg(F.sum("calls").alias("n"))
+    table = (aggregate(minutes, ["rpc"], extra=[F.countDistinct("provider").alias("providers")])
+             .withColumnRenamed("window_start", "first_window")
+             .withColumnRenamed("window_end", "last_window"))
+    busiest = (minutes.groupBy("rpc", "minute").agg(F.sum("calls").alias("n"))
                .groupBy("rpc").agg(F.max("n").alias("peak_minute_calls")))
     everything = Window.partitionBy()
     return (table.join(busiest, "rpc")
@@ -142,11 +138,10 @@ def hot_rpcs(rows: Any) -> Any:
                                                                        "rpc"))))
 
 
-def peak_minutes(rows: Any) -> Any:
+def peak_minutes(minutes: Any) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    minutes = _minute(rows)
     per_rpc = aggregate(minutes, ["rpc", "minute"])
     overall = aggregate(minutes.withColumn("rpc", F.lit("*")), ["rpc", "minute"])
     both = per_rpc.unionByName(overall)
@@ -156,14 +151,14 @@ def peak_minutes(rows: Any) -> Any:
                     .alias("calls_per_s"), "failure_rate", "p50_s", "p99_s"))
 
 
-def weights(rows: Any, half_life: float) -> Any:
+def weights(minutes: Any, half_life: float) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    newest = rows.agg(F.max("window_start")).first()[0] or 0.0
-    decay = F.pow(F.lit(0.5), (F.lit(newest) - F.col("window_start")) / F.lit(half_life))
+    newest = minutes.agg(F.max("minute")).first()[0] or 0
+    decay = F.pow(F.lit(0.5), (F.lit(newest) - F.col("minute")) / F.lit(half_life))
     failed = F.col("errors") + F.col("ack_timeouts") + F.col("response_timeouts")
-    recent = rows.groupBy("rpc", "provider").agg(
+    recent = minutes.groupBy("rpc", "provider").agg(
         F.sum("calls").alias("calls"),
         F.sum(decay * F.col("calls")).alias("d_calls"),
         F.sum(decay * failed).alias("d_failed"),

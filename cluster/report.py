@@ -3,8 +3,9 @@ that says in plain words what the tables found, with the charts beside it as fil
 and ``findings.json``: the small tables (all but the per-minute and per-hour ones) as
 JSON for scripts.
 
-Reads the small tables the job wrote (``per_minute``, ``per_provider``, ``fairness``,
-``outliers``, ``hot_rpcs``, ``peak_minutes``, ``weights``) back through Spark and
+Reads the small tables the job wrote (``per_provider``, ``fairness``, ``outliers``,
+``hot_rpcs``, ``peak_minutes``, ``weights``, and ``per_minute`` summed per node) back
+through Spark and
 draws with matplotlib (Agg: no screen needed). Charts show at most ``TOP`` rpcs or
 providers (the busiest); the tables hold everything.
 """
@@ -28,11 +29,16 @@ def write(spark: Any, out: str, directory: str | None = None) -> str:
     must then be a local path); returns the HTML file's path."""
     directory = directory or os.path.join(out.removeprefix("file://"), "report")
     os.makedirs(directory, exist_ok=True)
+    from pyspark.sql import functions as F
+
     t = {name: [r.asDict() for r in spark.read.parquet(f"{out}/{name}").collect()]
-         for name in ("per_minute", "per_provider", "fairness", "outliers", "hot_rpcs",
-                      "peak_minutes", "weights")}
+         for name in ("per_provider", "fairness", "outliers", "hot_rpcs", "peak_minutes",
+                      "weights")}
     with open(os.path.join(directory, "findings.json"), "w", encoding="utf-8") as f:
-        json.dump({k: v for k, v in t.items() if k != "per_minute"}, f, indent=1)
+        json.dump(t, f, indent=1)
+    t["per_minute"] = [r.asDict() for r in spark.read.parquet(f"{out}/per_minute")
+                       .groupBy("served_by", "period_start").agg(F.sum("calls").alias("calls"))
+                       .collect()]   # per node and minute: small even for a long history
     import matplotlib
 
     matplotlib.use("Agg")

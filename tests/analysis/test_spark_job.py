@@ -120,10 +120,10 @@ def outliers(per_provider):
 
 
 def weights(rows):
-    newest = max(r["window_start"] for r in rows)
+    newest = max(minute(r) for r in rows)
     acc = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for r in rows:
-        d = 0.5 ** ((newest - r["window_start"]) / HALF_LIFE)
+        d = 0.5 ** ((newest - minute(r)) / HALF_LIFE)
         a = acc[(r["rpc"], r["provider"])]
         a[0] += d * r["calls"]
         a[1] += d * (r["errors"] + r["ack_timeouts"] + r["response_timeouts"])

@@ -1,23 +1,33 @@
 """``rpcbus analyze``: the PySpark job over the nodes' provider load history.
 
-Reads the JSON-lines history (docs/history.md) under ``--history`` (a local
-directory, or any path Spark reads: ``hdfs://``, ``s3a://``) and writes Parquet
-tables under ``--out``:
+Reads the history (docs/history.md; JSON lines as the nodes write them, or Parquet
+with the same columns) under ``--history`` (a local directory, or any path Spark
+reads: ``hdfs://``, ``s3a://``) once, into a per-minute rollup, and writes under
+``--out``:
 
-- ``per_minute`` and ``per_hour``: per provider, rpc, serving node and period:
-  calls, ok, rejected, errors, ack and response timeouts, throughput (calls/s
-  over the period), error / reject / timeout rates, peak in flight, and latency
-  p50 / p95 / p99 merged exactly from the windows' histograms.
+- Parquet ``per_minute`` and ``per_hour``: per provider, rpc, serving node and period:
+  calls, ok, rejected, errors, ack and response timeouts, throughput (calls/s over
+  the period), error / reject / timeout / failure rates, peak in flight, bytes in and
+  out, mean weight, and latency p50 / p95 / p99 merged exactly from the histograms;
+- Parquet ``per_provider`` (the same over the whole span, per rpc and provider) and
+  the findings of cluster/findings.py: ``fairness``, ``outliers``, ``hot_rpcs``,
+  ``peak_minutes``, ``weights``;
+- ``weights.json``: the recommended weights, the file nodes load (``rpc.weights_file``);
+- ``report/report.html`` (self-contained, charts embedded), the charts as PNGs and
+  ``report/findings.json`` (cluster/report.py).
 
 A latency percentile here is exact with respect to the histograms: the upper
 bound of the bucket that holds the q-quantile of the merged (added) buckets —
 never an average of percentiles. The last bucket (over 60 s) reports
-``Infinity``.
+``Infinity``. Rows of another schema version, or that cannot be parsed, are
+left out and counted (``rows_skipped``).
 
-The same job runs on a cluster: ``spark-submit --master spark://HOST:7077
-cluster/analysis.py --history s3a://bucket/history --out s3a://bucket/analysis``
-(the module has a ``__main__``). Fairness, outliers, recommended weights and the
-report are not built yet (issue 6 stays open).
+The same job runs on a Spark cluster (docs/history.md): ship the packages with
+``--py-files`` and give ``spark-submit`` this file::
+
+    python -m zipfile -c rpcbus.zip broker cluster clients
+    spark-submit --master spark://HOST:7077 --py-files rpcbus.zip cluster/analysis.py \
+        --history s3a://bucket/history --out s3a://bucket/analysis --report-dir ./report
 """
 
 from __future__ import annotations
@@ -27,12 +37,15 @@ import json
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from broker.rpcstats import BOUNDS
 
 QUANTILES = (0.5, 0.95, 0.99)
 BUCKETS = len(BOUNDS) + 1
+WRITERS = 4   # tables written at once
+QUANTILE_COLUMNS = [f"p{round(q * 100)}_s" for q in QUANTILES]
 PERIODS = {"per_minute": 60, "per_hour": 3600}
 KEYS = ["provider", "rpc", "served_by"]
 COUNTS = ["calls", "ok", "rejected", "errors", "ack_timeouts", "response_timeouts"]
@@ -61,11 +74,14 @@ def schema() -> Any:
     return T.StructType(fields)
 
 
-def session(master: str | None = "local[*]") -> Any:
-    """A Spark session; ``master`` None leaves it to spark-submit (else local[*])."""
+def session(master: str | None = "local[*]", conf: dict[str, str] | None = None) -> Any:
+    """A Spark session; ``master`` None leaves it to spark-submit (else local[*]);
+    ``conf``: more Spark settings (e.g. spark.driver.memory, before the JVM starts)."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     if master is not None:
         builder = builder.master(master)
     elif not os.environ.get("PYSPARK_GATEWAY_PORT"):  # not under spark-submit
@@ -140,9 +156,10 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
             .withColumn("minute", (F.floor(F.col("window_start") / 60) * 60).cast("long"))
             .withColumn("weight_sum", F.col("weight")).withColumn("nrows", F.lit(1)))
     every = rollup(rows, [*KEYS, "minute", "_ok"]).persist(StorageLevel.MEMORY_AND_DISK)
-    counted = every.groupBy("_ok").agg(F.sum("nrows")).collect()
+    counted = every.groupBy("_ok").agg(F.sum("nrows"), F.max("minute")).collect()
     written = {"rows_read": sum(r[1] for r in counted),
                "rows_skipped": sum(r[1] for r in counted if not r[0])}
+    newest = max([r[2] for r in counted if r[0]], default=0)
     minutes = every.where(F.col("_ok")).drop("_ok")
     tables = {name: per_period(minutes, seconds) for name, seconds in PERIODS.items()}
     tables["per_provider"] = (
@@ -150,13 +167,17 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
             F.array_join(F.sort_array(F.collect_set("served_by")), ",").alias("served_by")])
         .withColumnRenamed("window_start", "first_window")
         .withColumnRenamed("window_end", "last_window"))
-    for name, table in tables.items():
-        table.write.mode("overwrite").parquet(f"{out}/{name}")
-        written[name] = spark.read.parquet(f"{out}/{name}").count()
-    per_provider = spark.read.parquet(f"{out}/per_provider")
-    for name, table in findings.tables(minutes, per_provider, half_life).items():
-        table.write.mode("overwrite").parquet(f"{out}/{name}")
-        written[name] = spark.read.parquet(f"{out}/{name}").count()
+    tables.update(findings.tables(minutes, tables["per_provider"], half_life, newest))
+
+    def write(name: str) -> int:
+        tables[name].write.mode("overwrite").parquet(f"{out}/{name}")
+        return spark.read.parquet(f"{out}/{name}").count()
+
+    # Every table comes from the small rollup in memory: their queries cost mostly
+    # planning and code generation on the driver, which threads overlap with each
+    # other's execution (3M rows on 2 cores: 37 -> 35 s; more with more cores).
+    with ThreadPoolExecutor(WRITERS) as pool:
+        written.update(zip(tables, pool.map(write, tables)))
     doc = findings.weights_doc(spark.read.parquet(f"{out}/weights"),
                                {"history": history, "since": since, "until": until,
                                 "half_life_s": half_life})
@@ -214,11 +235,16 @@ def rollup(rows: Any, keys: list[str], extra: list[Any] = ()) -> Any:
 
 
 def aggregate(rows: Any, keys: list[str], extra: list[Any] = ()) -> Any:
-    """``rollup`` then the figures people read: rates, mean latency, the percentiles of the
+    """``rollup`` then ``finish``."""
+    return finish(rollup(rows, keys, extra), keys)
+
+
+def finish(sums: Any, keys: list[str]) -> Any:
+    """The figures people read from a rollup: rates, mean latency, the percentiles of the
     summed histogram, the mean weight (over the history rows)."""
     from pyspark.sql import functions as F
 
-    sums = rollup(rows, keys, extra)
+    sums = with_quantiles(sums, "latency_buckets")
     calls = F.col("calls")
     failed = F.col("errors") + F.col("ack_timeouts") + F.col("response_timeouts")
     return sums.select(
@@ -232,35 +258,50 @@ def aggregate(rows: Any, keys: list[str], extra: list[Any] = ()) -> Any:
         "latency_max_s",
         F.when(F.col("latency_sampled") > 0, F.col("latency_sum_s") / F.col("latency_sampled"))
         .alias("latency_mean_s"),
-        *quantiles("latency_buckets"),
+        *QUANTILE_COLUMNS,
         "bytes_in", "bytes_out", (F.col("weight_sum") / F.col("nrows")).alias("weight"),
         "window_start", "window_end",
-        *[c for c in sums.columns if c not in keys and c not in COUNTS and c not in _SUMMED])
+        *[c for c in sums.columns if c not in keys and c not in COUNTS and c not in _SUMMED
+          and c not in QUANTILE_COLUMNS])
 
 
-def quantiles(buckets: str) -> list[Any]:
-    """p50_s, p95_s, p99_s of the summed histogram in column ``buckets``: the upper bound of
-    the first bucket whose running count reaches the quantile (over 60 s: Infinity).
-    Higher-order functions keep the generated code small (a CASE per bucket outgrows the
-    JVM's method size and Spark falls back to interpreting)."""
+def with_quantiles(df: Any, buckets: str) -> Any:
+    """``df`` with p50_s, p95_s, p99_s of the summed histogram in column ``buckets``: the
+    upper bound of the first bucket whose running count reaches the quantile (over 60 s:
+    Infinity), compared in integers (``running * 100 >= total * 95``), so exactly.
+
+    One pass over the buckets finds all three (``aggregate`` with a running count): a
+    CASE per bucket outgrows the JVM's method size, and a running sum per bucket made
+    with ``slice`` cost 20 times more."""
     from pyspark.sql import functions as F
 
     bounds = "array(" + ", ".join(f"double({b!r})" for b in BOUNDS) + ", double('inf'))"
-    cum = (f"transform({buckets}, (x, i) -> "
-           f"aggregate(slice({buckets}, 1, i + 1), 0L, (a, y) -> a + y))")
-    total = f"aggregate({buckets}, 0L, (a, y) -> a + y)"
-    return [F.expr(f"CASE WHEN {total} > 0 THEN element_at({bounds}, int(array_position("
-                   f"transform({cum}, c -> c * 100 >= {total} * {round(q * 100)}), true))) END")
-            .alias(f"p{int(q * 100)}_s") for q in QUANTILES]
+    pcts = [round(q * 100) for q in QUANTILES]
+    start = ", ".join(f"'q{k}', 0" for k in range(len(pcts)))
+    found = ", ".join(f"'q{k}', IF(s.q{k} = 0 AND (s.c + x) * 100 >= _total * {pct}, "
+                      f"s.i, s.q{k})" for k, pct in enumerate(pcts))
+    scan = (f"aggregate({buckets}, named_struct('c', 0L, 'i', 1, {start}), "
+            f"(s, x) -> named_struct('c', s.c + x, 'i', s.i + 1, {found}))")
+    df = (df.withColumn("_total", F.expr(f"aggregate({buckets}, 0L, (a, y) -> a + y)"))
+          .withColumn("_q", F.expr(scan)))
+    for k, pct in enumerate(pcts):   # i counts from 1: element_at's index
+        df = df.withColumn(f"p{pct}_s", F.expr(
+            f"CASE WHEN _total > 0 THEN element_at({bounds}, _q.q{k}) END"))
+    return df.drop("_total", "_q")
 
 
 def per_period(minutes: Any, seconds: int) -> Any:
     """The per-period table: per provider, rpc, serving node and period of ``seconds``."""
     from pyspark.sql import functions as F
 
-    keyed = minutes.withColumn("period_start",
-                               (F.floor(F.col("minute") / seconds) * seconds).cast("long"))
-    table = aggregate(keyed, [*KEYS, "period_start"]).drop("window_start", "window_end")
+    keys = [*KEYS, "period_start"]
+    if seconds == 60:   # the rollup is the per-minute table already
+        table = finish(minutes.withColumnRenamed("minute", "period_start"), keys)
+    else:
+        keyed = minutes.withColumn("period_start",
+                                   (F.floor(F.col("minute") / seconds) * seconds).cast("long"))
+        table = aggregate(keyed, keys)
+    table = table.drop("window_start", "window_end")
     return table.withColumn("calls_per_s", F.col("calls") / F.lit(float(seconds)))
 
 

@@ -42,12 +42,13 @@ MIN_WEIGHT = 0.05
 FAILURE_POWER = 4
 
 
-def tables(minutes: Any, per_provider: Any, half_life: float) -> dict[str, Any]:
+def tables(minutes: Any, per_provider: Any, half_life: float, newest: int) -> dict[str, Any]:
     """The findings tables from the per-minute rollup of the history (cluster/analysis.py
-    ``rollup``: a ``minute`` column and summed counters) and the span-wide ``per_provider``."""
+    ``rollup``: a ``minute`` column and summed counters), the span-wide ``per_provider``
+    and the ``newest`` minute (the weights' decay counts back from it)."""
     return {"fairness": fairness(minutes), "outliers": outliers(per_provider),
             "hot_rpcs": hot_rpcs(minutes), "peak_minutes": peak_minutes(minutes),
-            "weights": weights(minutes, half_life)}
+            "weights": weights(minutes, half_life, newest)}
 
 
 def fairness(minutes: Any) -> Any:
@@ -151,11 +152,10 @@ def peak_minutes(minutes: Any) -> Any:
                     .alias("calls_per_s"), "failure_rate", "p50_s", "p99_s"))
 
 
-def weights(minutes: Any, half_life: float) -> Any:
+def weights(minutes: Any, half_life: float, newest: int) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    newest = minutes.agg(F.max("minute")).first()[0] or 0
     decay = F.pow(F.lit(0.5), (F.lit(newest) - F.col("minute")) / F.lit(half_life))
     failed = F.col("errors") + F.col("ack_timeouts") + F.col("response_timeouts")
     recent = minutes.groupBy("rpc", "provider").agg(

@@ -111,6 +111,13 @@ class _NodeCollector:
                            "(writer queue full or disk errors).", history["rows_dropped"])
             yield _gauge("rpcbus_history_writer_lag_seconds", "How long the last window's rows "
                          "waited for the writer thread.", history["writer_lag_s"])
+        weights = snap["weights"]
+        if weights is not None:
+            yield _counter("rpcbus_weights_reloads", "Times a changed weights file was "
+                           "loaded.", weights["reloads"])
+            yield _counter("rpcbus_weights_reload_errors", "Times a changed weights file "
+                           "could not be used (the previous weights stayed).",
+                           weights["reload_errors"])
         cluster = snap["cluster"]
         if cluster is not None:
             yield from _cluster(cluster)

@@ -316,13 +316,16 @@ class _Progress:
     def _run(self) -> None:
         t0 = time.monotonic()
         while not self.stop.wait(1.0):
-            parts = []
+            done = total = stages = 0
             for sid in self.tracker.getActiveStageIds():
                 info = self.tracker.getStageInfo(sid)
                 if info is not None:
-                    parts.append(f"stage {sid}: {info.numCompletedTasks}/{info.numTasks}")
-            print(f"\r  {time.monotonic() - t0:6.1f} s  {', '.join(parts) or 'working'}"
-                  + " " * 20, end="", flush=True)
+                    stages += 1
+                    done += info.numCompletedTasks
+                    total += info.numTasks
+            line = (f"{stages} stage(s) running, {done}/{total} tasks" if stages
+                    else "working")
+            print(f"\r  {time.monotonic() - t0:6.1f} s  {line}" + " " * 10, end="", flush=True)
 
     def __enter__(self) -> "_Progress":
         self.thread.start()

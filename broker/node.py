@@ -32,6 +32,7 @@ from websockets.frames import CloseCode
 
 from clients import errors
 from clients.protocol import ERROR
+from cluster.history import SCAN_INTERVAL
 
 from .config import Config, ConfigError
 from .gate import Gate
@@ -151,7 +152,8 @@ class Node:
             await server.wait_closed()
             self.gate.close()
             if self.history is not None:  # the last (partial) window, then the file
-                self.history.roll(time.time(), force=True, weights=self.router.weights)
+                self.history.roll(time.time(), self.router.history_pending(), force=True,
+                                  weights=self.router.weights)
                 await asyncio.to_thread(self.history.writer.close)
             log.info("node_stopped", node=self.name, **self.router.stats.as_dict())
 
@@ -212,6 +214,7 @@ class Node:
         last = loop.time()
         hold_until = 0.0
         weights_due = last + WEIGHTS_CHECK
+        history_due = last
         while True:
             await asyncio.sleep(interval)
             now = loop.time()
@@ -226,8 +229,11 @@ class Node:
             router.tick(now)
             if self.link is not None:
                 self.link.tick(now)
-            if self.history is not None:
-                self.history.roll(time.time(), weights=router.weights)
+            if self.history is not None and now >= history_due:
+                history_due = now + SCAN_INTERVAL
+                pending = router.history_pending()
+                self.history.scan(pending)
+                self.history.roll(time.time(), pending, weights=router.weights)
             if self.weights_file is not None and now >= weights_due:
                 weights_due = now + WEIGHTS_CHECK
                 self._reload_weights()

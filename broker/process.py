@@ -22,12 +22,13 @@ class NodeProcess:
     """One ``rpcbus node`` child; ``start()`` returns once it serves, ``stop()`` drains it."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None,
-                 echo: bool = False) -> None:
+                 echo: bool = False, wrapper: list[str] | None = None) -> None:
         self.args = ["--port", "0", *args] if "--port" not in args else list(args)
         self.env = {**os.environ, "RPCBUS_LOG_FORMAT": "json", **(env or {})}
         if "--config" not in args and "RPCBUS_AUTH_MODE" not in self.env:
             self.env["RPCBUS_AUTH_MODE"] = "none"  # a development node: auth off, explicitly
         self.echo = echo
+        self.wrapper = wrapper or []   # a command the node runs under (e.g. valgrind ...)
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.name = ""
@@ -37,7 +38,7 @@ class NodeProcess:
 
     def start(self, timeout: float = 30.0) -> "NodeProcess":
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "node", *self.args],
+            [*self.wrapper, sys.executable, "-m", "broker", "node", *self.args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             env=self.env)
         threading.Thread(target=self._read, daemon=True, name="node-log-reader").start()

@@ -67,6 +67,9 @@ from clients.protocol import (
 
 from .rpcstats import SAMPLE, RpcStatsTable
 
+HISTORY_SAMPLE = 16  # the load history measures latency and sizes of 1 attempt in 16
+_HISTORY_MASK = HISTORY_SAMPLE - 1
+
 
 class Peer(Protocol):
     closed: bool
@@ -186,6 +189,15 @@ class Router:
 
     def providers_of(self, name: str) -> list[Peer]:
         return list(self._providers.get(name, ()))
+
+    def history_pending(self) -> dict[Any, int]:
+        """Attempts pending now per load-history row (for ``History.scan`` and ``roll``)."""
+        counts: dict[Any, int] = {}
+        for call in self._calls.values():
+            row = call.hrow
+            if row is not None:
+                counts[row] = counts.get(row, 0) + 1
+        return counts
 
     def provider_counts(self) -> dict[str, int]:
         return {name: len(peers) for name, peers in self._providers.items()}
@@ -353,15 +365,8 @@ class Router:
         if call is None or call.provider is not peer:
             self._stray(peer, attempt, call)
             return
-        row = call.hrow
-        if row is not None:  # _history_end inlined: the most common end of an attempt
-            row.inflight -= 1
-            row.outcomes[0] += 1
-            if call.hstart:
-                self.history.observe(row, call.hstart)
-                self.history.size_out(row, data)
-            elif not row.out_n:  # each row's first answer in a window is measured too
-                self.history.size_out(row, data)
+        if call.hstart:  # a measured attempt of the load history (answers are derived)
+            self.history.answered(call.hrow, call.hstart, data)
         self.stats.ok += 1
         self._conclude(call, [RESPONSE, call.cid, data])
 
@@ -533,19 +538,17 @@ class Router:
         self._calls[attempt] = call
         history = self.history
         if history is not None and not provider.is_node:  # History.start, inlined (hot)
-            caller = call.caller
             # the provider's own row cache: rpc name -> row for calls routed here,
-            # (name, origin) -> row for INVOKEs from other nodes
-            slot = (call.name, caller.origin) if caller.is_node else call.name
-            row = provider.hrows.get(slot) or history.row_for(provider, slot)
-            row.inflight = n = row.inflight + 1
-            if n > row.peak:
-                row.peak = n
+            # (name, origin) -> row for INVOKEs from other nodes (local_only: an INVOKE)
+            slot = (call.name, call.caller.origin) if call.local_only else call.name
+            try:
+                row = provider.hrows[slot]
+            except KeyError:
+                row = history.row_for(provider, slot)
+            row.started += 1
             call.hrow = row
-            if not attempt & (SAMPLE - 1) or not row.in_n:  # sampled, or the row's first
-                history.size_in(row, call.data)             # request in this window
-                if not attempt & (SAMPLE - 1):
-                    call.hstart = history.clock()  # every end of an attempt resets it
+            if not attempt & _HISTORY_MASK or not row.in_n:  # measured: 1 in 16, and the
+                call.hstart = history.sample(row, call.data)  # row's first in this window
         if left > self.ack_timeout:
             self._deadlines.add(attempt, now + self.ack_timeout)
         else:
@@ -604,7 +607,6 @@ class Router:
     def _history_end(self, call: Call, outcome: int) -> None:
         """History.end, inlined (hot): the attempt's outcome goes into its row."""
         row, call.hrow = call.hrow, None
-        row.inflight -= 1
         row.outcomes[outcome] += 1
         if call.hstart:
             self.history.observe(row, call.hstart)

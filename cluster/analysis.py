@@ -1,4 +1,4 @@
-"""``rpcbus analyze``: the PySpark job over the nodes' provider load history.
+r"""``rpcbus analyze``: the PySpark job over the nodes' provider load history.
 
 Reads the history (docs/history.md; JSON lines as the nodes write them, or Parquet
 with the same columns) under ``--history`` (a local directory, or any path Spark
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     ap.add_argument("--master", default=None,
                     help="Spark master [local[*]; under spark-submit: its --master]")
     ap.add_argument("--half-life", type=float, default=3600.0,
-                    help="s: how fast old windows stop counting for the weights [3600]")
+                    help="s: half-life of old minutes in the recommended weights [3600]")
     ap.add_argument("--format", choices=("auto", "json", "parquet"), default="auto",
                     help="history files: JSON lines (the nodes') or Parquet [auto]")
     ap.add_argument("--report-dir", help="where report.html and the PNGs go (a local "

@@ -6,14 +6,19 @@ every attempt), per window of ``history.window`` seconds and per
 activity; the schema (``SCHEMA_VERSION``) is in docs/history.md.
 
 Cost on the hot path: an attempt at a provider finds its ``Row`` (one dict
-lookup in the provider connection's row cache) and increments; its end
-increments the same row (the call keeps the row). Latency goes into a fixed
-log-bucket histogram (the bounds of broker/rpcstats.py, so windows and nodes
-merge exactly) for one attempt in ``SAMPLE`` (broker/rpcstats.py: 8, by
-attempt id); counts are exact. Payload bytes are measured (re-encoded with
-msgpack) for the same sampled attempts and for each row's first request and
-answer in a window; ``bytes_in`` / ``bytes_out`` are the mean measured size
-times the calls (answers), so estimates, exact for uniform payloads.
+lookup in the provider connection's row cache) and counts its start; an
+answer costs nothing unless the attempt is measured, other ends count their
+outcome in the row the call keeps. Answers are derived (``Row``), and the
+attempts in flight are counted by scanning the router's pending attempts
+every ``SCAN_INTERVAL`` seconds (``peak_in_flight`` is the most of those
+samples, at least 1 in a window with work). Counts are exact. Some
+attempts are measured: one in ``HISTORY_SAMPLE`` (broker/router.py: 16, by
+attempt id) and each row's first attempt in a window (so every row with work
+has one). Their latency goes into a fixed log-bucket histogram (the bounds of
+broker/rpcstats.py, so windows and nodes merge exactly), and their request and
+answer payloads are re-encoded with msgpack for their size: ``bytes_in`` /
+``bytes_out`` are the mean measured size times the calls (answers), so
+estimates, exact for uniform payloads.
 
 Writing never blocks the event loop: ``roll`` hands finished rows to a
 ``HistoryWriter`` thread through a bounded queue (full: rows are dropped and
@@ -40,28 +45,37 @@ from broker.rpcstats import BOUNDS, bucket_of
 log = structlog.get_logger(module="rpcbus.history")
 
 SCHEMA_VERSION = 1
+SCAN_INTERVAL = 0.1   # s between samples of the attempts in flight (peak_in_flight)
 OK, REJECTED, ERRORS, ACK_TIMEOUTS, RESPONSE_TIMEOUTS = range(5)
 OUTCOMES = ("ok", "rejected", "errors", "ack_timeouts", "response_timeouts")
 
 
 class Row:
-    """One (rpc, provider, routing node): counters for the current window."""
+    """One (rpc, provider, routing node): counters for the current window.
 
-    __slots__ = ("key", "outcomes", "buckets", "lat_sum", "lat_min", "lat_max", "inflight",
-                 "peak", "users", "in_sum", "in_n", "out_sum", "out_n", "in_mean", "out_mean")
+    Answered attempts are not counted one by one: an attempt ends either as an
+    outcome counted here (rejected, errors, timeouts) or answered, so the
+    answered ones of a window are the attempts that ended (``started`` plus those
+    pending at the window's start, less those pending at its end) less the rest.
+    """
+
+    __slots__ = ("key", "started", "pending", "outcomes", "buckets", "lat_sum", "lat_min",
+                 "lat_max", "peak", "users", "in_sum", "in_n", "out_sum", "out_n", "in_mean",
+                 "out_mean")
 
     def __init__(self, key: tuple[str, str, str]) -> None:
         self.key = key
-        self.inflight = 0
+        self.pending = 0     # attempts pending at the window's start
         self.users = 0       # provider connections whose row cache holds it
         self.in_mean = self.out_mean = 0.0   # payload bytes per request / answer, last known
         self._reset()
 
     def _reset(self) -> None:
-        self.outcomes = [0, 0, 0, 0, 0]
+        self.started = 0                 # attempts given to the provider in this window
+        self.outcomes = [0, 0, 0, 0, 0]  # by outcome index (OK unused: derived, see above)
         self.buckets = [0] * (len(BOUNDS) + 1)
         self.lat_sum, self.lat_min, self.lat_max = 0.0, float("inf"), 0.0
-        self.peak = self.inflight    # > 0: the row had work in this window
+        self.peak = self.pending         # the most pending seen by ``scan``
         self.in_sum = self.in_n = self.out_sum = self.out_n = 0  # payload sizes measured
 
 
@@ -99,17 +113,18 @@ class History:
             row.users -= 1
         provider.hrows.clear()
 
-    @staticmethod
-    def size_in(row: Row, data: Any) -> None:
-        """Measure one request payload (sampled attempts, and each row's first per window)."""
+    def sample(self, row: Row, data: Any) -> float:
+        """A measured attempt starts (one in ``HISTORY_SAMPLE`` by attempt id, and each row's
+        first in a window): its request's size now; returns its start for ``observe``."""
         row.in_sum += _size(data)
         row.in_n += 1
+        return self.clock()
 
-    @staticmethod
-    def size_out(row: Row, data: Any) -> None:
-        """Measure one answer payload (sampled attempts, and each row's first per window)."""
+    def answered(self, row: Row, started: float, data: Any) -> None:
+        """A measured attempt was answered with ``data``: its latency and answer size."""
         row.out_sum += _size(data)
         row.out_n += 1
+        self.observe(row, started)
 
     def observe(self, row: Row, started: float) -> None:
         """A sampled attempt's latency, from ``started`` (``clock``) to now."""
@@ -121,27 +136,41 @@ class History:
         if latency > row.lat_max:
             row.lat_max = latency
 
-    def roll(self, now_wall: float, force: bool = False, weights: Any = None) -> int:
+    @staticmethod
+    def scan(pending: dict[Row, int]) -> None:
+        """The attempts pending now per row (``Router.history_pending``): the peaks in
+        flight. The node calls it every ``SCAN_INTERVAL`` seconds."""
+        for row, n in pending.items():
+            if n > row.peak:
+                row.peak = n
+
+    def roll(self, now_wall: float, pending: dict[Row, int], force: bool = False,
+             weights: Any = None) -> int:
         """Close the window if it is over (or ``force``): hand its rows to the writer.
+        ``pending``: the attempts pending now per row (``Router.history_pending``);
         ``weights`` (broker.weights.Weights, or None: all 1) are the weights in use,
         recorded with each row. Returns how many rows were written."""
         end = self.window_start + self.window
         if now_wall < end and not force:
             return 0
-        rows = [self._record(row, self.window_start, end, weights)
-                for row in self.rows.values() if row.peak]
-        for key in [k for k, r in self.rows.items() if not r.users and not r.inflight]:
+        rows = [self._record(row, self.window_start, end, weights, pending.get(row, 0))
+                for row in self.rows.values()
+                if row.started or row.pending or any(row.outcomes)]
+        for key in [k for k, r in self.rows.items() if not r.users and r not in pending]:
             del self.rows[key]  # rows of providers gone leave (once written)
         for row in self.rows.values():
+            row.pending = pending.get(row, 0)
             row._reset()
         self.window_start = now_wall - now_wall % self.window
         if rows and self.writer is not None:
             self.writer.put(rows)
         return len(rows)
 
-    def _record(self, row: Row, start: float, end: float, weights: Any) -> dict[str, Any]:
+    def _record(self, row: Row, start: float, end: float, weights: Any,
+                pending: int) -> dict[str, Any]:
         rpc, provider, routed_by = row.key
         o = row.outcomes
+        o[OK] = row.started + row.pending - pending - sum(o[1:])   # answered (see Row)
         sampled = sum(row.buckets)
         if row.in_n:
             row.in_mean = row.in_sum / row.in_n
@@ -156,7 +185,7 @@ class History:
             "latency_sampled": sampled, "latency_sum_s": round(row.lat_sum, 6),
             "latency_min_s": round(row.lat_min, 6) if sampled else None,
             "latency_max_s": round(row.lat_max, 6) if sampled else None,
-            "peak_in_flight": row.peak,
+            "peak_in_flight": max(row.peak, pending, 1),
             "bytes_in": round(row.in_mean * sum(o)), "bytes_out": round(row.out_mean * o[OK]),
             "weight": 1.0 if weights is None else weights.of(rpc, provider),
         }

@@ -18,7 +18,11 @@ async def test_history_counts_every_attempt_per_provider_and_window(tmp_path):
     try:
         async with clients.connect(node.url, name="billing-worker-3") as good, \
                 clients.connect(node.url) as bad, clients.connect(node.url) as caller:
-            await good.provide("h.echo", lambda d: d)
+            async def echo(d):  # slow enough that the in-flight samples (0.1 s) see a burst
+                await asyncio.sleep(0.15)
+                return d
+
+            await good.provide("h.echo", echo)
             await bad.provide("h.fail", lambda d: 1 / 0)
             for burst in range(4):                         # spread over several windows
                 sent = [{"i": i, "pad": "x" * 200} for i in range(100)]  # 210 bytes each
@@ -46,9 +50,9 @@ async def test_history_counts_every_attempt_per_provider_and_window(tmp_path):
     fail = [r for r in rows if r["rpc"] == "h.fail"]
     assert sum(r["errors"] for r in fail) == 5 and {r["provider"] for r in fail} == {bad_name}
     sampled = sum(r["latency_sampled"] for r in echo)
-    assert sampled == sum(sum(r["latency_buckets"]) for r in echo) and 400 // 8 - 1 <= sampled
+    assert sampled == sum(sum(r["latency_buckets"]) for r in echo) and 400 // 16 - 1 <= sampled
     # payloads of one size: the estimate from the measured ones is exact
     assert sum(r["bytes_in"] for r in echo) == sum(r["bytes_out"] for r in echo) == 400 * 210
     assert all(r["weight"] == 1.0 for r in rows)                      # no weights file
     assert all(r["peak_in_flight"] >= 1 for r in echo)
-    assert max(r["peak_in_flight"] for r in echo) > 1                # 100 at once
+    assert max(r["peak_in_flight"] for r in echo) >= 50               # 100 at once

@@ -16,6 +16,7 @@ class Provider(Peer):
     def __init__(self, name):
         super().__init__(name)
         self.provider_name = name
+        self.hrows = {}
 
 
 def weights(rpcs, default=1.0):
@@ -100,3 +101,4 @@ def test_a_changed_file_is_reloaded_and_a_broken_one_keeps_the_old_weights(tmp_p
     assert f.weights.of("x", "w1") == 0.5 and f.reload_errors == 1
     with pytest.raises(WeightsError):
         load(str(tmp_path / "missing.json"))
+

@@ -1,0 +1,41 @@
+"""The load history's counting with the router (pure): answers derived from attempts
+started and pending, across windows."""
+
+from cluster.history import History
+
+from .test_cluster_pure import View, router
+from .test_router import Peer
+from .test_weights_pure import Provider
+
+
+class Rows:
+    def __init__(self):
+        self.rows = []
+
+    def put(self, rows):
+        self.rows.append(rows)
+
+
+def test_history_derives_answers_from_starts_and_pending_across_windows():
+    rows = Rows()
+    r, caller, p = router(View()), Peer("c"), Provider("w1")
+    r.cluster = None                                     # one node
+    r.history = h = History("n1", 10.0, rows, now_wall=0.0, clock=lambda: 1.0)
+    r.provide(p, ["x"])
+    for i in range(5):
+        r.request(caller, i, "x", {"i": i}, None, now=0.0)
+    ids = [m[1] for m in p.take()]
+    h.scan(r.history_pending())                          # the in-flight sample sees 5
+    r.respond(p, ids[0], "a")
+    r.respond(p, ids[1], "b")
+    r.provider_error(p, ids[2], "boom")
+    assert h.roll(10.0, r.history_pending()) == 1
+    [w1] = rows.rows[-1]
+    assert (w1["calls"], w1["ok"], w1["errors"], w1["peak_in_flight"]) == (3, 2, 1, 5)
+    r.respond(p, ids[3], "c")
+    r.reject(p, ids[4], now=0.0)                         # nobody else: NO_PROVIDER
+    assert h.roll(20.0, r.history_pending()) == 1
+    [w2] = rows.rows[-1]
+    assert (w2["calls"], w2["ok"], w2["rejected"], w2["peak_in_flight"]) == (2, 1, 1, 2)
+    assert h.roll(30.0, r.history_pending()) == 0      # no work: no row
+    assert r.pending == 0

@@ -33,7 +33,8 @@ it sent; they may only go to local providers, and an accept is reported back).
 In a cluster the router also asks a ``ClusterView`` (cluster/link.py) for the
 other nodes that provide a name. The chance of a target is its provider count
 over the cluster-wide count: each local provider counts 1, a node counts its
-number of providers. A call for a name whose providers elsewhere are being
+number of providers (with a weights file, ``set_weights``: a local provider
+counts its weight, a node the sum of its providers' weights). A call for a name whose providers elsewhere are being
 discovered waits, with its deadline, until ``resume(name)``. A node attempt
 is first acknowledged (``ack``: the node has it) within the ack timeout;
 after that it waits for the node's ACCEPT, answer or REJECT until the
@@ -167,7 +168,7 @@ class Router:
         self.history: Any = None             # cluster.history.History, when recording
         self.weights: Any = None             # broker.weights.Weights, when a file is loaded
         self._parked: dict[str, list[Call]] = {}
-        self.count_changed: Callable[[str, int], None] | None = None  # (name, local count)
+        self.count_changed: Callable[[str, float], None] | None = None  # (name, advertised)
         self._providers: dict[str, list[Peer]] = {}
         self._calls: dict[int, Call] = {}
         self._provider_peers: set[Peer] = set()  # peers that ever provided: only they hold attempts

@@ -508,16 +508,7 @@ class Router:
                     if pick < 0:
                         break
         elif remote:  # the same, without the targets already tried
-            weighted = [(p, 1) for p in local if p not in tried]
-            weighted += [(p, n) for p, n in remote if p not in tried]
-            total = sum(n for _, n in weighted)
-            provider = None
-            if total:
-                pick = self._rand() * total
-                for provider, n in weighted:
-                    pick -= n
-                    if pick < 0:
-                        break
+            provider = self._weighted(call.name, local, remote, tried)
         else:
             candidates = local if tried is None else [p for p in local if p not in tried]
             n = len(candidates)
@@ -564,11 +555,14 @@ class Router:
     def _weighted(self, name: str, local: list[Peer] | tuple[()],
                   remote: list[tuple[Peer, float]] | tuple[()],
                   tried: set[Peer] | None) -> Peer | None:
-        """A target not in ``tried``, chosen with the weights of the weights file (local
-        providers) and the weight sums other nodes advertise."""
-        weight = self.weights.of
-        weighted = [(p, weight(name, p.provider_name)) for p in local
-                    if tried is None or p not in tried]
+        """A target not in ``tried``, chosen by weight: a local provider's from the weights
+        file (1 without one), a node's the sum it advertises."""
+        if self.weights is None:
+            weighted = [(p, 1.0) for p in local if tried is None or p not in tried]
+        else:
+            weight = self.weights.of
+            weighted = [(p, weight(name, p.provider_name)) for p in local
+                        if tried is None or p not in tried]
         weighted += [(p, n) for p, n in remote if tried is None or p not in tried]
         total = sum(n for _, n in weighted)
         if not weighted or total <= 0:

@@ -51,27 +51,14 @@ KEYS = ["provider", "rpc", "served_by"]
 COUNTS = ["calls", "ok", "rejected", "errors", "ack_timeouts", "response_timeouts"]
 
 
-def schema() -> Any:
-    from pyspark.sql import types as T
-
-    fields = [T.StructField("schema_version", T.IntegerType()),
-              T.StructField("window_start", T.DoubleType()),
-              T.StructField("window_end", T.DoubleType()),
-              T.StructField("rpc", T.StringType()),
-              T.StructField("provider", T.StringType()),
-              T.StructField("served_by", T.StringType()),
-              T.StructField("routed_by", T.StringType())]
-    fields += [T.StructField(c, T.LongType()) for c in COUNTS]
-    fields += [T.StructField("latency_buckets", T.ArrayType(T.LongType())),
-               T.StructField("latency_sampled", T.LongType()),
-               T.StructField("latency_sum_s", T.DoubleType()),
-               T.StructField("latency_min_s", T.DoubleType()),
-               T.StructField("latency_max_s", T.DoubleType()),
-               T.StructField("peak_in_flight", T.LongType()),
-               T.StructField("bytes_in", T.LongType()),
-               T.StructField("bytes_out", T.LongType()),
-               T.StructField("weight", T.DoubleType())]
-    return T.StructType(fields)
+def schema() -> str:
+    """The history's columns (docs/history.md), as Spark DDL; other fields are ignored."""
+    counts = ", ".join(f"{c} BIGINT" for c in COUNTS)
+    return ("schema_version INT, window_start DOUBLE, window_end DOUBLE, rpc STRING, "
+            f"provider STRING, served_by STRING, routed_by STRING, {counts}, "
+            "latency_buckets ARRAY<BIGINT>, latency_sampled BIGINT, latency_sum_s DOUBLE, "
+            "latency_min_s DOUBLE, latency_max_s DOUBLE, peak_in_flight BIGINT, "
+            "bytes_in BIGINT, bytes_out BIGINT, weight DOUBLE")
 
 
 def session(master: str | None = "local[*]", conf: dict[str, str] | None = None) -> Any:

@@ -46,9 +46,25 @@ def tables(minutes: Any, per_provider: Any, half_life: float, newest: int) -> di
     """The findings tables from the per-minute rollup of the history (cluster/analysis.py
     ``rollup``: a ``minute`` column and summed counters), the span-wide ``per_provider``
     and the ``newest`` minute (the weights' decay counts back from it)."""
+    per_rpc_minute = aggregate(minutes, ["rpc", "minute"])
     return {"fairness": fairness(minutes), "outliers": outliers(per_provider),
-            "hot_rpcs": hot_rpcs(minutes), "peak_minutes": peak_minutes(minutes),
+            "hot_rpcs": hot_rpcs(minutes, per_rpc_minute),
+            "peak_minutes": peak_minutes(minutes, per_rpc_minute),
             "weights": weights(minutes, half_life, newest)}
+
+
+def _others_median(table: Any, columns: dict[str, str]) -> Any:
+    """Per rpc and provider of ``table``: the exact median of each column over the rpc's
+    *other* providers (``columns``: column -> name of its median), and ``peers``. A
+    provider alone on its rpc has no row."""
+    from pyspark.sql import functions as F
+
+    peers = table.select("rpc", F.col("provider").alias("_peer"),
+                         *[F.col(c).alias(f"_{c}") for c in columns])
+    return (table.select("rpc", "provider").join(peers, "rpc")
+            .where(F.col("provider") != F.col("_peer")).groupBy("rpc", "provider")
+            .agg(*[F.expr(f"percentile(_{c}, 0.5)").alias(median)
+                   for c, median in columns.items()], F.count("_peer").alias("peers")))
 
 
 def fairness(minutes: Any) -> Any:
@@ -96,15 +112,10 @@ def fairness(minutes: Any) -> Any:
 def outliers(per_provider: Any) -> Any:
     from pyspark.sql import functions as F
 
-    me = per_provider.select("rpc", "provider", "calls", "p99_s", "failure_rate")
-    peers = per_provider.select("rpc", F.col("provider").alias("peer"),
-                                F.col("p99_s").alias("peer_p99"),
-                                F.col("failure_rate").alias("peer_failure"))
-    joined = (me.join(peers, "rpc").where(F.col("provider") != F.col("peer"))
-              .groupBy("rpc", "provider", "calls", "p99_s", "failure_rate").agg(
-                  F.expr("percentile(peer_p99, 0.5)").alias("peers_p99_s"),
-                  F.expr("percentile(peer_failure, 0.5)").alias("peers_failure_rate"),
-                  F.count("peer").alias("peers")))
+    joined = (per_provider.select("rpc", "provider", "calls", "p99_s", "failure_rate")
+              .join(_others_median(per_provider, {"p99_s": "peers_p99_s",
+                                                  "failure_rate": "peers_failure_rate"}),
+                    ["rpc", "provider"]))
     slow = (joined.where((F.col("peers_p99_s") > 0)
                          & (F.col("p99_s") > SLOW_FACTOR * F.col("peers_p99_s")))
             .select("rpc", "provider", "calls", "peers", F.lit("slow").alias("kind"),
@@ -118,15 +129,14 @@ def outliers(per_provider: Any) -> Any:
     return slow.unionByName(failing)
 
 
-def hot_rpcs(minutes: Any) -> Any:
+def hot_rpcs(minutes: Any, per_rpc_minute: Any) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     table = (aggregate(minutes, ["rpc"], extra=[F.countDistinct("provider").alias("providers")])
              .withColumnRenamed("window_start", "first_window")
              .withColumnRenamed("window_end", "last_window"))
-    busiest = (minutes.groupBy("rpc", "minute").agg(F.sum("calls").alias("n"))
-               .groupBy("rpc").agg(F.max("n").alias("peak_minute_calls")))
+    busiest = per_rpc_minute.groupBy("rpc").agg(F.max("calls").alias("peak_minute_calls"))
     everything = Window.partitionBy()
     return (table.join(busiest, "rpc")
             .withColumn("share", F.col("calls") / F.sum("calls").over(everything))
@@ -139,13 +149,12 @@ def hot_rpcs(minutes: Any) -> Any:
                                                                        "rpc"))))
 
 
-def peak_minutes(minutes: Any) -> Any:
+def peak_minutes(minutes: Any, per_rpc_minute: Any) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    per_rpc = aggregate(minutes, ["rpc", "minute"])
     overall = aggregate(minutes.withColumn("rpc", F.lit("*")), ["rpc", "minute"])
-    both = per_rpc.unionByName(overall)
+    both = per_rpc_minute.unionByName(overall)
     rank = F.row_number().over(Window.partitionBy("rpc").orderBy(F.desc("calls"), "minute"))
     return (both.withColumn("rank", rank).where(F.col("rank") <= PEAKS)
             .select("rpc", "rank", "minute", "calls", (F.col("calls") / 60.0)
@@ -168,13 +177,8 @@ def weights(minutes: Any, half_life: float, newest: int) -> Any:
                   F.col("d_calls") > 0, F.col("d_failed") / F.col("d_calls")).otherwise(0.0))
               .withColumn("recent_latency_s", F.when(
                   F.col("d_sampled") > 0, F.col("d_lat_sum") / F.col("d_sampled"))))
-    peers = recent.select("rpc", F.col("provider").alias("peer"),
-                          F.col("recent_latency_s").alias("peer_latency"))
-    peer_median = (recent.select("rpc", "provider").join(peers, "rpc")
-                   .where(F.col("provider") != F.col("peer"))
-                   .groupBy("rpc", "provider")
-                   .agg(F.expr("percentile(peer_latency, 0.5)").alias("peers_latency_s")))
-    table = recent.join(peer_median, ["rpc", "provider"], "left")
+    table = recent.join(_others_median(recent, {"recent_latency_s": "peers_latency_s"}),
+                        ["rpc", "provider"], "left")
     speed = F.when((F.col("recent_latency_s") > 0) & F.col("peers_latency_s").isNotNull(),
                    F.least(F.lit(1.0), F.col("peers_latency_s") / F.col("recent_latency_s"))
                    ).otherwise(1.0)

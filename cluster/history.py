@@ -169,8 +169,8 @@ class History:
     def _record(self, row: Row, start: float, end: float, weights: Any,
                 pending: int) -> dict[str, Any]:
         rpc, provider, routed_by = row.key
-        o = row.outcomes
-        o[OK] = row.started + row.pending - pending - sum(o[1:])   # answered (see Row)
+        others = row.outcomes[OK + 1:]
+        o = [row.started + row.pending - pending - sum(others), *others]  # answered: see Row
         sampled = sum(row.buckets)
         if row.in_n:
             row.in_mean = row.in_sum / row.in_n

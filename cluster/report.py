@@ -141,10 +141,9 @@ def _throughput(per_minute: list[dict[str, Any]]) -> Any:
 def _latency(per_provider: list[dict[str, Any]]) -> Any:
     import matplotlib.pyplot as plt
 
-    rows = [r for r in sorted(per_provider, key=lambda r: -r["calls"]) if r["p99_s"]][:TOP]
+    rows = _busiest([r for r in per_provider if r["p99_s"]])
     if not rows:
         return None
-    rows.sort(key=lambda r: (r["rpc"], r["provider"]))
     fig, ax = plt.subplots(figsize=(10, 4))
     x = range(len(rows))
     for i, (q, color) in enumerate((("p50_s", "#8ab"), ("p95_s", "#469"), ("p99_s", "#123"))):
@@ -152,8 +151,7 @@ def _latency(per_provider: list[dict[str, Any]]) -> Any:
                label=q[:-2], color=color)
     ax.set_yscale("log")
     ax.set_ylabel("ms (bucket upper bound)")
-    ax.set_xticks(list(x), [f"{r['provider']}\n{r['rpc']}" for r in rows], fontsize=7,
-                  rotation=60, ha="right")
+    _provider_ticks(ax, rows)
     ax.legend(fontsize="small")
     return fig
 
@@ -161,10 +159,9 @@ def _latency(per_provider: list[dict[str, Any]]) -> Any:
 def _fairness(fairness: list[dict[str, Any]]) -> Any:
     import matplotlib.pyplot as plt
 
-    rows = sorted(fairness, key=lambda r: -r["calls"])[:TOP]
+    rows = _busiest(fairness)
     if not rows:
         return None
-    rows.sort(key=lambda r: (r["rpc"], r["provider"]))
     fig, ax = plt.subplots(figsize=(10, 4))
     x = range(len(rows))
     ax.bar([v - 0.2 for v in x], [r["share"] * 100 for r in rows], width=0.4, label="share",
@@ -172,10 +169,20 @@ def _fairness(fairness: list[dict[str, Any]]) -> Any:
     ax.bar([v + 0.2 for v in x], [r["expected_share"] * 100 for r in rows], width=0.4,
            label="expected (weights)", color="#bbb")
     ax.set_ylabel("% of the rpc's calls")
-    ax.set_xticks(list(x), [f"{r['provider']}\n{r['rpc']}" for r in rows], fontsize=7,
-                  rotation=60, ha="right")
+    _provider_ticks(ax, rows)
     ax.legend(fontsize="small", title="red: flagged", title_fontsize="small")
     return fig
+
+
+def _busiest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``TOP`` (rpc, provider) rows with the most calls, in rpc, provider order."""
+    top = sorted(rows, key=lambda r: -r["calls"])[:TOP]
+    return sorted(top, key=lambda r: (r["rpc"], r["provider"]))
+
+
+def _provider_ticks(ax: Any, rows: list[dict[str, Any]]) -> None:
+    ax.set_xticks(range(len(rows)), [f"{r['provider']}\n{r['rpc']}" for r in rows],
+                  fontsize=7, rotation=60, ha="right")
 
 
 def _heatmap(per_provider: list[dict[str, Any]]) -> Any:

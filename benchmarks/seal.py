@@ -33,7 +33,7 @@ def micro(repeat: int = 2000) -> dict[str, dict[int, float]]:
         s = Sealer(mode, {"k": new_key()}, "k", 30.0)
         out[mode] = {}
         for n in (1, 16, 256):
-            batch = m.encode_batch("n1", 1.0, [[m.INVOKE, i, "bench.echo", "x" * 16, 5000,
+            batch = m.encode_batch("n1", 1, 2, 1.0, [[m.INVOKE, i, "bench.echo", "x" * 16, 5000,
                                                  500, "s1"] for i in range(n)])
             t0 = time.perf_counter()
             for _ in range(repeat):

@@ -90,7 +90,9 @@ def new_token() -> str:
 
 
 class Permissions:
-    """The ``call`` and ``provide`` globs of one user, with decisions cached per name."""
+    """The ``call`` and ``provide`` globs of one user, with the names they allow cached
+    (a denied name is matched again each time: junk must not fill or churn the cache).
+    Callers check a name's shape and length first."""
 
     __slots__ = ("call", "provide", "_calls", "_provides")
     CACHE = 4096   # names remembered per user; more and the cache starts over
@@ -106,6 +108,10 @@ class Permissions:
             allowed = self._decide(self._calls, self.call, name)
         return allowed
 
+    def allowed_call(self, name: str) -> bool:
+        """True when ``name`` is known to be callable (cached): no checks needed."""
+        return name in self._calls
+
     def may_provide(self, name: str) -> bool:
         allowed = self._provides.get(name)
         if allowed is None:
@@ -114,9 +120,10 @@ class Permissions:
 
     def _decide(self, cache: dict[str, bool], patterns: tuple[str, ...], name: str) -> bool:
         allowed = any(fnmatchcase(name, pattern) for pattern in patterns)
-        if len(cache) >= self.CACHE:
-            cache.clear()
-        cache[name] = allowed
+        if allowed:
+            if len(cache) >= self.CACHE:
+                cache.clear()
+            cache[name] = True
         return allowed
 
 
@@ -129,10 +136,11 @@ class User:
     max_connections: int        # 0: no limit
     rate_messages: int | None   # None: the [limits] default
     rate_bytes: int | None
+    max_provided: int | None = None  # names provided at once; None: the [limits] default
 
 
 _USER_KEYS = {"password", "token_sha256", "roles", "call", "provide", "max_connections",
-              "rate_messages", "rate_bytes"}
+              "rate_messages", "rate_bytes", "max_provided"}
 
 
 def _patterns(where: str, value: Any) -> tuple[str, ...]:
@@ -191,11 +199,11 @@ class Users:
                 call += role_perms[role][0]
                 provide += role_perms[role][1]
             rate = {k: (_count(f"{where}.{k}", entry[k]) if k in entry else None)
-                    for k in ("rate_messages", "rate_bytes")}
+                    for k in ("rate_messages", "rate_bytes", "max_provided")}
             user = User(name, password, token,
                         Permissions(tuple(dict.fromkeys(call)), tuple(dict.fromkeys(provide))),
                         _count(f"{where}.max_connections", entry.get("max_connections", 0)),
-                        rate["rate_messages"], rate["rate_bytes"])
+                        rate["rate_messages"], rate["rate_bytes"], rate["max_provided"])
             self.by_name[name] = user
             if token is not None:
                 self.by_token[token] = user

@@ -72,6 +72,8 @@ def node(host: str | None, port: int | None, name: str | None, redis_url: str | 
         asyncio.run(run())
     except OSError as exc:  # the port is taken, the address is wrong, ...
         raise click.ClickException(f"cannot listen on {cfg.node.host}:{cfg.node.port}: {exc}")
+    if node_.failed:
+        raise click.ClickException(node_.failed)
 
 
 @main.command()
@@ -187,6 +189,10 @@ def status(redis_url: str | None, namespace: str | None, listen: float,
     def once() -> dict[str, Any]:
         try:
             return asyncio.run(collect(redis_url, ns, listen, sealer))
+        except asyncio.CancelledError:
+            # Ctrl-C as collect's own listen timeout fires: asyncio.run sees two
+            # cancellations and raises this instead of KeyboardInterrupt
+            raise KeyboardInterrupt from None
         except Exception as exc:  # OSError, and redis-py's errors, which do not share it
             raise click.ClickException(f"cannot read {redis_url}: {exc}") from None
 

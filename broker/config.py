@@ -43,6 +43,9 @@ class LimitsSection:
     max_frame_bytes: int = 1 << 20
     max_name_length: int = 128
     max_names_per_message: int = 1000
+    max_messages_per_frame: int = 10000
+    max_provided_per_connection: int = 1000
+    max_provided_per_user: int = 10000
     max_invalid_messages: int = 10
     invalid_window: float = 10.0
     max_inflight_per_connection: int = 10000
@@ -71,6 +74,7 @@ class ServerSection:
     tls_cert: str = ""
     tls_key: str = ""
     per_rpc_metrics: bool = True
+    admin_token_sha256: str = ""    # "" = /metrics /stats /cluster /dashboard open to all
 
 
 @dataclass
@@ -126,7 +130,8 @@ _CHOICES = {
     ("log", "format"): ("auto", "json", "console"),
 }
 _MAY_BE_ZERO = {("node", "port"), ("server", "ping_interval"), ("server", "ping_timeout"),
-                ("limits", "rate_messages"), ("limits", "rate_bytes")}
+                ("limits", "rate_messages"), ("limits", "rate_bytes"),
+                ("limits", "max_provided_per_connection"), ("limits", "max_provided_per_user")}
 
 
 def _coerce(key: str, kind: type, value: Any) -> Any:
@@ -231,6 +236,10 @@ def _validate(config: Config) -> None:
         if level not in _CHOICES[("log", "level")]:
             raise ConfigError(f"log.levels.{module}: must be one of "
                               f"{', '.join(_CHOICES[('log', 'level')])}")
+    digest = config.server.admin_token_sha256
+    if digest and (len(digest) != 64 or set(digest) - set("0123456789abcdef")):
+        raise ConfigError("server.admin_token_sha256: 64 lower-case hex digits "
+                          "(rpcbus new-token prints them)")
     if bool(config.server.tls_cert) != bool(config.server.tls_key):
         raise ConfigError("server.tls_cert and server.tls_key: set both or neither")
     from .auth import AuthConfigError, Users

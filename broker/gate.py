@@ -2,8 +2,12 @@
 
 ``Gate.login`` checks an AUTH's credentials and calls back with the ``User`` (or
 None). Tokens are checked at once; passwords with scrypt in a small thread pool
-(never on the event loop), at most ``MAX_LOGINS_AT_ONCE`` at a time (more are
-refused: a flood of logins must not queue unbounded work). A password that
+(never on the event loop), ``SCRYPT_THREADS`` at a time. The others wait in a
+bounded queue, taken in turn by source address (one address flooding logins
+waits behind its own checks, not in front of everyone else's): at most
+``MAX_QUEUED_LOGINS`` waiting, ``MAX_QUEUED_PER_ADDRESS`` from one address; past
+that, and for a check that could not start before its deadline, the answer is
+``BUSY`` (the client may AUTH again: the SDK does, with backoff). A password that
 verified is remembered for ``LOGIN_CACHE_TTL`` seconds as a SHA-256 of
 (user, password, stored hash), so a reconnect storm costs one scrypt per user.
 
@@ -16,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections import Counter
+from collections import Counter, OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import structlog
@@ -29,7 +34,10 @@ from .limits import WindowLimiter
 
 log = structlog.get_logger(module="rpcbus.auth")
 
-MAX_LOGINS_AT_ONCE = 32
+SCRYPT_THREADS = 2            # password checks running at once
+MAX_QUEUED_LOGINS = 256       # ~6 s of scrypt work on two threads: within auth_timeout
+MAX_QUEUED_PER_ADDRESS = 64
+BUSY = "busy"                 # the reason ``login`` gives when it cannot check now
 LOGIN_CACHE_TTL = 300.0
 MAX_SECRET = 1024   # longest user name, password or token looked at
 
@@ -45,11 +53,17 @@ class Gate:
         self._limiters: dict[str, WindowLimiter] = {}
         self.connections: Counter[str] = Counter()
         self.logins_running = 0
+        self.queued = 0
+        self._queued: OrderedDict[str, deque[_Login]] = OrderedDict()  # by source address
+        self.provided: Counter[str] = Counter()  # names provided now, per user
         self.stats: Counter[str] = Counter()
 
-    def login(self, params: dict[str, Any], done: Callable[[User | None, str], None]) -> None:
-        """Check AUTH ``params``; ``done(user, reason)`` runs later on the loop (user None:
-        refused, ``reason`` says why, for the log only: the client is told less)."""
+    def login(self, params: dict[str, Any], done: Callable[[User | None, str], None],
+              address: str = "", wanted: Callable[[], bool] = lambda: True) -> None:
+        """Check AUTH ``params`` from ``address``; ``done(user, reason)`` runs later on the
+        loop (user None: refused, ``reason`` says why, for the log only: the client is
+        told less; ``BUSY``: not checked, try again). ``wanted()`` False: the client left,
+        skip the check."""
         token, name, password = params.get("token"), params.get("user"), params.get("password")
         loop = asyncio.get_running_loop()
         if any(isinstance(v, str) and len(v) > MAX_SECRET for v in (token, name, password)):
@@ -68,23 +82,50 @@ class Gate:
         if stored is not None and key in self._verified:
             loop.call_soon(done, user, "")
             return
-        if self.logins_running >= MAX_LOGINS_AT_ONCE:
-            self.stats["logins_refused_busy"] += 1
-            loop.call_soon(done, None, "too many logins in progress")
+        queue = self._queued.get(address)
+        if self.queued >= MAX_QUEUED_LOGINS or (
+                queue is not None and len(queue) >= MAX_QUEUED_PER_ADDRESS):
+            self.stats["logins_busy"] += 1
+            loop.call_soon(done, None, BUSY)
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(2, thread_name_prefix="rpcbus-auth")
-        self.logins_running += 1
-        future = loop.run_in_executor(self._pool, verify_password, stored, password)
+        if queue is None:
+            queue = self._queued[address] = deque()
+        queue.append(_Login(user, stored, password, key, done, wanted,
+                            loop.time() + self._limits.auth_timeout))
+        self.queued += 1
+        self._start_checks()
 
-        def checked(f: asyncio.Future[bool]) -> None:
-            self.logins_running -= 1
-            ok = not f.cancelled() and f.exception() is None and f.result()
-            if ok:
-                self._verified[key] = True
-            done(user if ok else None, "" if ok else "wrong user or password")
+    def _start_checks(self) -> None:
+        """Start queued password checks while threads are free, one address at a time."""
+        loop = asyncio.get_running_loop()
+        while self.logins_running < SCRYPT_THREADS and self._queued:
+            address, queue = next(iter(self._queued.items()))
+            login = queue.popleft()
+            self.queued -= 1
+            if queue:
+                self._queued.move_to_end(address)  # the next address's turn
+            else:
+                del self._queued[address]
+            if not login.wanted():  # the connection closed while it waited
+                continue
+            if loop.time() > login.deadline:
+                self.stats["logins_busy"] += 1
+                login.done(None, BUSY)
+                continue
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(SCRYPT_THREADS, thread_name_prefix="rpcbus-auth")
+            self.logins_running += 1
+            future = loop.run_in_executor(self._pool, verify_password, login.stored,
+                                          login.password)
+            future.add_done_callback(lambda f, login=login: self._checked(login, f))
 
-        future.add_done_callback(checked)
+    def _checked(self, login: "_Login", f: asyncio.Future[bool]) -> None:
+        self.logins_running -= 1
+        ok = not f.cancelled() and f.exception() is None and f.result()
+        if ok:
+            self._verified[login.key] = True
+        login.done(login.user if ok else None, "" if ok else "wrong user or password")
+        self._start_checks()
 
     def limiter_for(self, user: User | None) -> WindowLimiter | None:
         """The limiter shared by ``user``'s connections (a new one per anonymous
@@ -104,6 +145,25 @@ class Gate:
                                                                 messages, nbytes)
         return limiter
 
+    def max_provided(self, user: User | None) -> int:
+        """Names ``user``'s connections may provide at once on this node (0: no limit)."""
+        if user is not None and user.max_provided is not None:
+            return user.max_provided
+        return self._limits.max_provided_per_user
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(slots=True)
+class _Login:
+    """A password check waiting for a thread."""
+
+    user: User | None
+    stored: str | None
+    password: str
+    key: bytes
+    done: Callable[[User | None, str], None]
+    wanted: Callable[[], bool]
+    deadline: float

@@ -17,7 +17,7 @@ class WindowLimiter:
     """The counters of one user (shared by all of that user's connections)."""
 
     __slots__ = ("window", "max_messages", "max_bytes", "end", "messages", "bytes",
-                 "refused", "warned_window")
+                 "refused", "warned_window", "refusal")
 
     def __init__(self, window: float, max_messages: int, max_bytes: int) -> None:
         self.window = window
@@ -28,6 +28,7 @@ class WindowLimiter:
         self.bytes = 0
         self.refused = 0            # requests refused, all windows
         self.warned_window = -1.0   # the window a warning was last logged in
+        self.refusal = ""           # the RATE_LIMITED text of that window (made once)
 
     def received(self, now: float, nbytes: int) -> None:
         """A frame of ``nbytes`` arrived."""

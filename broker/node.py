@@ -13,16 +13,21 @@ The same port answers plain HTTP through websockets' ``process_request``:
 ``GET /healthz`` (liveness: 200 when serving, 503 otherwise), ``GET /readyz``
 (readiness: also 503 while the cluster bus is down or not yet joined, with
 the reason), ``GET /stats`` (JSON counters: the router's outcomes and drops,
-frames and messages per direction) and ``GET /metrics`` (Prometheus).
+frames and messages per direction) and ``GET /metrics`` (Prometheus). With
+``server.admin_token_sha256`` set, /stats, /metrics, /cluster and /dashboard answer
+only requests with that token (``Authorization: Bearer`` or ``?token=``); the
+probes stay open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import secrets
 import ssl
 import time
+import urllib.parse
 from collections import Counter
 from typing import Any
 
@@ -34,6 +39,7 @@ from clients import errors
 from clients.protocol import ERROR
 from cluster.history import SCAN_INTERVAL
 
+from .auth import token_digest
 from .config import Config, ConfigError
 from .gate import Gate
 from .router import Router
@@ -41,6 +47,9 @@ from .session import Session
 from .weights import WeightsError, WeightsFile
 
 log = structlog.get_logger(module="rpcbus.node")
+ADMIN_PATHS = frozenset({"/metrics", "/stats", "/cluster", "/dashboard"})
+HEARTBEAT_RPCS = 100  # rpcs whose provider counts a heartbeat carries
+BUS_WAIT_S = 5.0  # how long a starting node waits for Redis before taking clients
 
 STALL = 0.25       # s without a tick: the process was stopped or starved
 STALL_HOLD = 0.2   # s to read the backlog before deadlines apply again
@@ -79,6 +88,7 @@ class Node:
         self.sessions: set[Session] = set()
         self.stats: Counter[str] = Counter()
         self.ready = False
+        self.failed: str | None = None   # why the node stopped by itself (exit code 1)
         self.draining = False
         self.url = ""
         self.port = 0
@@ -128,6 +138,7 @@ class Node:
             self.link = ClusterLink(self.router, cfg.cluster, self.name, self.url,
                                     self._heartbeat_info)
             bus = asyncio.create_task(self.link.run(), name="rpcbus-bus")
+            bus.add_done_callback(self._bus_ended)
         if cfg.history.dir:
             from cluster.history import History, HistoryWriter
 
@@ -137,6 +148,8 @@ class Node:
             self.router.history = self.history
         ticker = asyncio.create_task(self._tick_forever(), name="rpcbus-ticker")
         try:
+            if self.link is not None:
+                await self._wait_for_bus()
             self.ready = True
             if self.link is not None:
                 self.link.set_state("ready")
@@ -157,6 +170,28 @@ class Node:
                 await asyncio.to_thread(self.history.writer.close)
             log.info("node_stopped", node=self.name, **self.router.stats.as_dict())
 
+    def _bus_ended(self, task: asyncio.Task[None]) -> None:
+        """The bus reconnects after any error; should its task still end, the node stops
+        loudly (exit code 1) rather than serve on, cut off, behind a green /readyz."""
+        if task.cancelled() or self._stop.is_set():
+            return
+        exc = task.exception()
+        self.failed = f"the cluster bus stopped: {exc!r}"
+        log.critical("bus_task_ended", node=self.name, error=repr(exc))
+        self.stop()
+
+    async def _wait_for_bus(self) -> None:
+        """Take no clients until the cluster bus is up, for at most BUS_WAIT_S: a call that
+        arrives first (a client reconnecting at once to a restarted node) would otherwise
+        fail CLUSTER_UNAVAILABLE. Past that, serve local calls and say why in /readyz."""
+        assert self.link is not None
+        try:
+            async with asyncio.timeout(BUS_WAIT_S):
+                await self.link.up.wait()
+        except TimeoutError:
+            log.warning("node_ready_without_bus", node=self.name, waited_s=BUS_WAIT_S,
+                        detail="cross-node calls fail CLUSTER_UNAVAILABLE until Redis answers")
+
     def _warn_if_open(self) -> None:
         """Say so at start when clients or the cluster bus are not protected."""
         cfg = self.config
@@ -171,6 +206,10 @@ class Node:
         if cfg.cluster.redis_url and cfg.cluster.seal == "none":
             log.warning("cluster_bus_unsealed", detail="whoever can publish on Redis can make "
                         "this node run calls: set cluster.seal to sign or encrypt")
+        if not cfg.server.admin_token_sha256 and not loopback:
+            log.warning("admin_endpoints_open", detail="/metrics, /stats, /cluster and "
+                        "/dashboard answer anyone who reaches the port: set "
+                        "server.admin_token_sha256 (rpcbus new-token)", host=cfg.node.host)
 
     async def _shutdown(self, server: Any) -> None:
         self.ready = False
@@ -287,6 +326,9 @@ class Node:
             if self.ready:
                 return connection.respond(200, "ok\n")
             return connection.respond(503, "draining\n" if self.draining else "starting\n")
+        if path in ADMIN_PATHS and not self._admin(request):
+            return connection.respond(401, "this endpoint needs the admin token: "
+                                           "Authorization: Bearer <token> or ?token=<token>\n")
         if path == "/cluster":
             response = connection.respond(200, json.dumps(self.cluster_view()) + "\n")
             response.headers["Content-Type"] = "application/json"
@@ -312,7 +354,21 @@ class Node:
             return response
         if self.draining:  # still listening, so that /readyz can say so; no new clients
             return connection.respond(503, "draining: connect to another node\n")
+        if not self.ready:  # waiting for the cluster bus (the SDK tries again)
+            return connection.respond(503, "starting: try again shortly\n")
         return None  # everything else: the WebSocket handshake
+
+    def _admin(self, request: Any) -> bool:
+        """The request may read the admin endpoints (no token configured: anyone may)."""
+        digest = self.config.server.admin_token_sha256
+        if not digest:
+            return True
+        header = request.headers.get("Authorization", "")
+        token = header[7:] if header.startswith("Bearer ") else ""
+        if not token and "?" in request.path:
+            query = urllib.parse.parse_qs(request.path.split("?", 1)[1])
+            token = query.get("token", [""])[0]
+        return hmac.compare_digest(token_digest(token), digest)
 
     def not_ready(self) -> str | None:
         """Why this node should get no traffic now (``/readyz``), or None when ready."""
@@ -323,17 +379,28 @@ class Node:
         if self.link is not None:
             if not self.link.available:
                 return "cluster bus (Redis) unreachable"
-            if not self.link.joined(asyncio.get_running_loop().time()):
+            now = asyncio.get_running_loop().time()
+            if not self.link.joined(now):
                 return "joining the cluster"
+            skew = self.link.clock_problem(now)
+            if skew is not None:
+                return skew
         return None
 
     def _heartbeat_info(self) -> dict[str, Any]:
         """What this node tells the cluster in every heartbeat (``rpcbus status``, the
-        dashboard): its load and its calls so far (ended ok / ended with an error)."""
+        dashboard): its load, its calls so far (ended ok / ended with an error), and the
+        provider counts of at most HEARTBEAT_RPCS rpcs (the most provided) with the
+        totals: a heartbeat stays small however many names are provided (routing
+        never reads it: it learns counts from PROVIDER_UPDATE and RPC_QUERY)."""
         stats = self.router.stats
+        counts = self.router.provider_counts()
+        shown = counts if len(counts) <= HEARTBEAT_RPCS else dict(
+            sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:HEARTBEAT_RPCS])
         return {"connections": len(self.sessions), "pending": self.router.pending,
                 "uptime_s": round(time.time() - self._started, 1),
-                "providers": self.router.provider_counts(),
+                "providers": shown, "rpcs": len(counts),
+                "providers_total": sum(counts.values()),
                 "calls_ok": stats.ok, "calls_failed": stats.failed()}
 
     def cluster_view(self) -> dict[str, Any]:

@@ -24,7 +24,8 @@ Per call (docs/protocol.md has the diagram)::
 * No attempt starts once the call's time is up.
 
 A peer is any object with ``send(msg)``, ``closed`` (bool), ``label`` (how
-providers see it as a caller), ``inflight`` (calls it made that are pending,
+providers see it as a caller), ``user_name`` (its authenticated user, or None;
+providers get it as the caller's user), ``inflight`` (calls it made that are pending,
 kept up to date here), ``provides`` (a set of names, kept here) and
 ``is_node``: False for a client's session, True for another node of the
 cluster, as a provider (its REQUESTs become INVOKEs) or as a caller (INVOKEs
@@ -66,7 +67,7 @@ from clients.protocol import (
     valid_name,
 )
 
-from .rpcstats import SAMPLE, RpcStatsTable
+from .rpcstats import OTHER, SAMPLE, RpcStatsTable
 
 HISTORY_SAMPLE = 16  # the load history measures latency and sizes of 1 attempt in 16
 _HISTORY_MASK = HISTORY_SAMPLE - 1
@@ -75,6 +76,7 @@ _HISTORY_MASK = HISTORY_SAMPLE - 1
 class Peer(Protocol):
     closed: bool
     label: str
+    user_name: str | None   # the caller's authenticated user, passed on to providers
     inflight: int
     provides: set[str]
     is_node: bool
@@ -98,6 +100,14 @@ class ClusterView(Protocol):
     def knows(self, name: str) -> bool:
         """True when ``name`` has an entry (so it was valid when it was asked for)."""
 
+    def provided(self, name: str) -> bool:
+        """True when another node is known to provide ``name``."""
+
+    def settled(self, node: Peer, since: float) -> bool:
+        """True when this node can trust that ``node``, asked at ``since`` whether it
+        started an attempt, did not: this node hears the bus (its own messages sent
+        since come back) and threw nothing of ``node``'s away unread."""
+
 
 class Call:
     """One call from a caller, across all its attempts."""
@@ -118,8 +128,8 @@ class Call:
         self.traceparent: str | None = None
         self.hrow: Any = None                # the current attempt's load-history row
         self.hstart = 0.0
-        # id (the current attempt's), provider, accepted, acked and checked are set by
-        # each dispatch.
+        # id (the current attempt's), provider, accepted, acked and checked (when the
+        # node was asked whether it started the attempt; 0.0: not) are set by each dispatch.
 
 
 ACK_CHECK = -27  # router -> node peer only: "did you start this attempt?" (never on a wire)
@@ -288,6 +298,21 @@ class Router:
         for name in list(self._parked):
             self.resume(name, now)
 
+    def fail_peer(self, peer: Peer, code: str, message: str) -> None:
+        """Every attempt at ``peer`` ends with ``code`` (their outcome cannot be known
+        here, so they neither wait nor move); the peer stays."""
+        for call in [c for c in self._calls.values() if c.provider is peer]:
+            self._end_attempt(call)
+            if code == errors.CLUSTER_UNAVAILABLE:
+                self.stats.cluster_unavailable += 1
+            if not peer.closed:
+                peer.send([CANCEL, call.id])
+            self._conclude(call, [ERROR, call.cid, code, message])
+
+    def waiting(self, name: str) -> bool:
+        """Calls are waiting for the discovery of ``name``."""
+        return any(self._calls.get(c.id) is c for c in self._parked.get(name, ()))
+
     def hand_back(self) -> int:
         """The node stops: calls still waiting for discovery (no provider holds them, and
         none ran) are answered SHUTTING_DOWN, which tells their callers to send them to
@@ -383,6 +408,17 @@ class Router:
         self.stats.provider_errors += 1
         self._conclude(call, [ERROR, call.cid, code, message[:MAX_ERROR_MESSAGE]])
 
+    def refuse_attempt(self, peer: Peer, attempt: int, code: str, message: str) -> None:
+        """The attempt could not be handed to ``peer`` (its data cannot be encoded): the
+        call ends with ``code``; the provider never saw it (history: rejected)."""
+        call = self._attempt_of(peer, attempt)
+        if call is None:
+            return
+        self._end_attempt(call)
+        if call.hrow is not None:
+            self._history_end(call, 1)
+        self._conclude(call, [ERROR, call.cid, code, message])
+
     def reject(self, peer: Peer, attempt: int, now: float) -> None:
         """The provider (or node) declined: the call goes to another target not yet tried."""
         call = self._attempt_of(peer, attempt)
@@ -427,11 +463,19 @@ class Router:
             elif call.provider.is_node and not call.checked and not call.provider.closed:
                 # No ACK yet from a node: ask before moving the call (it may have started).
                 self.stats.ack_checks += 1
-                call.checked = True
+                call.checked = now
                 call.provider.send([ACK_CHECK, attempt])
                 due = now + self.ack_timeout
                 self._deadlines.add(attempt, due if due < call.deadline else call.deadline)
                 continue
+            elif (call.provider.is_node and not call.provider.closed and self.cluster is not None
+                  and not self.cluster.settled(call.provider, call.checked)):
+                # Silent, but this node cannot show it would have heard an ACK: moving
+                # the call could run it twice. Its outcome is unknown here.
+                self.stats.cluster_unavailable += 1
+                msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                       f"cannot tell whether node {call.provider.label} started the call: "
+                       "this node does not hear the cluster bus"]
             else:
                 self.stats.ack_timeouts += 1
                 msg = None
@@ -484,7 +528,8 @@ class Router:
         self._seq = attempt = self._seq + 1
         call.id = attempt
         call.provider = None
-        call.accepted = call.acked = call.checked = False
+        call.accepted = call.acked = False
+        call.checked = 0.0
         self._calls[attempt] = call
         self._deadlines.add(attempt, call.deadline)
         self._parked.setdefault(call.name, []).append(call)
@@ -526,7 +571,8 @@ class Router:
         self._seq = attempt = self._seq + 1
         call.id = attempt
         call.provider = provider
-        call.accepted = call.acked = call.checked = False
+        call.accepted = call.acked = False
+        call.checked = 0.0
         self._calls[attempt] = call
         history = self.history
         if history is not None and not provider.is_node:  # History.start, inlined (hot)
@@ -545,12 +591,13 @@ class Router:
             self._deadlines.add(attempt, now + self.ack_timeout)
         else:
             self._deadlines.add(attempt, call.deadline)
-        if call.traceparent is None:
+        caller = call.caller
+        if call.traceparent is None and caller.user_name is None:
             provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
-                           call.caller.label, int(now * 1000)])
+                           caller.label, int(now * 1000)])
         else:
             provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
-                           call.caller.label, int(now * 1000), call.traceparent])
+                           caller.label, int(now * 1000), call.traceparent, caller.user_name])
 
     def _weighted(self, name: str, local: list[Peer] | tuple[()],
                   remote: list[tuple[Peer, float]] | tuple[()],
@@ -611,10 +658,20 @@ class Router:
         """The current attempt leaves the call table (its deadline entry is ignored later)."""
         del self._calls[call.id]
 
+    def _provided(self, name: str, msg: list[Any]) -> bool:
+        """``name`` is (or was, for this answer) provided here or on another node: junk
+        names, called and never provided, share one metrics row and push no real one out."""
+        cluster = self.cluster
+        return (msg[0] == RESPONSE or name in self._providers
+                or (cluster is not None and cluster.provided(name)))
+
     def _conclude(self, call: Call, msg: list[Any]) -> None:
         """The call's one outcome; the call must already be out of every table."""
         if self._clock is not None and not call.local_only:
-            stats = self.rpc_stats.by_name.get(call.name) or self.rpc_stats.get(call.name)
+            stats = self.rpc_stats.by_name.get(call.name)
+            if stats is None:  # a row of its own only for a name somebody provides
+                stats = self.rpc_stats.get(call.name if self._provided(call.name, msg)
+                                           else OTHER)
             if msg[0] == RESPONSE:
                 stats.ok += 1
             else:

@@ -50,8 +50,11 @@ from clients.protocol import (
     check_from_client,
     decode,
     is_id,
+    valid_name,
 )
 from clients.transport import FrameIO
+
+from .gate import BUSY
 
 if TYPE_CHECKING:
     from .auth import Permissions, User
@@ -71,6 +74,7 @@ class Session(FrameIO, ServerConnection):
         self.router = node.router
         self.sid = node.new_session_id()
         self.label = self.sid            # how providers see this client as a caller
+        self.user_name: str | None = None  # the authenticated user (auth mode users)
         self.provider_name = self.sid    # how load history names it as a provider
         self.hrows: dict[Any, Any] = {}  # its load-history rows (cluster/history.py)
         self.closed = False
@@ -81,6 +85,9 @@ class Session(FrameIO, ServerConnection):
         self.max_out_frame = limits.max_frame_bytes
         self.max_write_buffer = limits.max_write_buffer_bytes
         self._max_inflight = limits.max_inflight_per_connection
+        self._max_frame_messages = limits.max_messages_per_frame
+        self._max_name = limits.max_name_length
+        self._pings_refused = False      # this frame's refused PINGs were answered once
         self._reading_paused = False
         self._strikes = 0
         self._strike_window_end = 0.0
@@ -108,7 +115,9 @@ class Session(FrameIO, ServerConnection):
         self.dropped_out += len(self._out)
         self._out = []
         if self.user is not None:
-            self.node.gate.connections[self.user.name] -= 1
+            gate = self.node.gate
+            gate.connections[self.user.name] -= 1
+            gate.provided[self.user.name] -= len(self.provides)
         self.node.session_closed(self)
 
     def _auth_timeout(self) -> None:
@@ -124,11 +133,20 @@ class Session(FrameIO, ServerConnection):
             self.transport.resume_reading()
 
     def unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
+        """A message msgpack cannot pack (data nested deeper than it packs): whoever
+        sent that data hears why, at once, and every call keeps its one outcome."""
         self.dropped_out += 1
-        log.error("unencodable_message", session=self.sid, kind=msg[0], error=str(exc),
-                  call_id=msg[1] if len(msg) > 1 else None)
-        if msg[0] == RESPONSE:  # the caller must still get its one outcome
+        kind = msg[0]
+        log.warning("unencodable_message", session=self.sid, kind=kind, error=str(exc),
+                    call_id=msg[1] if len(msg) > 1 else None)
+        if kind == RESPONSE:  # a provider's answer to this client
             return [ERROR, msg[1], errors.PROVIDER_ERROR, "the response could not be encoded"]
+        if kind == REQUEST:  # a call for this provider: the caller is told, nothing ran
+            self.router.refuse_attempt(self, msg[1], errors.INVALID_MESSAGE,
+                                       "the call's data could not be encoded (nested too "
+                                       "deeply)")
+        elif kind == PONG:
+            return [ERROR, None, errors.INVALID_MESSAGE, "the PING payload is nested too deeply"]
         return None
 
     def on_slow_consumer(self) -> None:
@@ -144,11 +162,12 @@ class Session(FrameIO, ServerConnection):
 
     def frame_received(self, data: bytes) -> None:
         try:
-            msgs = decode(data)
+            msgs = decode(data, self._max_frame_messages)
         except ProtocolError as exc:
             self.invalid(None, str(exc))
             return
         self.node.stats["messages_in"] += len(msgs)
+        self._pings_refused = False
         if self._limiter is not None:
             self._limiter.received(self.loop.time(), len(data))
         try:
@@ -212,19 +231,29 @@ class Session(FrameIO, ServerConnection):
             router.accept(self, msg[1], now)
         elif kind == REJECT:
             router.reject(self, msg[1], now)
-        elif kind == ERROR:
-            router.provider_error(self, msg[1], msg[3])
+        elif kind == ERROR:  # a provider's failure: PROVIDER_ERROR, or its answer too large
+            router.provider_error(self, msg[1], msg[3],
+                                  msg[2] if msg[2] == errors.PAYLOAD_TOO_LARGE
+                                  else errors.PROVIDER_ERROR)
         elif kind == PROVIDE:
             if self._gated and not self._admit_provide(msg[1], msg[2], now):
                 return
+            new = set(msg[2]) - self.provides
+            if new and not self._room_for(msg[1], len(new)):
+                return
             router.provide(self, msg[2])
+            if self.user is not None:
+                self.node.gate.provided[self.user.name] += len(new)
             self.send([OK, msg[1]])
         elif kind == UNPROVIDE:
             if self._limiter is None or self._take(_ref_of(msg), now):
+                gone = len(self.provides)
                 router.unprovide(self, msg[2])
+                if self.user is not None:
+                    self.node.gate.provided[self.user.name] -= gone - len(self.provides)
                 self.send([OK, msg[1]])
         elif kind == PING:
-            if self._limiter is None or self._take(_ref_of(msg), now):
+            if self._limiter is None or self._take(None, now, ping=True):
                 self.send([PONG, msg[1] if len(msg) > 1 else None])
         elif kind == AUTH:
             self.invalid(None, "already authenticated")
@@ -233,15 +262,41 @@ class Session(FrameIO, ServerConnection):
     # -- who may do what --------------------------------------------------------------
 
     def _admit(self, ref: int, name: str, now: float) -> bool:
-        """A REQUEST within the user's rate limit and permissions; else answered here."""
+        """A REQUEST within the user's rate limit and permissions; else answered here.
+        A name the user's permissions have not allowed before is checked for shape and
+        length first: junk never reaches the globs, the caches or the metrics."""
         if self._limiter is not None and not self._take(ref, now, name):
             return False
-        if self._perms is not None and not self._perms.may_call(name):
-            self.node.stats["permission_denied"] += 1
-            self.send([ERROR, ref, errors.PERMISSION_DENIED,
-                       f"{self._who()} may not call {name[:128]!r}"])
-            return False
+        perms = self._perms
+        if perms is not None and not perms.allowed_call(name):
+            if not valid_name(name, self._max_name):
+                self.node.stats["invalid_names"] += 1
+                self.send([ERROR, ref, errors.INVALID_MESSAGE,
+                           f"invalid rpc name {name[:64]!r}: 1-{self._max_name} of "
+                           "A-Z a-z 0-9 _ . : / -"])
+                return False
+            if not perms.may_call(name):
+                self.node.stats["permission_denied"] += 1
+                self.send([ERROR, ref, errors.PERMISSION_DENIED,
+                           f"{self._who()} may not call {name!r}"])
+                return False
         return True
+
+    def _room_for(self, ref: int, new: int) -> bool:
+        """Room for ``new`` more provided names on this connection and for its user;
+        else the PROVIDE is refused whole (LIMIT_EXCEEDED)."""
+        limit = self.node.config.limits.max_provided_per_connection
+        if limit and len(self.provides) + new > limit:
+            why = f"this connection may provide at most {limit} names"
+        else:
+            user = self.user
+            limit = self.node.gate.max_provided(user) if user is not None else 0
+            if user is None or not limit or self.node.gate.provided[user.name] + new <= limit:
+                return True
+            why = f"{self._who()} may provide at most {limit} names on this node"
+        self.node.stats["provide_limited"] += 1
+        self.send([ERROR, ref, errors.LIMIT_EXCEEDED, why])
+        return False
 
     def _admit_provide(self, ref: int, names: list[str], now: float) -> bool:
         if self._limiter is not None and not self._take(ref, now):
@@ -255,7 +310,10 @@ class Session(FrameIO, ServerConnection):
                 return False
         return True
 
-    def _take(self, ref: int | None, now: float, rpc: str | None = None) -> bool:
+    def _take(self, ref: int | None, now: float, rpc: str | None = None,
+              ping: bool = False) -> bool:
+        """One request against the rate limit. A refusal costs far less than serving:
+        its text is made once per window, and a frame's refused PINGs get one ERROR."""
         limiter = self._limiter
         assert limiter is not None
         if limiter.take(now):
@@ -263,10 +321,14 @@ class Session(FrameIO, ServerConnection):
         self.node.stats["rate_limited"] += 1
         if limiter.first_refusal_in_window():
             log.warning("rate_limited", session=self.sid, user=self._who(), call_id=ref,
-                        rpc=rpc, refused_total=limiter.refused)
-        self.send([ERROR, ref, errors.RATE_LIMITED,
-                   f"over the rate limit of {self._who()}; try again after "
-                   f"{max(limiter.end - now, 0):.2f} s"])
+                        rpc=rpc[:128] if rpc else None, refused_total=limiter.refused)
+            limiter.refusal = (f"over the rate limit of {self._who()}; this window ends in "
+                               f"{max(limiter.end - now, 0):.2f} s")
+        if ping:
+            if self._pings_refused:
+                return False
+            self._pings_refused = True
+        self.send([ERROR, ref, errors.RATE_LIMITED, limiter.refusal])
         return False
 
     def _who(self) -> str:
@@ -282,13 +344,18 @@ class Session(FrameIO, ServerConnection):
             self._authenticated(None, name)
             return
         self._logging_in = True
-        gate.login(params, lambda user, reason: self._checked(user, reason, name))
+        address = self.remote_address[0] if self.remote_address else ""
+        gate.login(params, lambda user, reason: self._checked(user, reason, name),
+                   address, lambda: not self.closed)
 
     def _checked(self, user: User | None, reason: str, name: str | None) -> None:
         self._logging_in = False
         if self.closed:
             return
         gate = self.node.gate
+        if user is None and reason == BUSY:  # not checked: the client may try again
+            self.send([AUTH_FAIL, errors.BUSY, "the node is busy checking logins; retry"])
+            return
         if user is None:
             self._auth_failures += 1
             gate.stats["auth_failures"] += 1
@@ -315,11 +382,18 @@ class Session(FrameIO, ServerConnection):
         self._authenticated(user, name)
 
     def _authenticated(self, user: User | None, name: str | None) -> None:
+        """``name`` is a display label only: with users, who the client is reaches
+        providers as ``user`` (CallContext.user), and load history as the provider's
+        ``user/name``, so a client cannot pass for another user."""
         if name is not None:
             self.label = f"{name}@{self.sid}"
             self.provider_name = name
         elif user is not None:
             self.label = f"{user.name}@{self.sid}"
+        if user is not None:
+            self.user_name = user.name
+            self.provider_name = (user.name if name is None or name == user.name
+                                  else f"{user.name}/{name}")
         self._limiter = self.node.gate.limiter_for(user)
         self._gated = self._perms is not None or self._limiter is not None
         self.authenticated = True
@@ -333,6 +407,7 @@ class Session(FrameIO, ServerConnection):
             "user": user.name if user is not None else None,
             "protocol": PROTOCOL_VERSION,
             "max_frame": limits.max_frame_bytes,
+            "max_frame_messages": limits.max_messages_per_frame,
             "max_inflight": limits.max_inflight_per_connection,
             "ack_timeout_ms": int(self.node.config.rpc.ack_timeout * 1000),
             "response_timeout_ms": int(self.node.config.rpc.response_timeout * 1000),

@@ -10,11 +10,14 @@
 from .client import CallContext, Client, connect
 from .errors import (
     CODES,
+    BusyError,
     ClusterUnavailableError,
     ConnectionLostError,
     InvalidMessageError,
+    LimitExceededError,
     NoProviderError,
     NotAuthenticatedError,
+    PayloadTooLargeError,
     PermissionDeniedError,
     ProviderError,
     ProviderGoneError,
@@ -27,8 +30,9 @@ from .errors import (
 )
 
 __all__ = [
-    "CODES", "CallContext", "Client", "ClusterUnavailableError", "ConnectionLostError",
-    "InvalidMessageError", "NoProviderError", "NotAuthenticatedError", "PermissionDeniedError",
-    "ProviderError", "ProviderGoneError", "RateLimitedError", "Reject", "ResponseTimeoutError",
-    "RpcError", "ShuttingDownError", "connect", "error_from_code",
+    "BusyError", "CODES", "CallContext", "Client", "ClusterUnavailableError",
+    "ConnectionLostError", "InvalidMessageError", "LimitExceededError", "NoProviderError",
+    "NotAuthenticatedError", "PayloadTooLargeError", "PermissionDeniedError", "ProviderError",
+    "ProviderGoneError", "RateLimitedError", "Reject", "ResponseTimeoutError", "RpcError",
+    "ShuttingDownError", "connect", "error_from_code",
 ]

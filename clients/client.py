@@ -110,6 +110,9 @@ class _Wire(FrameIO, ClientConnection):
     def unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
         return self.owner._unencodable(msg, exc)
 
+    def oversized(self, msg: list[Any], size: int) -> list[Any] | None:
+        return self.owner._oversized(msg, size, self.max_out_frame)
+
 
 class Client:
     """Connections to one or several nodes. Build it with ``clients.connect(...)``."""
@@ -142,6 +145,7 @@ class Client:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._where: dict[int, _Wire] = {}     # sent calls: the wire they went out on
         self._resend: dict[int, list[Any]] = {}  # idempotent calls: their REQUEST
+        self._until: dict[int, float] = {}     # calls in _resend: their deadline (loop time)
         self._queued: list[int] = []           # calls waiting for a connection
         self._handlers: dict[str, tuple[Handler, bool, bool]] = {}
         self._running: dict[tuple[_Wire, int], asyncio.Task[Any]] = {}
@@ -206,13 +210,26 @@ class Client:
                                         max_size=self._max_size,
                                         ping_interval=self._ping_interval,
                                         open_timeout=self._open_timeout)
-                wire.owner, wire.url, wire.auth = self, url, loop.create_future()
+                wire.owner, wire.url = self, url
                 params: dict[str, Any] = {"protocol": PROTOCOL_VERSION, **self._credentials}
                 if self.name:
                     params["name"] = self.name
-                wire.send([AUTH, params])
-                wire.session = await wire.auth
+                busy = Backoff(0.05, 1.0)
+                while True:  # AUTH_FAIL BUSY: the node could not check it now; again, later
+                    wire.auth = loop.create_future()
+                    wire.send([AUTH, params])
+                    try:
+                        wire.session = await wire.auth
+                        break
+                    except errors.BusyError:
+                        await asyncio.sleep(busy.next())
                 wire.stale_after_ms = wire.session.get("ack_timeout_ms", 1000) / 2
+                max_frame = wire.session.get("max_frame")
+                if type(max_frame) is int and max_frame > 0:  # never send more than that
+                    wire.max_out_frame = max_frame
+                max_messages = wire.session.get("max_frame_messages")
+                if type(max_messages) is int and max_messages > 0:
+                    wire.max_out_messages = max_messages
             return wire
         except BaseException:
             if wire is not None:
@@ -233,13 +250,21 @@ class Client:
         self._set_state("connected")
 
     def _use_queued(self, wire: _Wire) -> None:
-        """Send on ``wire`` the calls that waited for a connection."""
+        """Send on ``wire`` the calls that waited for a connection, each with the time
+        its caller has left (one whose time is up stays for the sweeper to fail)."""
         queued, self._queued = self._queued, []
+        now = wire.loop.time()
         for cid in queued:
             msg = self._resend.get(cid)
-            if msg is not None and cid in self._pending:
-                self._where[cid] = wire
-                wire.send(msg)
+            if msg is None or cid not in self._pending:
+                continue
+            left = self._until[cid] - now
+            if left <= 0:
+                self._queued.append(cid)
+                continue
+            msg[4] = int(left * 1000) or 1
+            self._where[cid] = wire
+            wire.send(msg)
 
     def _set_state(self, state: str) -> None:
         if state != self.state:
@@ -252,10 +277,15 @@ class Client:
                     log.exception("on_state_failed", state=state)
 
     async def close(self) -> None:
-        """Close the connection(s); pending calls fail with CONNECTION_LOST. Idempotent."""
+        """Close the connection(s); pending calls fail with CONNECTION_LOST. Idempotent.
+
+        Handlers still running are cancelled; the node is first told they started
+        (ACCEPT), so their callers get PROVIDER_GONE and the calls are not run again
+        elsewhere. REQUESTs that arrive from now on are refused unrun."""
         if self._closed:
             return
         self._closed = True
+        self._ack_new_tasks()
         if self._reconnecting is not None:
             self._reconnecting.cancel()
         wires = {w for w in self._where.values()} | ({self._wire} if self._wire else set())
@@ -294,11 +324,13 @@ class Client:
         msg = [REQUEST, cid, name, data, timeout_ms]
         if traceparent is not None:
             msg.append({"traceparent": traceparent})
-        self._deadlines.add(cid, loop.time() + (timeout or self._default_timeout) + self._grace)
+        until = loop.time() + (timeout or self._default_timeout)
+        self._deadlines.add(cid, until + self._grace)
         self._pending[cid] = fut
         wire = self._wire
         if idempotent or wire is None:
             self._resend[cid] = msg
+            self._until[cid] = until
         if wire is None:
             self._queued.append(cid)
         else:
@@ -311,6 +343,7 @@ class Client:
                 except _NotRun:  # refused by a node shutting down: send it elsewhere
                     self._pending[cid] = fut = loop.create_future()
                     self._resend[cid] = msg
+                    self._until[cid] = until
                     self._queued.append(cid)
                     if self._wire is not None:
                         self._use_queued(self._wire)
@@ -318,6 +351,7 @@ class Client:
             self._pending.pop(cid, None)
             self._where.pop(cid, None)
             self._resend.pop(cid, None)
+            self._until.pop(cid, None)
 
     # -- providing -----------------------------------------------------------------------
 
@@ -388,7 +422,7 @@ class Client:
                                 total=self.stale_requests)
                 return
             self._serve(wire, msg[1], msg[2], msg[3], msg[4], msg[5],
-                        msg[7] if len(msg) > 7 else None)
+                        msg[7] if len(msg) > 7 else None, msg[8] if len(msg) > 8 else None)
         elif kind == ERROR:
             ref, code, message = msg[1], msg[2], msg[3]
             if code == errors.SHUTTING_DOWN:
@@ -431,16 +465,16 @@ class Client:
     # -- serving -------------------------------------------------------------------------
 
     def _serve(self, wire: _Wire, attempt: int, name: str, data: Any, time_left_ms: int,
-               caller: str, traceparent: str | None = None) -> None:
+               caller: str, traceparent: str | None = None, user: str | None = None) -> None:
         entry = self._handlers.get(name)
-        if entry is None:  # unprovided a moment ago: let another provider have it
+        if entry is None or self._closed:  # unprovided a moment ago, or closing: not run
             wire.send([REJECT, attempt])
             return
         handler, is_async, wants_ctx = entry
         try:
             if wants_ctx:
                 result = handler(data, CallContext(name, attempt, caller, time_left_ms / 1000,
-                                                   traceparent))
+                                                   traceparent, user))
             else:
                 result = handler(data)
         except Exception as exc:
@@ -483,6 +517,24 @@ class Client:
         if fut is not None and not fut.done():
             fut.set_exception(TypeError(f"call data is not serializable: {exc}"))
         return None
+
+    def _oversized(self, msg: list[Any], size: int, limit: int) -> list[Any] | None:
+        """A message over the node's frame limit: a call fails here (nothing was sent), an
+        answer becomes PAYLOAD_TOO_LARGE for its caller (the call ran: never re-run)."""
+        kind = msg[0]
+        if kind == REQUEST:
+            fut = self._pending.pop(msg[1], None)
+            if fut is not None and not fut.done():
+                fut.set_exception(errors.PayloadTooLargeError(
+                    None, f"the call's data makes a {size}-byte message, over the node's "
+                          f"limit of {limit} bytes (max_frame); nothing was sent"))
+            return None
+        if kind == RESPONSE:
+            log.warning("answer_too_large", call_id=msg[1], size=size, limit=limit)
+            return [ERROR, msg[1], errors.PAYLOAD_TOO_LARGE,
+                    f"the answer makes a {size}-byte message, over the node's limit of "
+                    f"{limit} bytes (max_frame)"]
+        return msg
 
     # -- failure -------------------------------------------------------------------------
 

@@ -13,6 +13,10 @@ The tree::
     ├── RateLimitedError          RATE_LIMITED
     ├── ClusterUnavailableError   CLUSTER_UNAVAILABLE
     ├── ShuttingDownError         SHUTTING_DOWN      the node is draining
+    ├── PayloadTooLargeError      PAYLOAD_TOO_LARGE  the call's data or its answer is over
+    │                                                the node's frame limit (never sent)
+    ├── LimitExceededError        LIMIT_EXCEEDED     more names provided than the node allows
+    ├── BusyError                 BUSY               the node cannot check a login now: retry
     └── ConnectionLostError       CONNECTION_LOST    raised by the SDK itself
 
 ``Reject`` is not an error a caller sees: a provider's handler raises it to hand
@@ -32,6 +36,9 @@ RATE_LIMITED = "RATE_LIMITED"
 CLUSTER_UNAVAILABLE = "CLUSTER_UNAVAILABLE"
 SHUTTING_DOWN = "SHUTTING_DOWN"
 CONNECTION_LOST = "CONNECTION_LOST"
+PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
+BUSY = "BUSY"
 
 
 class RpcError(Exception):
@@ -90,6 +97,19 @@ class ConnectionLostError(RpcError):
     code = CONNECTION_LOST
 
 
+class PayloadTooLargeError(RpcError):
+    code = PAYLOAD_TOO_LARGE
+
+
+class LimitExceededError(RpcError):
+    code = LIMIT_EXCEEDED
+
+
+class BusyError(RpcError):
+    """AUTH_FAIL BUSY: the node's password checks are all taken; the SDK retries."""
+    code = BUSY
+
+
 _BY_CODE: dict[str, type[RpcError]] = {
     cls.code: cls
     for cls in (
@@ -104,6 +124,9 @@ _BY_CODE: dict[str, type[RpcError]] = {
         ClusterUnavailableError,
         ShuttingDownError,
         ConnectionLostError,
+        PayloadTooLargeError,
+        LimitExceededError,
+        BusyError,
     )
 }
 

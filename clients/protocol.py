@@ -15,7 +15,7 @@ Shapes (c = client, n = node, p = a client acting as provider)::
     UNPROVIDE c→n  [5, ref, [name, ...]]          answered by OK or ERROR
     OK        n→c  [6, ref]
     REQUEST   c→n  [16, cid, name, data, timeout_ms | nil, {traceparent}?]
-    REQUEST   n→p  [16, id, name, data, time_left_ms, caller, sent_ms, traceparent?]
+    REQUEST   n→p  [16, id, name, data, time_left_ms, caller, sent_ms, traceparent?, user?]
     ACCEPT    p→n  [17, id]
     RESPONSE  p→n  [18, id, data]        n→c [18, cid, data]
     REJECT    p→n  [19, id]
@@ -74,6 +74,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]*")
 DEFAULT_MAX_NAME = 128
 #: Longest error message a peer may send; longer ones are cut, not refused.
 MAX_ERROR_MESSAGE = 4096
+#: Most messages in one frame (a node may say fewer in AUTH_OK ``max_frame_messages``).
+MAX_FRAME_MESSAGES = 10_000
 
 
 class ProtocolError(ValueError):
@@ -95,13 +97,18 @@ def encode(messages: list[list[Any]]) -> bytes:
     return _packb(messages)
 
 
-def decode(frame: bytes) -> list[list[Any]]:
+def decode(frame: bytes, max_messages: int = 0) -> list[list[Any]]:
     """The messages of one frame, as lists; raises ProtocolError on anything else.
 
     Only the outer shape is checked here (a message is a non-empty array
     starting with an integer kind); fields are checked by ``check_from_client``
-    or by the SDK where they are used.
+    or by the SDK where they are used. With ``max_messages``, a frame whose outer
+    array is longer is refused from its header, before anything is decoded.
     """
+    if max_messages and frame[:1] in (b"\xdc", b"\xdd"):  # array 16 / array 32
+        count = int.from_bytes(frame[1:3] if frame[0] == 0xdc else frame[1:5], "big")
+        if count > max_messages:
+            raise ProtocolError(f"at most {max_messages} messages per frame ({count} sent)")
     try:
         obj = _unpackb(frame, strict_map_key=False)
     except Exception as exc:  # msgpack raises several types; all mean "not msgpack"

@@ -18,8 +18,8 @@ maximum frame size.
 
 Writes: ``send(msg)`` appends to an outbox; the first message of a tick
 schedules one ``flush`` with ``call_soon``, which encodes the whole outbox as
-one frame (split only where it would exceed ``max_out_frame``) and writes it
-with one ``transport.write``. A peer that stops reading makes its transport
+one frame (split only where it would exceed ``max_out_frame``; one message
+over that goes to ``oversized``) and writes it with one ``transport.write``. A peer that stops reading makes its transport
 buffer grow; past ``max_write_buffer`` bytes the connection is closed
 (``on_slow_consumer``) rather than growing memory without bound. Messages
 sent after the connection closed are dropped and counted in ``dropped_out``.
@@ -40,7 +40,7 @@ try:
 except ImportError:  # pragma: no cover - websockets built without its C extension
     from websockets.utils import apply_mask
 
-from .protocol import encode
+from .protocol import MAX_FRAME_MESSAGES, encode
 
 _packb = msgpack.packb
 
@@ -62,8 +62,10 @@ def ws_header(length: int, mask_bit: int) -> bytes:
     return bytes((0x82, mask_bit | 127)) + length.to_bytes(8, "big")
 
 
-def pack_in_frames(parts: list[bytes], max_frame: int) -> list[bytes]:
-    """Group already-packed messages into frames of at most ``max_frame`` bytes.
+def pack_in_frames(parts: list[bytes], max_frame: int,
+                   max_messages: int = MAX_FRAME_MESSAGES) -> list[bytes]:
+    """Group already-packed messages into frames of at most ``max_frame`` bytes and
+    ``max_messages`` messages.
 
     A frame of one message is that message; several make a msgpack array. A
     single message larger than ``max_frame`` still goes out alone.
@@ -72,7 +74,7 @@ def pack_in_frames(parts: list[bytes], max_frame: int) -> list[bytes]:
     group: list[bytes] = []
     size = 0
     for part in parts:
-        if group and size + len(part) + 5 > max_frame:
+        if group and (size + len(part) + 5 > max_frame or len(group) >= max_messages):
             frames.append(group[0] if len(group) == 1 else _array_header(len(group)) + b"".join(group))
             group, size = [], 0
         group.append(part)
@@ -109,6 +111,7 @@ class FrameIO:
     """
 
     max_out_frame = 1 << 20
+    max_out_messages = MAX_FRAME_MESSAGES
     max_write_buffer = 64 << 20
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -252,8 +255,8 @@ class FrameIO:
         except (TypeError, ValueError, OverflowError):
             frames = self._encode_each(out)
         else:
-            frames = [data] if len(data) <= self.max_out_frame or len(out) == 1 else \
-                pack_in_frames([_packb(m) for m in out], self.max_out_frame)
+            frames = [data] if len(data) <= self.max_out_frame and \
+                len(out) <= self.max_out_messages else self._encode_each(out)
         write = self.transport.write
         if self._server_side:
             for frame in frames:
@@ -268,15 +271,31 @@ class FrameIO:
             self.on_slow_consumer()
 
     def _encode_each(self, out: list[list[Any]]) -> list[bytes]:
+        """Each message packed alone (what msgpack refuses goes to ``unencodable``, one
+        over ``max_out_frame`` to ``oversized``), then grouped into bounded frames."""
         parts = []
+        limit = self.max_out_frame
         for msg in out:
             try:
-                parts.append(_packb(msg))
+                part = _packb(msg)
             except (TypeError, ValueError, OverflowError) as exc:
                 replacement = self.unencodable(msg, exc)
                 if replacement is not None:
                     parts.append(_packb(replacement))
-        return pack_in_frames(parts, self.max_out_frame) if parts else []
+                continue
+            if len(part) > limit:
+                replacement = self.oversized(msg, len(part))
+                if replacement is None:
+                    continue
+                if replacement is not msg:
+                    part = _packb(replacement)
+            parts.append(part)
+        return pack_in_frames(parts, limit, self.max_out_messages) if parts else []
+
+    def oversized(self, msg: list[Any], size: int) -> list[Any] | None:
+        """A message of ``size`` bytes, over ``max_out_frame``: return it to send it alone
+        anyway (the default), a replacement, or None to drop it."""
+        return msg
 
     def unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
         """A queued message msgpack cannot encode: return a replacement, or None to drop it."""

@@ -12,19 +12,31 @@ skew) or that repeats one already seen is dropped, counted by reason in
 ``stats`` and logged (at most one line per reason per ``WARN_EVERY`` seconds),
 never acted on.
 
-Faults: any Redis error, or ``stale()`` (the owner noticed its own heartbeats
-stopped coming back: a paused or cut-off Redis), ends the session; the bus
-reports ``on_down``, drops what it had queued (counted in ``dropped``), waits
-with ``Backoff`` and connects again, then reports ``on_up`` so the owner can
-announce itself again. Cancelling ``run()`` stops the bus and closes its
-connections.
+Addressing: every batch carries this process's incarnation and, on a private
+topic, the incarnation of the node it is for (``publish(..., to=)``). A topic's
+queue holds messages for one incarnation: queueing for a newer one drops what
+waited for the older (that process is gone), and a message for an older one is
+dropped (counted in ``dropped``).
+
+Faults: any error in a session — Redis, the network, or anything else (a bug, a
+message msgpack cannot pack) — or ``stale()`` (the owner noticed its own
+heartbeats stopped coming back: a paused or cut-off Redis) ends the session;
+the bus reports ``on_down``, drops what it had queued (counted in ``dropped``),
+waits with ``Backoff`` and connects again, then reports ``on_up`` so the owner
+can announce itself again. A message published with ``hold_until`` (an answer
+to another node's call) is kept while the bus is down and sent after the
+reconnect if that time has not passed (at most ``MAX_HELD``; more are dropped
+and counted). A message msgpack cannot pack is dropped alone (counted in
+``unencodable``, logged, handed to ``on_unencodable`` so its sender hears why),
+never the round. Cancelling ``run()`` stops the bus
+and closes its connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import structlog
 from redis.exceptions import RedisError
@@ -32,8 +44,8 @@ from redis.exceptions import RedisError
 from clients.backoff import Backoff
 
 from . import redisconn
-from .messages import BadBatch, decode_batch, encode_batch
-from .seal import ReplayGuard, Sealer, SealError
+from .messages import BadBatch, Batch, decode_batch, encode_batch
+from .seal import ReplayGuard, Sealer, SealError, SkewError
 
 log = structlog.get_logger(module="rpcbus.bus")
 
@@ -42,23 +54,28 @@ log = structlog.get_logger(module="rpcbus.bus")
 #: nothing in the protocol depends on it within a round trip).
 ROUNDS_IN_FLIGHT = 4
 WARN_EVERY = 10.0
+MAX_HELD = 100_000  # answers kept while the bus is down, for the reconnect
 
 
 class Bus:
-    def __init__(self, url: str, namespace: str, me: str,
-                 on_batch: Callable[[str, float, list[list[Any]]], None],
+    def __init__(self, url: str, namespace: str, me: str, incarnation: int,
+                 on_batch: Callable[[Batch], None],
                  on_up: Callable[[], None], on_down: Callable[[str], None],
                  backoff: Backoff | None = None, sealer: Sealer | None = None,
-                 max_skew: float = 30.0, tls_ca: str = "") -> None:
+                 max_skew: float = 30.0, tls_ca: str = "",
+                 on_skew: Callable[[str, float], None] | None = None,
+                 on_unencodable: Callable[[str, int, list[Any]], None] | None = None) -> None:
         self.url = url
         self.me = me
+        self.incarnation = incarnation
         self.control = f"{namespace}:ctrl"
         self.private = self.topic_of(me, namespace)
         self.namespace = namespace
         self.up = False
         self.stats = {"batches_out": 0, "messages_out": 0, "batches_in": 0,
                       "messages_in": 0, "bad_batches": 0, "bad_messages": 0, "dropped": 0,
-                      "reconnects": 0, "rejected": 0}
+                      "reconnects": 0, "rejected": 0, "unencodable": 0, "held": 0,
+                      "held_sent": 0}
         self.rejected: dict[str, int] = {}  # by reason: unsealed, bad_seal, unknown_key, ...
         self._sealer = sealer
         # rediss://: verify Redis' certificate against this CA file (else the system's)
@@ -66,8 +83,13 @@ class Bus:
         self._replays = ReplayGuard(max_skew)
         self._warned_at: dict[str, float] = {}
         self._on_batch, self._on_up, self._on_down = on_batch, on_up, on_down
+        self._on_skew = on_skew      # (sender, its clock minus ours in s): a batch refused
+        self._on_unencodable = on_unencodable  # (topic, to, msg): left out of its batch
         self._backoff = backoff or Backoff()
         self._out: dict[str, list[list[Any]]] = {}
+        self._to: dict[str, int] = {}   # topic -> the incarnation its queue is for
+        self._held: list[tuple[str, int, list[Any], float]] = []  # kept while down
+        self._holds: list[tuple[str, int, list[Any], float]] = []  # those queued in _out
         self._then: list[Callable[[], None]] = []  # run after this round is in Redis
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # set while nothing is queued or being written
@@ -78,24 +100,67 @@ class Bus:
     def topic_of(node: str, namespace: str) -> str:
         return f"{namespace}:node:{node}"
 
-    def publish(self, topic: str, msg: list[Any],
-                then: Callable[[], None] | None = None) -> None:
-        """Queue ``msg`` for ``topic``; it leaves with this tick's batch. Dropped while down.
+    def publish(self, topic: str, msg: list[Any], then: Callable[[], None] | None = None,
+                to: int = 0, hold_until: float = 0.0) -> None:
+        """Queue ``msg`` for ``topic`` (for incarnation ``to`` of its node; 0 on the control
+        topic); it leaves with this tick's batch. Dropped while down, unless
+        ``hold_until`` (monotonic) is later than now: then kept for the reconnect.
 
         ``then`` runs once Redis has taken the batch (never, if the round fails).
         """
         if not self.up:
-            self.stats["dropped"] += 1
+            if hold_until:
+                self._hold((topic, to, msg, hold_until))
+            else:
+                self.stats["dropped"] += 1
             return
+        if hold_until:  # kept with its round until Redis has it (a failed round is resent)
+            self._holds.append((topic, to, msg, hold_until))
+        box = self._out.get(topic)
+        if box is not None and self._to[topic] != to:
+            if to < self._to[topic]:  # for a process that has been replaced
+                self.stats["dropped"] += 1
+                return
+            self.stats["dropped"] += len(box)  # the old process's messages: it is gone
+            box.clear()
         if then is not None:
             self._then.append(then)
-        box = self._out.get(topic)
         if box is None:
             self._out[topic] = [msg]
+            self._to[topic] = to
             self._wake.set()
             self._idle.clear()
         else:
+            self._to[topic] = to
             box.append(msg)
+
+    def _hold(self, *entries: tuple[str, int, list[Any], float]) -> None:
+        """Keep answers of a round that did not reach Redis: for the reconnect, or queued
+        again at once when a new session is already up."""
+        if self.up:
+            self._requeue(entries)
+            return
+        for entry in entries:
+            if len(self._held) < MAX_HELD:
+                self._held.append(entry)
+                self.stats["held"] += 1
+            else:
+                self.stats["dropped"] += 1
+
+    def _send_held(self) -> None:
+        """After a reconnect: queue the answers kept while down whose time has not passed."""
+        held, self._held = self._held, []
+        self._requeue(held)
+
+    def _requeue(self, entries: Iterable[tuple[str, int, list[Any], float]]) -> None:
+        """Queue held answers again (held again if this round fails too); drop the late."""
+        now = time.monotonic()
+        for topic, to, msg, until in entries:
+            if until > now:
+                self.stats["held_sent"] += 1
+                self.publish(topic, msg, to=to, hold_until=until)
+            else:
+                self.stats["dropped"] += 1
 
     async def flushed(self, timeout: float) -> bool:
         """Wait until everything queued has been written (False after ``timeout`` or if down)."""
@@ -126,10 +191,17 @@ class Bus:
                 reason = "stale"
             except (RedisError, OSError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a bug must cost a reconnect, never the bus
+                log.exception("bus_session_failed")
+                reason = f"{type(exc).__name__}: {exc}"
             if self.up:
                 self.up = False
-                self.stats["dropped"] += sum(len(v) for v in self._out.values())
+                self.stats["dropped"] += sum(len(v) for v in self._out.values()) - len(
+                    self._holds)
+                self._hold(*self._holds)
+                self._holds = []
                 self._out.clear()
+                self._to.clear()
                 self._then.clear()
                 self._idle.set()
                 self._on_down(reason)
@@ -153,6 +225,7 @@ class Bus:
             self._backoff.reset()
             log.info("bus_up", url=_safe(self.url), control=self.control, private=self.private)
             self._on_up()
+            self._send_held()
             writer = asyncio.create_task(self._write(pub))
             done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -174,22 +247,28 @@ class Bus:
         rounds: set[asyncio.Task[None]] = set()
         failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-        async def send(out: dict[str, list[list[Any]]], then: list[Callable[[], None]]) -> None:
+        async def send(out: dict[str, list[list[Any]]], to: dict[str, int],
+                       then: list[Callable[[], None]], holds: list[Any]) -> None:
             try:
                 sent_at = time.monotonic()
                 sealer = self._sealer
                 async with pub.pipeline(transaction=False) as pipe:
                     for topic, msgs in out.items():
-                        batch = encode_batch(self.me, sent_at, msgs)
+                        batch = self._encode(topic, to[topic], sent_at, msgs)
+                        if batch is None:
+                            continue
                         pipe.publish(topic, batch if sealer is None else sealer.seal(topic, batch))
                         self.stats["batches_out"] += 1
                         self.stats["messages_out"] += len(msgs)
                     await pipe.execute()
                 for callback in then:
                     callback()
-            except Exception as exc:  # ends the session: the bus reconnects
-                if not failed.done():
+            except BaseException as exc:  # ends the session: the bus reconnects
+                self._hold(*holds)  # answers in this round: sent again after the reconnect
+                if isinstance(exc, Exception) and not failed.done():
                     failed.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
             finally:
                 slots.release()
                 if not self._out and len(rounds) <= 1:
@@ -203,11 +282,13 @@ class Bus:
                 if failed.done():
                     failed.result()
                 out, self._out = self._out, {}
+                to, self._to = self._to, {}
                 then, self._then = self._then, []
+                holds, self._holds = self._holds, []
                 if not out:
                     slots.release()
                     continue
-                task = asyncio.create_task(send(out, then))
+                task = asyncio.create_task(send(out, to, then, holds))
                 rounds.add(task)
                 task.add_done_callback(rounds.discard)
         finally:
@@ -223,23 +304,60 @@ class Bus:
             if self._sealer is not None:
                 try:
                     data, seq = self._sealer.open(msg["channel"].decode(), data)
+                except SkewError as exc:
+                    self._reject("skew")
+                    self._skewed(exc)
+                    continue
                 except SealError as exc:
                     self._reject(str(exc))
                     continue
             try:
-                sender, sent_at, msgs, bad = decode_batch(data)
+                batch = decode_batch(data)
             except BadBatch:
                 self.stats["bad_batches"] += 1
                 continue
-            if self._sealer is not None and not self._replays.fresh(sender, seq,
-                                                                     time.monotonic()):
+            if self._sealer is not None and not self._replays.fresh(
+                    (batch.sender, batch.incarnation), seq, time.monotonic()):
                 self._reject("replay")
                 continue
-            self.stats["bad_messages"] += bad
+            self.stats["bad_messages"] += batch.malformed
             self.stats["batches_in"] += 1
-            self.stats["messages_in"] += len(msgs)
-            self._on_batch(sender, sent_at, msgs)
+            self.stats["messages_in"] += len(batch.messages)
+            self._on_batch(batch)
 
+    def _skewed(self, exc: SkewError) -> None:
+        """A genuine batch refused for its stamp: tell the owner whose clock is off."""
+        if self._on_skew is None:
+            return
+        try:
+            sender = decode_batch(exc.batch).sender
+        except BadBatch:
+            return
+        self._on_skew(sender, exc.offset_s)
+
+    def _encode(self, topic: str, to: int, sent_at: float,
+                msgs: list[list[Any]]) -> bytes | None:
+        """One batch; a message msgpack cannot pack in it (data nested deeper than the
+        packer's 1,024 levels less the batch's 3, an unknown type) is left out alone, counted,
+        logged and handed to ``on_unencodable``: it must never cost the round or the bus."""
+        try:
+            return encode_batch(self.me, self.incarnation, to, sent_at, msgs)
+        except (ValueError, TypeError, OverflowError):
+            pass
+        good = []
+        for msg in msgs:
+            try:  # at the depth it has in the batch
+                encode_batch(self.me, self.incarnation, to, sent_at, [msg])
+            except (ValueError, TypeError, OverflowError) as exc:
+                self.stats["unencodable"] += 1
+                log.error("bus_message_unencodable", kind=msg[0], error=str(exc))
+                if self._on_unencodable is not None:
+                    self._on_unencodable(topic, to, msg)
+            else:
+                good.append(msg)
+        if not good:
+            return None
+        return encode_batch(self.me, self.incarnation, to, sent_at, good)
 
     def _reject(self, reason: str) -> None:
         self.stats["rejected"] += 1

@@ -3,11 +3,8 @@
 ``ClusterLink`` is the router's ``ClusterView`` and turns cluster messages into
 router events and router messages into cluster messages:
 
-* ``RemoteNode`` is another node as the router's provider peer: a REQUEST to
-  it is published as INVOKE on that node's private topic, a CANCEL as CANCEL.
-* ``RemoteCaller`` is one INVOKE received from another node, as the router's
-  caller peer: RESPONSE, ERROR and ACCEPT go back to the origin; a
-  NO_PROVIDER outcome becomes REJECT, so the origin tries another node.
+its peers for other nodes are in cluster/peers.py (``RemoteNode``: a
+provider elsewhere; ``RemoteCaller``: one INVOKE from elsewhere).
 
 An INVOKE is only started if it is fresh, and only once Redis has taken its
 ACK (so a node stopped or cut off in between never runs a call its origin
@@ -16,6 +13,20 @@ that waited on the way (a paused node or Redis) longer than half its ack
 window is dropped unacknowledged, because its origin has given it up (or
 will before an ACK could reach it) and may have sent the call elsewhere.
 Its age comes from membership's per-sender clock offsets, not wall clocks.
+
+Incarnations: every process has its own (cluster/messages.py). A batch from a
+node name under a newer incarnation means that node restarted: the old
+process's acknowledged attempts fail at once (PROVIDER_GONE), the others move
+on, its cache entries go, and the calls it had invoked here are cancelled
+(nobody is left to answer). Batches addressed to another incarnation of this
+node, or sent by an older one of a live peer, are dropped and counted.
+
+Hearing: this node moves an attempt away from a silent node, or declares a peer
+dead, only while it can show that it hears the bus itself — its own batches
+come back (an ECHO published after the CHECK) and no batch of that peer was
+refused for its clock. A node that can publish but not hear would otherwise run
+calls twice: its INVOKEs run elsewhere while their ACKs never reach it. What it
+cannot settle fails with CLUSTER_UNAVAILABLE instead (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -27,13 +38,12 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from broker.config import ClusterSection
-from broker.router import ACK_CHECK
 from clients import errors
-from clients.protocol import ACCEPT, CANCEL as C_CANCEL, ERROR as C_ERROR, REQUEST, RESPONSE as C_RESPONSE
 
 from . import messages as m
 from .bus import Bus
 from .membership import Membership
+from .peers import RecentIds, RemoteCaller, RemoteNode
 from .providers import ProviderCache
 from .seal import Sealer
 
@@ -41,107 +51,6 @@ if TYPE_CHECKING:
     from broker.router import Router
 
 log = structlog.get_logger(module="rpcbus.cluster")
-
-
-class RemoteNode:
-    """Another node, as a provider peer of this node's router."""
-
-    is_node = True
-
-    def __init__(self, link: "ClusterLink", name: str) -> None:
-        self.link = link
-        self.name = self.label = name
-        self.topic = Bus.topic_of(name, link.config.namespace)
-        self.closed = False
-        self.inflight = 0
-        self.provides: set[str] = set()
-
-    def send(self, msg: list[Any]) -> None:
-        if msg[0] == REQUEST:  # [16, id, name, data, left_ms, caller, sent_ms, trace?]
-            invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5]]
-            if len(msg) > 7:
-                invoke.append(msg[7])
-            self.link.bus.publish(self.topic, invoke)
-        elif msg[0] == C_CANCEL:
-            self.link.bus.publish(self.topic, [m.CANCEL, msg[1]])
-        elif msg[0] == ACK_CHECK:
-            self.link.bus.publish(self.topic, [m.CHECK, msg[1]])
-
-
-class RemoteCaller:
-    """One INVOKE from another node, as a caller peer of this node's router."""
-
-    is_node = True
-    closed = False  # publishing to a node that left is harmless
-    provides: set[str] = set()
-
-    __slots__ = ("link", "origin", "topic", "id", "label", "inflight", "invoke", "late_at")
-
-    def __init__(self, link: "ClusterLink", origin: "RemoteNode", attempt: int,
-                 label: str, invoke: list[Any], late_at: float) -> None:
-        self.link, self.origin, self.topic = link, origin.name, origin.topic
-        self.id, self.label = attempt, label
-        self.inflight = 0
-        self.invoke = invoke      # the INVOKE, until it starts
-        self.late_at = late_at    # starting after this, the origin may have moved it on
-
-    def start(self) -> None:
-        """Redis has taken the ACK (the origin will not move the attempt now): run it."""
-        link = self.link
-        link.starting -= 1
-        key = (self.origin, self.id)
-        if link.invoked.get(key) is not self:  # cancelled meanwhile
-            return
-        msg, self.invoke = self.invoke, None
-        t = link.loop.time()
-        if t > self.late_at:
-            # This process stalled before Redis took the ACK (a SIGSTOP, a starved
-            # machine): the origin may have given the attempt up and moved the call on.
-            # Refuse it unrun; an origin still waiting moves it now.
-            del link.invoked[key]
-            link.stats["stale_invokes"] += 1
-            link._warn_some("late_ack_invoke_refused", origin=self.origin, rpc=msg[2],
-                            call_id=self.id)
-            link.bus.publish(self.topic, [m.REJECT, self.id])
-            return
-        link.router.request(self, self.id, msg[2], msg[3], int((msg[4] - t) * 1000), t,
-                            msg[7] if len(msg) > 7 else None)
-
-    def send(self, msg: list[Any]) -> None:
-        kind = msg[0]
-        topic = self.topic
-        if kind == ACCEPT:
-            self.link.bus.publish(topic, [m.ACCEPTED, self.id])
-            return
-        if kind == C_RESPONSE:
-            self.link.bus.publish(topic, [m.RESPONSE, self.id, msg[2]])
-        elif kind == C_ERROR and msg[2] == errors.NO_PROVIDER:
-            self.link.bus.publish(topic, [m.REJECT, self.id])
-        elif kind == C_ERROR:
-            self.link.bus.publish(topic, [m.ERROR, self.id, msg[2], msg[3]])
-        self.link.invoked.pop((self.origin, self.id), None)
-
-
-class RecentIds:
-    """Keys remembered for at least ``keep`` seconds (two generations of sets: adding and
-    looking up cost a set operation; memory is what arrived in the last 2 x ``keep``)."""
-
-    def __init__(self, keep: float) -> None:
-        self.keep = keep
-        self._new: set[Any] = set()
-        self._old: set[Any] = set()
-        self._rotate_at = 0.0
-
-    def add(self, key: Any) -> None:
-        self._new.add(key)
-
-    def __contains__(self, key: Any) -> bool:
-        return key in self._new or key in self._old
-
-    def tick(self, now: float) -> None:
-        if now >= self._rotate_at:
-            self._old, self._new = self._new, set()
-            self._rotate_at = now + self.keep
 
 
 class ClusterLink:
@@ -156,19 +65,23 @@ class ClusterLink:
         self._info = info                     # () -> dict for the heartbeat
         self.ack_ms = int(router.ack_timeout * 1000)
         self.available = False
+        self.up = asyncio.Event()             # set while the bus is connected
         self.state = m.STARTING
         self.started = time.time()
+        self.incarnation = m.new_incarnation()
         self.membership = Membership(me, config.heartbeat_interval, config.heartbeat_misses)
         self.cache = ProviderCache(config.provider_cache_ttl, config.negative_ttl,
                                    config.query_timeout)
         sealer = None
         if config.seal != "none":
             sealer = Sealer(config.seal, config.keys, config.key_id, config.max_skew)
-        self.bus = Bus(config.redis_url, config.namespace, me, self._on_batch,
-                       self._on_up, self._on_down, sealer=sealer, max_skew=config.max_skew,
-                       tls_ca=config.redis_tls_ca)
-        self.nodes: dict[str, RemoteNode] = {}
-        self.invoked: dict[tuple[str, int], RemoteCaller] = {}
+        self.bus = Bus(config.redis_url, config.namespace, me, self.incarnation,
+                       self._on_batch, self._on_up, self._on_down, sealer=sealer,
+                       max_skew=config.max_skew, tls_ca=config.redis_tls_ca,
+                       on_skew=self._on_skew, on_unencodable=self._unencodable)
+        self.nodes: dict[str, RemoteNode] = {}   # the latest incarnation heard of each name
+        # INVOKEs from other nodes, by (origin's incarnation, its attempt id)
+        self.invoked: dict[tuple[int, int], RemoteCaller] = {}
         self.starting = 0  # INVOKEs acknowledged, waiting for Redis to take the ACK
         # (origin, attempt) of INVOKEs this node acknowledged, and of those it told a CHECK
         # it never started (a late INVOKE for one of those is dropped)
@@ -178,13 +91,21 @@ class ClusterLink:
         self.acked, self.refused = RecentIds(keep), RecentIds(keep)
         self._terminating: set[str] = set()
         self.stats = {"stale_invokes": 0, "nodes_dead": 0, "silent_attempts": 0,
-                      "checks_refused": 0, "cache_lookups": 0, "cache_misses": 0}
+                      "checks_refused": 0, "cache_lookups": 0, "cache_misses": 0,
+                      "nodes_restarted": 0, "misaddressed": 0, "old_incarnation": 0,
+                      "unsettled": 0, "announces": 0, "query_retries": 0}
         self._warned: dict[str, tuple[float, int]] = {}
         self._next_beat = 0.0
-        self._last_echo = 0.0
+        # sent_at of the latest of this process's own batches heard back: up to then, the
+        # bus delivered to this node everything Redis had taken from anyone
+        self._echo_at = 0.0
+        self._probing = False             # an ECHO is queued and not back yet
+        self._skewed: dict[str, tuple[float, float]] = {}  # peer -> (when, offset s)
+        self._announce_after = 0.0
         self._settled_at = 0.0          # until then membership may miss peers (just joined)
         router.cluster = self
         router.count_changed = self._count_changed
+        self.loop = asyncio.get_running_loop()
 
     # -- ClusterView ---------------------------------------------------------------------
 
@@ -200,17 +121,44 @@ class ClusterLink:
             publish, done = self.cache.begin_query(name, self.membership.live(), now,
                                                    self._settled_at)
             if publish:
-                self.bus.publish(self.bus.control, [m.RPC_QUERY, name])
+                self._query(name)
             if not done:
                 return None
             entry = self.cache.entries[name]
         peers = entry.peers
         if peers is None:
-            peers = entry.peers = [(self._node(n), c) for n, c in entry.targets]
+            nodes = self.nodes
+            peers = entry.peers = [(nodes[n], c) for n, c in entry.targets if n in nodes]
         return peers
 
     def knows(self, name: str) -> bool:
         return name in self.cache.entries
+
+    def provided(self, name: str) -> bool:
+        entry = self.cache.entries.get(name)
+        return entry is not None and bool(entry.counts)
+
+    def _query(self, name: str) -> None:
+        """Publish RPC_QUERY for ``name``; its timeout runs from when Redis has it."""
+        self.bus.publish(self.bus.control, [m.RPC_QUERY, name],
+                         then=lambda: self.cache.published(name, self.loop.time()))
+
+    def settled(self, node: Any, since: float) -> bool:
+        """Can this node trust that ``node`` did not acknowledge an attempt it was asked
+        about at ``since``? Only if it has heard back its own batch sent after that (so
+        an ACK taken by Redis meanwhile would have arrived) and refused none of that
+        node's batches for its clock (so none was thrown away unread)."""
+        if self._echo_at < since:
+            return False
+        skewed = self._skewed.get(node.name)
+        return skewed is None or skewed[0] < since - self.router.ack_timeout
+
+    def probe(self) -> None:
+        """Publish an ECHO to this node's own topic (once until it is back): it shows the
+        subscription still delivers (``settled``)."""
+        if not self._probing and self.available:
+            self._probing = True
+            self.bus.publish(self.bus.private, [m.ECHO], to=self.incarnation)
 
     def silent(self, name: str, node: Any) -> None:
         self.stats["silent_attempts"] += 1
@@ -231,13 +179,12 @@ class ClusterLink:
     # -- life ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        self.loop = asyncio.get_running_loop()
         await self.bus.run()
 
     def set_state(self, state: str) -> None:
         """Announce ``ready`` or ``terminating`` now (and in every heartbeat after)."""
         self.state = state
-        self._beat(asyncio.get_running_loop().time())
+        self._beat(self.loop.time())
 
     def joined(self, now: float) -> bool:
         """The bus works and a first round of heartbeats has been heard."""
@@ -246,20 +193,28 @@ class ClusterLink:
     def stalled(self, now: float) -> None:
         """This process was stopped or starved, not the bus or the peers: nothing could
         be heard meanwhile. Give them a fresh chance before judging."""
-        self._last_echo = now
+        self._echo_at = max(self._echo_at, now)
         self.membership.grace(now)
+        self._announce(now)  # others may have declared this node dead meanwhile
 
     def tick(self, now: float) -> None:
         self.acked.tick(now)
         self.refused.tick(now)
+        interval = self.config.heartbeat_interval
         if now >= self._next_beat:
             self._beat(now)
-            if self.available and now - self._last_echo > (
-                    self.config.heartbeat_interval * self.config.heartbeat_misses):
+            if self.available and now - self._echo_at > interval * self.config.heartbeat_misses:
                 self.bus.stale("this node's own heartbeats stopped coming back")
-            for name in self.membership.expire(now):
+            # A peer is dead only when silent while this node heard itself: silence a
+            # deaf node measures is its own fault (it suspects itself; the stale bus
+            # above fails what it cannot settle).
+            for name in self.membership.expire(min(now, self._echo_at + interval)):
                 self._node_dead(name, now)
-        for name in self.cache.expire(now):
+        finished, again = self.cache.expire(now, self.router.waiting)
+        for name in again:  # unknown, not "nobody": ask again while calls wait
+            self.stats["query_retries"] += 1
+            self._query(name)
+        for name in finished:
             self.router.resume(name, now)
 
     def _beat(self, now: float) -> None:
@@ -270,20 +225,37 @@ class ClusterLink:
     # -- bus events ----------------------------------------------------------------------
 
     def _on_up(self) -> None:
-        now = asyncio.get_running_loop().time()
+        now = self.loop.time()
         self.available = True
-        self._last_echo = now
+        self.up.set()
+        self._probing = False
+        self._echo_at = max(self._echo_at, now)
+        self.membership.grace(now)  # nothing could be heard while down: judge afresh
         if not self.membership.members:  # a first join: hear a round of heartbeats first
             self._settled_at = now + 1.5 * self.config.heartbeat_interval
         self._beat(now)
+        self._announce_after = 0.0
+        self._announce(now)
+
+    def _announce(self, now: float) -> None:
+        """Publish this node's count of every name it provides (at most once in half a
+        heartbeat interval: several nodes asking at once get one announcement)."""
+        if now < self._announce_after or not self.available:
+            return
+        self._announce_after = now + self.config.heartbeat_interval / 2
+        self.stats["announces"] += 1
         for name in self.router.provider_counts():
             self.bus.publish(self.bus.control,
                              [m.PROVIDER_UPDATE, name, self.router.advertised(name)])
 
     def _on_down(self, reason: str) -> None:
-        now = asyncio.get_running_loop().time()
+        now = self.loop.time()
         self.available = False
-        self.invoked.clear()  # unstarted INVOKEs never start; answers cannot go back anyway
+        self.up.clear()
+        # Unstarted INVOKEs never start; started ones keep their entry, so that their
+        # answers (held by the bus) and a CANCEL still find them after the reconnect.
+        for key in [k for k, c in self.invoked.items() if c.invoke is not None]:
+            del self.invoked[key]
         self.starting = 0
         log.warning("cluster_unavailable", reason=reason)
         self.cache = ProviderCache(self.config.provider_cache_ttl, self.config.negative_ttl,
@@ -293,79 +265,99 @@ class ClusterLink:
     def _count_changed(self, name: str, count: float) -> None:
         self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, name, count])
 
-    def _on_batch(self, sender: str, sent_at: float, msgs: list[list[Any]]) -> None:
-        now = asyncio.get_running_loop().time()
+    def _on_batch(self, batch: m.Batch) -> None:
+        now = self.loop.time()
+        sender = batch.sender
         if sender == self.me:
-            if any(msg[0] == m.STATE for msg in msgs):
-                self._last_echo = now
+            if batch.incarnation == self.incarnation:
+                if batch.sent_at > self._echo_at:
+                    self._echo_at = batch.sent_at
+                self._probing = False       # heard ourselves: a new CHECK may probe again
+            else:
+                self._warn_some("duplicate_node_name", node=sender,
+                                hint="two processes run under this node name: give each "
+                                     "node its own --name")
             return
-        age = self.membership.age(sender, sent_at, now)
-        for msg in msgs:
+        if batch.to and batch.to != self.incarnation:
+            # meant for an earlier process under this node's name (a late answer, a
+            # replayed batch): nothing in it concerns this one
+            self.stats["misaddressed"] += 1
+            return
+        node = self._peer(sender, batch.incarnation, now)
+        if node is None:
+            return
+        age = self.membership.age(sender, batch.sent_at, now)
+        addressed = batch.to == self.incarnation  # call messages come only in these
+        for msg in batch.messages:
+            if not addressed and m.INVOKE <= msg[0] <= m.CHECK:
+                self.stats["misaddressed"] += 1
+                continue
             try:
-                self._on_message(sender, msg, age, sent_at, now)
+                self._on_message(node, msg, age, batch.sent_at, now)
             except Exception:  # a bug must cost one message, never the bus
                 log.exception("cluster_message_failed", sender=sender, kind=msg[0])
 
-    def _on_message(self, sender: str, msg: list[Any], age: float, sent_at: float,
+    def _on_message(self, node: RemoteNode, msg: list[Any], age: float, sent_at: float,
                     now: float) -> None:
         kind = msg[0]
         router = self.router
         if kind == m.INVOKE:
-            self._invoke(sender, msg, age, now)
+            self._invoke(node, msg, age, now)
         elif kind == m.RESPONSE:
-            router.respond(self._node(sender), msg[1], msg[2])
+            router.respond(node, msg[1], msg[2])
         elif kind == m.ACK:
-            router.ack(self._node(sender), msg[1])
+            router.ack(node, msg[1])
         elif kind == m.ACCEPTED:
-            router.accept(self._node(sender), msg[1], now)
+            router.accept(node, msg[1], now)
         elif kind == m.REJECT:
-            router.reject(self._node(sender), msg[1], now)
+            router.reject(node, msg[1], now)
         elif kind == m.ERROR:
-            router.provider_error(self._node(sender), msg[1], msg[3], msg[2])
+            router.provider_error(node, msg[1], msg[3], msg[2])
         elif kind == m.CANCEL:
-            caller = self.invoked.pop((sender, msg[1]), None)
+            caller = self.invoked.pop((node.incarnation, msg[1]), None)
             if caller is not None:
                 router.cancel_from(caller, msg[1])
         elif kind == m.CHECK:
-            key = (sender, msg[1])
+            key = (node.incarnation, msg[1])
             if key in self.acked:                   # started (or starting): wait for it
-                self.bus.publish(self._node(sender).topic, [m.ACK, msg[1]])
+                node.publish([m.ACK, msg[1]])
             else:                                   # never started, and never will be
                 self.refused.add(key)
                 self.stats["checks_refused"] += 1
-                self.bus.publish(self._node(sender).topic, [m.REJECT, msg[1]])
+                node.publish([m.REJECT, msg[1]])
         elif kind == m.RPC_QUERY:  # a terminating node takes no new calls: it has none
             count = router.advertised(msg[1]) if self.state != m.TERMINATING else 0
             self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, msg[1], count])
         elif kind == m.PROVIDER_UPDATE:
-            if self.cache.on_update(sender, msg[1], msg[2], now):
+            if self.cache.on_update(node.name, msg[1], msg[2], now):
                 router.resume(msg[1], now)
         elif kind == m.STATE:
-            self._state(sender, msg, sent_at, now)
+            self._state(node, msg, sent_at, now)
+        elif kind == m.ANNOUNCE:
+            self._announce(now)
 
-    def _invoke(self, origin: str, msg: list[Any], age: float, now: float) -> None:
+    def _invoke(self, node: RemoteNode, msg: list[Any], age: float, now: float) -> None:
         attempt, left_ms, ack_ms = msg[1], msg[4], msg[5]
         if self.state == m.TERMINATING:  # the origin will try another node at once
-            self.bus.publish(self._node(origin).topic, [m.REJECT, attempt])
+            node.publish([m.REJECT, attempt])
             return
-        key = (origin, attempt)
+        key = (node.incarnation, attempt)
         if age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0 or key in self.refused:
             self.stats["stale_invokes"] += 1
-            self._warn_some("stale_invoke_dropped", origin=origin, rpc=msg[2],
+            self._warn_some("stale_invoke_dropped", origin=node.name, rpc=msg[2],
                             call_id=attempt, age_ms=int(age * 1000))
             return
-        node = self._node(origin)
         msg[4] = now + left_ms / 1000 - age   # from here on: the call's deadline
         caller = RemoteCaller(self, node, attempt, msg[6], msg, now + ack_ms / 2000 - age)
         self.invoked[key] = caller
         self.acked.add(key)
         self.starting += 1
-        self.bus.publish(node.topic, [m.ACK, attempt], then=caller.start)
+        node.publish([m.ACK, attempt], then=caller.start)
 
-    def _state(self, sender: str, msg: list[Any], sent_at: float, now: float) -> None:
+    def _state(self, node: RemoteNode, msg: list[Any], sent_at: float, now: float) -> None:
         _, state, url, started, info = msg
+        sender = node.name
         new = self.membership.on_state(sender, state, url, started, info, sent_at, now)
-        node = self._node(sender)
         if state == m.TERMINATING:
             if sender not in self._terminating:  # heartbeats repeat it while it drains
                 self._terminating.add(sender)
@@ -376,27 +368,123 @@ class ClusterLink:
             self._terminating.discard(sender)
             node.closed = False
             log.info("node_joined", node=sender, url=url, state=state)
+            # New, restarted or back from the dead (a pause): what it provides may be
+            # missing from every entry here. Ask it to announce its counts.
+            node.publish([m.ANNOUNCE])
+
+    def _peer(self, name: str, incarnation: int, now: float) -> RemoteNode | None:
+        """The peer object for a batch from ``name``'s process ``incarnation``; None for a
+        batch from an earlier process of a live peer (dropped). A newer incarnation
+        replaces the old one (``_replaced``)."""
+        node = self.nodes.get(name)
+        if node is None:
+            node = self.nodes[name] = RemoteNode(self, name, incarnation)
+            return node
+        if incarnation == node.incarnation:
+            return node
+        if incarnation < node.incarnation and not node.closed:
+            self.stats["old_incarnation"] += 1
+            return None
+        self._replaced(node, now)
+        node = self.nodes[name] = RemoteNode(self, name, incarnation)
+        return node
+
+    def _replaced(self, old: RemoteNode, now: float) -> None:
+        """``old``'s process is gone: a new one runs under its name. Every attempt it
+        acknowledged fails now (PROVIDER_GONE: it may have run), the others move on (it
+        starts an attempt only once Redis has taken its ACK, and that ACK would have
+        reached this node before the new process's first batch); its entries leave the
+        provider cache, and calls it invoked here are cancelled (nobody waits for them)."""
+        self.stats["nodes_restarted"] += 1
+        log.warning("node_restarted", node=old.name)
+        old.closed = True
+        self.membership.forget(old.name)
+        self._terminating.discard(old.name)
+        self._skewed.pop(old.name, None)
+        for rpc in self.cache.node_gone(old.name, now):
+            self.router.resume(rpc, now)
+        self.router.drop_peer(old, now)
+        for key, caller in [(k, c) for k, c in self.invoked.items() if c.node is old]:
+            del self.invoked[key]
+            self.router.cancel_from(caller, caller.id)
+
+    def _on_skew(self, sender: str, offset_s: float) -> None:
+        """The bus refused a genuine batch of ``sender`` for its clock. What that node
+        says is lost on the way here, so nothing about it can be settled: its attempts
+        fail (CLUSTER_UNAVAILABLE) rather than move, and it leaves the provider cache.
+        Done at most once a second per node; logged, shown by ``/readyz``."""
+        now = self.loop.time()
+        last = self._skewed.get(sender)
+        self._skewed[sender] = (now, offset_s)
+        if last is not None and now - last[0] < 1.0:
+            return
+        self._warn_some("clock_skew", node=sender, offset_s=round(offset_s, 3),
+                        max_skew_s=self.config.max_skew,
+                        hint="its batches are refused; keep the nodes' clocks in sync (NTP)")
+        for rpc in self.cache.node_gone(sender, now):
+            self.router.resume(rpc, now)
+        node = self.nodes.get(sender)
+        if node is not None:
+            self.router.fail_peer(node, errors.CLUSTER_UNAVAILABLE,
+                                  f"node {sender}'s clock is {offset_s:+.1f} s off this "
+                                  "node's: its answers cannot be read")
+
+    def _unencodable(self, topic: str, to: int, msg: list[Any]) -> None:
+        """The bus could not pack ``msg`` (data nested too deeply to cross it): the call
+        still gets its one outcome, at once, from this node — the sender's edge."""
+        kind = msg[0]
+        why = "nested too deeply to cross the cluster bus (at most 1,021 levels)"
+        if kind == m.INVOKE:  # a call of a client of this node: refused before it ran
+            node = self.nodes.get(topic.rsplit(":", 1)[1])
+            if node is not None and node.incarnation == to:
+                self.router.refuse_attempt(node, msg[1], errors.INVALID_MESSAGE,
+                                           f"the call's data is {why}")
+        elif kind == m.RESPONSE:  # an answer of a provider here: the caller hears why
+            self.bus.publish(topic, [m.ERROR, msg[1], errors.PROVIDER_ERROR,
+                                     f"the provider's answer is {why}"], to=to)
+
+    def clock_problem(self, now: float) -> str | None:
+        """Why this node's clock looks wrong, for ``/readyz``; None when it looks right.
+
+        A node whose batches this one refuses for their stamps is skewed against it; when
+        that is most of the nodes heard lately (or the only one), the odd clock is likely
+        this node's, so it is not ready."""
+        window = 3 * self.config.heartbeat_interval * self.config.heartbeat_misses
+        skewed = {n: off for n, (at, off) in self._skewed.items() if now - at < window}
+        if not skewed:
+            return None
+        heard = set(self.membership.members) | set(skewed)
+        if 2 * len(skewed) <= len(heard) and len(heard) > 1:
+            return None
+        worst = max(skewed.values(), key=abs)
+        return (f"clock skew: batches of {len(skewed)} of {len(heard)} nodes refused, "
+                f"their clocks up to {worst:+.1f} s off this node's "
+                f"(cluster.max_skew {self.config.max_skew:g} s): sync the clocks (NTP)")
 
     def _node_dead(self, name: str, now: float) -> None:
         self.stats["nodes_dead"] += 1
         log.warning("node_dead", node=name, silent_s=self.config.heartbeat_interval *
                     self.config.heartbeat_misses)
-        node = self._node(name)
-        node.closed = True
         for rpc in self.cache.node_gone(name, now):
             self.router.resume(rpc, now)
-        self.router.drop_peer(node, now)
-
-    def _node(self, name: str) -> RemoteNode:
         node = self.nodes.get(name)
-        if node is None:
-            node = self.nodes[name] = RemoteNode(self, name)
-        return node
+        if node is not None:
+            skewed = self._skewed.get(name)
+            if skewed is not None and now - skewed[0] < 2 * self.config.heartbeat_interval * (
+                    self.config.heartbeat_misses):
+                # not silent but unreadable (its clock): what it acknowledged may have been
+                # thrown away here, so nothing moves
+                self.router.fail_peer(node, errors.CLUSTER_UNAVAILABLE,
+                                      f"node {name}'s messages cannot be read here (clock skew)")
+            node.closed = True
+            self.router.drop_peer(node, now)
 
     def snapshot(self) -> dict[str, Any]:
         return {
             "available": self.available,
             "state": self.state,
+            "incarnation": self.incarnation,
+            "clock_skew": {n: round(off, 3) for n, (_, off) in self._skewed.items()},
             "members": {n: {"state": x.state, "url": x.url} for n, x in
                         self.membership.members.items()},
             "cache": {n: e.counts for n, e in self.cache.entries.items()},

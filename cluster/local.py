@@ -123,13 +123,15 @@ class LocalCluster:
     def __init__(self, nodes: int = 3, base_port: int = 0, redis_url: str | None = None,
                  env: dict[str, str] | None = None, echo: bool = False,
                  node_env: list[dict[str, str]] | None = None,
-                 redis_args: list[str] | None = None) -> None:
+                 redis_args: list[str] | None = None,
+                 node_redis: dict[int, str] | None = None) -> None:
         self.count = nodes
         self.base_port = base_port
         self.redis: RedisServer | None = None if redis_url else RedisServer(args=redis_args)
         self.redis_url = redis_url or self.redis.url  # type: ignore[union-attr]
         self.env = env or {}
         self.node_env = node_env or []   # per node i, on top of env
+        self.node_redis = node_redis or {}  # per node i: another Redis URL (a proxy, ...)
         self.echo = echo
         self.nodes: list[NodeProcess] = []
 
@@ -140,7 +142,8 @@ class LocalCluster:
             for i in range(self.count):
                 port = self.base_port + i if self.base_port else 0
                 self.nodes.append(NodeProcess(
-                    "--name", f"n{i + 1}", "--port", str(port), "--redis", self.redis_url,
+                    "--name", f"n{i + 1}", "--port", str(port),
+                    "--redis", self.node_redis.get(i, self.redis_url),
                     env={**self.env, **(self.node_env[i] if i < len(self.node_env) else {})},
                     echo=self.echo))
             for node in self.nodes:
@@ -152,6 +155,17 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    def restart(self, i: int) -> NodeProcess:
+        """SIGKILL node ``i`` and start a new process under its name, port and options at
+        once (as a process supervisor would); returns the new node once it serves."""
+        old = self.nodes[i]
+        args = list(old.args)
+        args[args.index("--port") + 1] = old.url.rsplit(":", 1)[1]
+        old.kill()
+        new = NodeProcess(*args, env=old.env, echo=self.echo)
+        self.nodes[i] = new
+        return new.start()
 
     def stop(self) -> dict[str, Any]:
         codes = {}

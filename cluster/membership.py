@@ -62,6 +62,12 @@ class Membership:
         member.state, member.url, member.last_seen, member.info = state, url, now, info
         return False
 
+    def forget(self, name: str) -> None:
+        """``name``'s process was replaced: its next STATE starts afresh (a new clock too)."""
+        self.members.pop(name, None)
+        self._offset.pop(name, None)
+        self._started.pop(name, None)
+
     def live(self) -> list[str]:
         """Peers that are ready (this node not included)."""
         return [m.name for m in self.members.values() if m.state == READY]

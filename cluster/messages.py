@@ -1,8 +1,17 @@
 """Cluster messages between nodes, and their batch codec. Pure: no I/O.
 
-One PUBLISH carries one batch: ``[sender, sent_at, [message, ...]]`` in
-msgpack, where ``sent_at`` is the sender's monotonic clock in seconds (only
+One PUBLISH carries one batch: ``[sender, incarnation, to, sent_at, [message, ...]]``
+in msgpack, where ``sent_at`` is the sender's monotonic clock in seconds (only
 ever compared with other stamps of the same sender, so clocks need not agree).
+
+``incarnation`` tells one process of a node name from the next: a positive
+int made at start from the wall clock in µs and random low bits
+(``new_incarnation``), so a restarted node's is larger than its old one's and
+no two processes share one. ``to`` is the incarnation of the node a private
+topic's batch is meant for (0 on the control topic): a node acts only on
+batches addressed to itself, never on a late answer or a replayed batch meant
+for the process that had its name before.
+
 A message is an array whose first element is its kind (docs/cluster.md)::
 
     STATE            [1, state, url, started_unix, info]     control topic
@@ -19,13 +28,17 @@ A message is an array whose first element is its kind (docs/cluster.md)::
     CANCEL           [26, id]        the origin gave this attempt up
     CHECK            [27, id]        no ACK reached the origin: did you start it?
                                      (answered ACK if so, else REJECT: never started)
+    ECHO             [28]            a node to itself: its subscription still delivers
+    ANNOUNCE         [29]            to a node that (re)joined: publish your counts
 
 ``id`` is always the origin node's attempt id.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import secrets
+import time
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -40,6 +53,8 @@ ERROR = 24
 REJECT = 25
 CANCEL = 26
 CHECK = 27
+ECHO = 28
+ANNOUNCE = 29
 
 STARTING = "starting"
 READY = "ready"
@@ -48,21 +63,39 @@ TERMINATING = "terminating"
 # kind -> (number of fields after the kind, checks on them)
 _SHAPES: dict[int, int] = {
     STATE: 4, RPC_QUERY: 1, PROVIDER_UPDATE: 2, INVOKE: 6, ACK: 1, ACCEPTED: 1,
-    RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1, CHECK: 1,
+    RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1, CHECK: 1, ECHO: 0, ANNOUNCE: 0,
 }
+
+_INCARNATION_BITS = 10
+
+
+def new_incarnation() -> int:
+    """A fresh incarnation id: µs since the epoch, then random low bits (fits int64)."""
+    return (time.time_ns() // 1000) << _INCARNATION_BITS | secrets.randbits(_INCARNATION_BITS)
 
 
 class BadBatch(ValueError):
     """A PUBLISH payload that is not a well-formed batch; it is dropped and counted."""
 
 
-def encode_batch(sender: str, sent_at: float, messages: list[list[Any]]) -> bytes:
-    return msgpack.packb([sender, sent_at, messages])
+class Batch(NamedTuple):
+    sender: str
+    incarnation: int   # the sender process's
+    to: int            # the addressed process's incarnation (0: anyone, the control topic)
+    sent_at: float
+    messages: list[list[Any]]
+    malformed: int     # messages left out (for the receiver to count)
 
 
-def decode_batch(payload: bytes) -> tuple[str, float, list[list[Any]], int]:
-    """The sender, its send stamp, the well-formed messages of one batch, and how many
-    malformed ones were left out (for the caller to count).
+def encode_batch(sender: str, incarnation: int, to: int, sent_at: float,
+                 messages: list[list[Any]]) -> bytes:
+    """Raises ValueError or TypeError when msgpack cannot carry a message (too deep a
+    nesting, an object it does not know): the caller drops what it could not send."""
+    return msgpack.packb([sender, incarnation, to, sent_at, messages])
+
+
+def decode_batch(payload: bytes) -> Batch:
+    """The well-formed messages of one batch and its envelope.
 
     Raises BadBatch when the envelope is wrong.
     """
@@ -70,11 +103,12 @@ def decode_batch(payload: bytes) -> tuple[str, float, list[list[Any]], int]:
         obj = msgpack.unpackb(payload, strict_map_key=False)
     except Exception:  # msgpack raises several types; all mean "not a batch"
         raise BadBatch("not msgpack") from None
-    if (type(obj) is not list or len(obj) != 3 or type(obj[0]) is not str
-            or type(obj[1]) not in (int, float) or type(obj[2]) is not list):
-        raise BadBatch("envelope must be [sender, sent_at, [messages]]")
-    good = [m for m in obj[2] if _well_formed(m)]
-    return obj[0], float(obj[1]), good, len(obj[2]) - len(good)
+    if (type(obj) is not list or len(obj) != 5 or type(obj[0]) is not str
+            or type(obj[1]) is not int or obj[1] <= 0 or type(obj[2]) is not int
+            or type(obj[3]) not in (int, float) or type(obj[4]) is not list):
+        raise BadBatch("envelope must be [sender, incarnation, to, sent_at, [messages]]")
+    good = [m for m in obj[4] if _well_formed(m)]
+    return Batch(obj[0], obj[1], obj[2], float(obj[3]), good, len(obj[4]) - len(good))
 
 
 def _well_formed(msg: Any) -> bool:
@@ -82,14 +116,15 @@ def _well_formed(msg: Any) -> bool:
         return False
     fields = _SHAPES.get(msg[0])
     if fields is None or (len(msg) != fields + 1
-                          and not (msg[0] == INVOKE and len(msg) == fields + 2)):
+                          and not (msg[0] == INVOKE and fields + 2 <= len(msg) <= fields + 3)):
         return False
     kind = msg[0]
-    if kind >= INVOKE and (type(msg[1]) is not int or msg[1] < 0):
+    if INVOKE <= kind <= CHECK and (type(msg[1]) is not int or msg[1] < 0):
         return False
     if kind == INVOKE:
         return (type(msg[2]) is str and type(msg[4]) is int and type(msg[5]) is int
-                and type(msg[6]) is str and (len(msg) == 7 or type(msg[7]) is str))
+                and type(msg[6]) is str and (len(msg) == 7 or type(msg[7]) in (str, type(None)))
+                and (len(msg) < 9 or type(msg[8]) is str))
     if kind == ERROR:
         return type(msg[2]) is str and type(msg[3]) is str
     if kind == RPC_QUERY:

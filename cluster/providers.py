@@ -9,18 +9,25 @@ instead of a TTLCache lookup (≈ 1 µs, 16 % of a node's CPU in a prototype).
 An entry is complete knowledge: every live node's count at query time, kept
 up to date by PROVIDER_UPDATE messages. So a query finishes when every node
 membership calls live has answered (0 included) — a healthy cluster never
-waits for the query timeout — or at the timeout with the answers it has.
+waits for the query timeout. Its timeout runs from when Redis took the query
+(``published``), not from the miss. At the timeout, a query some node has not
+answered is not "nobody provides it": with a provider among the answers, those
+are stored with the short TTL (asked afresh soon); with none, it is asked again
+while calls wait for it (``expire``'s ``waiting``), and nothing negative is
+stored. A node that dies leaves every query (membership), which then completes.
 Concurrent misses for one name share one query.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from cachetools import TTLCache
 
 _MAX_NAMES = 1_000_000  # far above any real count: entries leave by TTL, not by size
 _UNSETTLED = "\0unsettled"  # an answer that never comes: such a query ends at its deadline
+_UNPUBLISHED = 5.0  # s: a query's deadline until Redis has taken it (``published``)
 
 
 class Entry:
@@ -47,6 +54,7 @@ class Query:
     expected: set[str]
     deadline: float
     answers: dict[str, float] = field(default_factory=dict)
+    settled_at: float = 0.0   # the deadline is never before this (a node just joined)
 
 
 class ProviderCache:
@@ -76,15 +84,21 @@ class ProviderCache:
         self._now = now
         if now < settled_at:
             self.queries[name] = Query({_UNSETTLED, *expected},
-                                       max(settled_at, now + self.query_timeout))
+                                       max(settled_at, now + _UNPUBLISHED), settled_at=settled_at)
             self.queries_sent += 1
             return True, False
         if not expected:
             self._store(name, {})
             return False, True
-        self.queries[name] = Query(set(expected), now + self.query_timeout)
+        self.queries[name] = Query(set(expected), now + _UNPUBLISHED)
         self.queries_sent += 1
         return True, False
+
+    def published(self, name: str, now: float) -> None:
+        """Redis has taken the query for ``name``: its timeout runs from ``now``."""
+        query = self.queries.get(name)
+        if query is not None:
+            query.deadline = max(query.settled_at, now + self.query_timeout)
 
     def on_update(self, node: str, name: str, count: float, now: float) -> bool:
         """A PROVIDER_UPDATE from ``node``; True when it completed a query for ``name``."""
@@ -132,21 +146,42 @@ class ProviderCache:
         self._positive.pop(name, None)
         self._negative[name] = entry
 
-    def expire(self, now: float) -> list[str]:
-        """Drop entries past their TTL; finish timed-out queries. Returns the finished names."""
+    def expire(self, now: float, waiting: Callable[[str], bool] = lambda name: False
+               ) -> tuple[list[str], list[str]]:
+        """Drop entries past their TTL; deal with timed-out queries.
+
+        Returns (finished, again): names whose query finished (their waiting calls
+        go on), and names to ask again — no answer named a provider, some node did
+        not answer, and ``waiting(name)`` says calls still wait.
+        """
         self._now = now
         for cache in (self._positive, self._negative):
             for name, entry in cache.expire():
                 if self.entries.get(name) is entry:
                     del self.entries[name]
-        done = [name for name, q in self.queries.items() if q.deadline <= now]
-        for name in done:
-            self._store(name, self.queries.pop(name).answers)
-        return done
+        finished, again = [], []
+        for name in [n for n, q in self.queries.items() if q.deadline <= now]:
+            query = self.queries[name]
+            query.expected.discard(_UNSETTLED)
+            if not query.expected:                       # complete after all
+                self._store(name, self.queries.pop(name).answers)
+                finished.append(name)
+            elif any(c > 0 for c in query.answers.values()):
+                self._store(name, self.queries.pop(name).answers, short=True)
+                finished.append(name)
+            elif waiting(name):                          # unknown, not "nobody"
+                query.deadline = now + _UNPUBLISHED
+                self.queries_sent += 1
+                again.append(name)
+            else:
+                del self.queries[name]
+                finished.append(name)
+        return finished, again
 
-    def _store(self, name: str, counts: dict[str, float]) -> None:
+    def _store(self, name: str, counts: dict[str, float], short: bool = False) -> None:
+        """``short``: partial knowledge (a node did not answer), kept for the short TTL."""
         entry = Entry(counts)
         self._positive.pop(name, None)
         self._negative.pop(name, None)
-        (self._positive if entry.counts else self._negative)[name] = entry
+        (self._positive if entry.counts and not short else self._negative)[name] = entry
         self.entries[name] = entry

@@ -131,7 +131,7 @@ def _throughput(per_minute: list[dict[str, Any]]) -> Any:
     fig, ax = plt.subplots(figsize=(10, 3.5))
     for node in sorted(series):
         points = sorted(series[node].items())
-        ax.plot([_minutes_dt(m) for m, _ in points], [v for _, v in points], label=node)
+        ax.plot([_minutes_dt(m) for m, _ in points], [v for _, v in points], label=_plain(node))
     ax.set_ylabel("calls/s")
     ax.legend(loc="upper left", fontsize="small")
     fig.autofmt_xdate()
@@ -180,8 +180,13 @@ def _busiest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(top, key=lambda r: (r["rpc"], r["provider"]))
 
 
+def _plain(text: str) -> str:
+    """A name as chart text: ``$`` escaped, so matplotlib never reads it as mathtext."""
+    return text.replace("$", r"\$")
+
+
 def _provider_ticks(ax: Any, rows: list[dict[str, Any]]) -> None:
-    ax.set_xticks(range(len(rows)), [f"{r['provider']}\n{r['rpc']}" for r in rows],
+    ax.set_xticks(range(len(rows)), [_plain(f"{r['provider']}\n{r['rpc']}") for r in rows],
                   fontsize=7, rotation=60, ha="right")
 
 
@@ -202,8 +207,9 @@ def _heatmap(per_provider: list[dict[str, Any]]) -> Any:
     fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(providers) + 3),
                                     max(2.5, 0.4 * len(rpcs) + 1.5)))
     image = ax.imshow(grid, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(providers)), providers, rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(range(len(rpcs)), rpcs, fontsize=8)
+    ax.set_xticks(range(len(providers)), [_plain(p) for p in providers], rotation=60,
+                  ha="right", fontsize=8)
+    ax.set_yticks(range(len(rpcs)), [_plain(r) for r in rpcs], fontsize=8)
     fig.colorbar(image, ax=ax, label="calls")
     return fig
 

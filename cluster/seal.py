@@ -45,6 +45,18 @@ class SealError(ValueError):
     """A batch that must not be acted on (the reason is a short word for counters)."""
 
 
+class SkewError(SealError):
+    """A genuine batch (its seal verified) stamped more than ``max_skew`` away from this
+    clock: a node whose clock is off (or this one's), or an old batch replayed. ``batch``
+    and ``offset_s`` (its stamp minus this clock) let the receiver say whose clock it is,
+    never act on it."""
+
+    def __init__(self, batch: bytes, offset_s: float) -> None:
+        super().__init__("skew")
+        self.batch = batch
+        self.offset_s = offset_s
+
+
 def new_key() -> str:
     """A fresh random 256-bit key, base64, for ``[cluster.keys]``."""
     return base64.b64encode(os.urandom(32)).decode()
@@ -120,8 +132,9 @@ class Sealer:
                 batch = self._aead[kid].decrypt(body[:12], body[12:], aad)
             except Exception:  # InvalidTag, or a body too short to hold a nonce
                 raise SealError("bad_seal") from None
-        if abs(time.time_ns() // 1_000_000 - ts) > self.max_skew_ms:
-            raise SealError("skew")
+        offset = ts - time.time_ns() // 1_000_000
+        if abs(offset) > self.max_skew_ms:
+            raise SkewError(batch, offset / 1000)
         return batch, seq
 
 
@@ -130,9 +143,10 @@ class ReplayGuard:
 
     def __init__(self, max_skew: float) -> None:
         self.forget_after = 2 * max_skew
-        self._seen: dict[str, list[Any]] = {}   # sender -> [highest, bitmap, last_seen]
+        # sender (its name and incarnation) -> [highest, bitmap, last_seen]
+        self._seen: dict[Any, list[Any]] = {}
 
-    def fresh(self, sender: str, seq: int, now: float) -> bool:
+    def fresh(self, sender: Any, seq: int, now: float) -> bool:
         entry = self._seen.get(sender)
         if entry is None:
             if len(self._seen) > 64:

@@ -5,10 +5,24 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgpack
+
 
 from . import messages as m
 from . import redisconn
-from .seal import Sealer, SealError
+from .seal import Sealer, SealError, SkewError
+
+
+CLOCK_WARN_S = 1.0  # a node's clock this far off this machine's gets a line of its own
+
+
+def stamp_offset(sealed: bytes) -> float | None:
+    """A sealed batch's wall-clock stamp minus this machine's clock, in seconds."""
+    try:
+        header = msgpack.unpackb(sealed)
+        return header[3] / 1000 - time.time()
+    except Exception:  # not a sealed batch after all: no stamp to read
+        return None
 
 
 async def collect(url: str, namespace: str, listen_s: float,
@@ -27,16 +41,25 @@ async def collect(url: str, namespace: str, listen_s: float,
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
             if msg is None or msg.get("type") != "message":
                 continue
+            offset, refused = None, False
             try:
                 data = msg["data"]
                 if sealer is not None:
-                    data = sealer.open(msg["channel"].decode(), data)[0]
-                sender, _, msgs, _ = m.decode_batch(data)
+                    try:
+                        data = sealer.open(msg["channel"].decode(), data)[0]
+                        offset = stamp_offset(msg["data"])
+                    except SkewError as exc:  # genuine, but its clock is off: say so
+                        data, offset, refused = exc.batch, exc.offset_s, True
+                batch = m.decode_batch(data)
             except (m.BadBatch, SealError):
                 continue
-            for x in msgs:
+            for x in batch.messages:
                 if x[0] == m.STATE:
-                    nodes[sender] = {"state": x[1], "url": x[2], "started": x[3], **x[4]}
+                    node = nodes[batch.sender] = {"state": x[1], "url": x[2], "started": x[3],
+                                                  **x[4]}
+                    if offset is not None:  # its wall clock minus this machine's (+ transit)
+                        node["clock_offset_s"] = round(offset, 3)
+                        node["clock_refused"] = refused
     finally:
         await pubsub.aclose()
         await client.aclose()
@@ -55,8 +78,22 @@ def render(nodes: dict[str, dict[str, Any]]) -> str:
         for rpc, count in providers.items():
             by_rpc.setdefault(rpc, {})[name] = count
         lines.append(f"{name:<12} {n['state']:<12} {n['url']:<28} {n.get('uptime_s', 0):>7.0f}s "
-                     f"{n.get('connections', 0):>6} {sum(providers.values()):>9} "
+                     f"{n.get('connections', 0):>6} "
+                     f"{n.get('providers_total', sum(providers.values())):>9} "
                      f"{n.get('pending', 0):>9}")
+    for name in sorted(nodes):  # synced clocks agree within milliseconds
+        offset = nodes[name].get("clock_offset_s")
+        if offset is not None and abs(offset) >= CLOCK_WARN_S:
+            lines.append(f"{name}: its clock is {offset:+.1f} s off this machine's"
+                         + (", beyond cluster.max_skew: its messages are refused"
+                            if nodes[name].get("clock_refused") else
+                            " (nodes refuse messages beyond cluster.max_skew)")
+                         + "; sync the clocks (NTP)")
+        shown = len(nodes[name].get("providers", {}))
+        more = nodes[name].get("rpcs", shown) - shown
+        if more > 0:
+            lines.append(f"{name}: {more} more rpcs provided than its heartbeat lists "
+                         f"(see its /metrics)")
     lines.append("")
     lines.append(f"{'rpc':<32} providers per node")
     for rpc in sorted(by_rpc):

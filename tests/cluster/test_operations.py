@@ -40,6 +40,21 @@ async def test_readyz_follows_the_cluster_bus(make_cluster):
     await ready(n1)
 
 
+async def test_a_node_started_while_redis_is_down_serves_local_calls_and_joins_later(
+        make_cluster):
+    c = make_cluster(nodes=2)
+    c.redis.kill()
+    n1 = await asyncio.to_thread(c.restart, 0)       # waits for Redis a while, then serves
+    assert n1.events("node_ready_without_bus")
+    assert get(n1, "/readyz") == (503, "cluster bus (Redis) unreachable\n")
+    async with clients.connect(n1.url) as prov, clients.connect(n1.url) as caller:
+        await prov.provide("local", lambda d: d + 1)
+        assert await caller.call("local", 1, timeout=5) == 2
+        c.redis.start()
+        await ready(n1, 15.0)
+        assert await caller.call("local", 2, timeout=5) == 3
+
+
 async def ready(node, timeout=10.0):
     """Until /readyz answers 200 (a node is "joining" until it heard a round of heartbeats)."""
     async with asyncio.timeout(timeout):

@@ -117,3 +117,26 @@ async def test_a_call_refused_by_a_draining_node_is_sent_to_another_node(make_cl
         release.set()
         assert await in_flight == "x"
         assert await asyncio.to_thread(n1.wait_exit, 20) == 0
+
+
+async def test_a_call_that_waited_for_a_connection_goes_out_with_the_time_it_has_left(
+        make_cluster):
+    c = make_cluster(nodes=2)
+    n1, n2 = c.nodes
+    seen = []
+    states = States()
+
+    def work(d, ctx):
+        seen.append(ctx.time_left)
+        return d
+
+    async with clients.connect(n2.url) as prov, \
+            clients.connect(n1.url, on_state=states) as caller:
+        await prov.provide("work", work)
+        n1.kill()                                        # the caller waits for its node
+        await states.reached("connected", "reconnecting")
+        call = asyncio.create_task(caller.call("work", "late", timeout=8.0))
+        await asyncio.sleep(1.5)                         # the call waits, unsent
+        await asyncio.to_thread(c.restart, 0)            # the node comes back on its port
+        assert await call == "late"                      # (the SDK's backoff: a few s)
+    assert len(seen) == 1 and seen[0] <= 6.5             # not its full 8 s again

@@ -65,7 +65,7 @@ async def test_redis_access_without_the_key_cannot_run_divert_or_fake_members(
 
             now = time.monotonic()
             invoke = [m.INVOKE, 10**9, "work", "pwned", 5000, 5000, "forger"]
-            plain = m.encode_batch("n1", now, [invoke])
+            plain = m.encode_batch("n1", 1, 0, now, [invoke])
             wrong_key = Sealer(mode, {"k1": new_key()}, "k1", 30.0)
             other_id = Sealer(mode, {"k9": new_key()}, "k9", 30.0)
             attacks = [
@@ -73,10 +73,10 @@ async def test_redis_access_without_the_key_cannot_run_divert_or_fake_members(
                 ("rpcbus:node:n2", wrong_key.seal("rpcbus:node:n2", plain)),  # bad seal
                 ("rpcbus:node:n2", other_id.seal("rpcbus:node:n2", plain)),   # unknown key
                 *[("rpcbus:node:n2", batch) for batch in captured],           # replays
-                ("rpcbus:ctrl", m.encode_batch("fake", now, [                 # divert calls
+                ("rpcbus:ctrl", m.encode_batch("fake", 1, 0, now, [                 # divert calls
                     [m.STATE, m.READY, "ws://127.0.0.1:9", time.time(), {}],
                     [m.PROVIDER_UPDATE, "work", 1000]])),
-                ("rpcbus:ctrl", wrong_key.seal("rpcbus:ctrl", m.encode_batch("n2", now, [
+                ("rpcbus:ctrl", wrong_key.seal("rpcbus:ctrl", m.encode_batch("n2", 1, 0, now, [
                     [m.STATE, m.TERMINATING, n2.url, time.time(), {}]]))),   # fake membership
             ]
             before1 = stats(n1)["cluster"]["bus"]["rejected"]

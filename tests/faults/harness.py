@@ -21,6 +21,7 @@ there as JSON (benchmarks/reliability.py turns them into docs/reliability.md).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -34,6 +35,8 @@ from typing import Any
 import clients
 from clients.errors import CODES
 from cluster.local import LocalCluster
+
+from .proxy import Proxy
 
 TIMEOUT = 3.0       # each call's deadline, seconds
 GRACE = 1.5         # how late past its deadline an outcome may arrive (the SDK's guard: +1 s)
@@ -97,10 +100,22 @@ class Load:
 class Scenario:
     """The cluster, providers and callers of one scenario, and its checks."""
 
-    def __init__(self, name: str, tmp: str, nodes: int = 2, **env: str) -> None:
+    def __init__(self, name: str, tmp: str, nodes: int = 2, proxied: int | None = None,
+                 node_env: list[dict[str, str]] | None = None, **env: str) -> None:
         self.name = name
         self.tmp = tmp
-        self.cluster = LocalCluster(nodes=nodes, env={**ENV, **env}).start()
+        cluster = LocalCluster(nodes=nodes, env={**ENV, **env}, node_env=node_env)
+        self.proxy: Proxy | None = None   # between node ``proxied`` and Redis
+        if proxied is not None:
+            assert cluster.redis is not None
+            self.proxy = Proxy(cluster.redis.port).start()
+            cluster.node_redis = {proxied: self.proxy.url}
+        try:
+            self.cluster = cluster.start()
+        except BaseException:
+            if self.proxy is not None:
+                self.proxy.stop()
+            raise
         self.nodes = self.cluster.nodes
         self.urls = [n.url for n in self.nodes]
         self.runs: Counter[tuple[int, ...]] = Counter()
@@ -118,9 +133,12 @@ class Scenario:
         return data
 
     async def provider(self, url_index: int, handler: Any = None,
-                       rpc: str = "echo") -> clients.Client:
-        """An in-process provider connected to node ``url_index`` (the others as spares)."""
+                       rpc: str = "echo", pinned: bool = False) -> clients.Client:
+        """An in-process provider connected to node ``url_index`` (the others as spares,
+        unless ``pinned``: then it only ever reconnects to that node)."""
         urls = self.urls[url_index:] + self.urls[:url_index]
+        if pinned:
+            urls = urls[:1]
         client = await clients.connect(urls)
         await client.provide(rpc, handler or self.echo)
         return client
@@ -137,8 +155,10 @@ class Scenario:
         self.procs.append(proc)
         return proc
 
-    async def callers(self) -> list[clients.Client]:
-        return [await clients.connect(self.urls[i:] + self.urls[:i])
+    async def callers(self, pinned: bool = False) -> list[clients.Client]:
+        """A caller on each node (the others as spares, unless ``pinned``)."""
+        return [await clients.connect(self.urls[i:i + 1] if pinned
+                                      else self.urls[i:] + self.urls[:i])
                 for i in range(len(self.urls))]
 
     def snapshot_tasks(self) -> None:
@@ -212,3 +232,38 @@ class Scenario:
                 proc.kill()
             proc.wait()
         self.cluster.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+
+
+async def run(sc: Scenario, fault: Any, recover_within: float,
+              in_process_provider_on: tuple[int, ...] = (0, 1), handler: Any = None,
+              rpc: str = "echo", pinned: bool = False) -> dict[str, Any]:
+    """Providers and callers, a steady load, ``fault(sc)``, then every check; the figures.
+    ``pinned``: every client only ever (re)connects to its own node."""
+    providers = [await sc.provider(i, handler, rpc, pinned) for i in in_process_provider_on]
+    callers = await sc.callers(pinned)
+    sc.snapshot_tasks()
+    load = Load(callers, rpc)
+    # No cyclic GC in this process while the load runs: with the ledger's ~10^6 objects a
+    # full collection stalled this loop (and the providers in it) for 0.3-0.5 s, longer
+    # than a provider may take to read a REQUEST (half the ack timeout): faults of the
+    # test process, not of the cluster. Objects from before are frozen out of later passes.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    load.start()
+    try:
+        await asyncio.sleep(1.0)                    # steady load before the fault
+        await fault(sc)
+        await asyncio.sleep(recover_within + 1.5)   # and after it
+    finally:
+        await load.finish()
+        gc.enable()
+        gc.unfreeze()
+    figures = sc.check(load, recover_within)
+    await sc.check_no_leaks()
+    sc.report(figures)
+    for c in providers + callers:
+        await c.close()
+    return figures

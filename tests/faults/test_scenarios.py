@@ -6,45 +6,9 @@ Each scenario states how long after the fault clears every call must succeed aga
 import asyncio
 import signal
 
-import pytest
-
 from broker.process import NodeProcess
 
-from .harness import ENV, Load, Scenario
-
-
-async def run(sc, fault, recover_within, in_process_provider_on=(0, 1)):
-    providers = [await sc.provider(i) for i in in_process_provider_on]
-    callers = await sc.callers()
-    sc.snapshot_tasks()
-    load = Load(callers)
-    load.start()
-    try:
-        await asyncio.sleep(1.0)                    # steady load before the fault
-        await fault(sc)
-        await asyncio.sleep(recover_within + 1.5)   # and after it
-    finally:
-        await load.finish()
-    figures = sc.check(load, recover_within)
-    await sc.check_no_leaks()
-    sc.report(figures)
-    for c in providers + callers:
-        await c.close()
-    return figures
-
-
-@pytest.fixture
-def scenario(tmp_path, request):
-    made = []
-
-    def make(**env):
-        sc = Scenario(request.node.name.removeprefix("test_"), str(tmp_path), **env)
-        made.append(sc)
-        return sc
-
-    yield make
-    for sc in made:
-        sc.close()
+from .harness import ENV, run
 
 
 async def test_provider_process_killed(scenario):

@@ -15,11 +15,12 @@ class RawPeer:
         self.session = None
 
     @classmethod
-    async def open(cls, url, auth=True, name=None):
+    async def open(cls, url, auth=True, name=None, **creds):
         ws = await connect(url, compression=None, max_size=None)
         peer = cls(ws)
         if auth:
-            await peer.send([p.AUTH, {"protocol": 1, **({"name": name} if name else {})}])
+            await peer.send([p.AUTH, {"protocol": 1, **({"name": name} if name else {}),
+                                      **creds}])
             peer.session = (await peer.expect(p.AUTH_OK))[1]["session"]
         return peer
 

@@ -4,6 +4,7 @@ roles, rate limits and TLS from a config file."""
 import asyncio
 import datetime
 import ipaddress
+import urllib.request
 
 import pytest
 from cryptography import x509
@@ -163,3 +164,23 @@ async def test_tls_node_is_verified_by_the_sdk(tmp_path):
             await clients.connect(node.url, reconnect=False)      # not trusted by default
         with pytest.raises(clients.ConnectionLostError):
             await clients.connect(node.url.replace("wss:", "ws:"), reconnect=False)
+
+
+async def test_admin_endpoints_need_the_admin_token_when_one_is_set():
+    from .test_operations import get
+
+    def with_header(node, path, token):
+        req = urllib.request.Request(node.url.replace("ws://", "http://") + path,
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status
+
+    with NodeProcess(env={**FAST, "RPCBUS_SERVER_ADMIN_TOKEN_SHA256":
+                          token_digest("admin-token")}) as node:
+        for path in ("/metrics", "/stats", "/cluster", "/dashboard"):
+            assert get(node, path)[0] == 401
+            assert get(node, path + "?token=wrong")[0] == 401
+            assert get(node, path + "?token=admin-token")[0] == 200
+            assert with_header(node, path, "admin-token") == 200
+        assert get(node, "/readyz") == (200, "ready\n")        # probes stay open
+        assert get(node, "/healthz")[0] == 200

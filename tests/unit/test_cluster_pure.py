@@ -31,6 +31,7 @@ class View:
         self.entries = targets or {}
         self.asked = []
         self.silenced = []
+        self.hearing = True
 
     def targets(self, name, now, discover):
         if not self.available:
@@ -48,6 +49,12 @@ class View:
     def knows(self, name):
         return name in self.entries
 
+    def provided(self, name):
+        return bool(self.entries.get(name))
+
+    def settled(self, node, since):
+        return self.hearing
+
 
 def router(view, **kw):
     return Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0, now=0.0,
@@ -60,17 +67,19 @@ def router(view, **kw):
 @given(st.binary(max_size=200))
 def test_random_payloads_are_bad_batches_or_well_formed(raw):
     try:
-        sender, sent_at, msgs, bad = m.decode_batch(raw)
+        batch = m.decode_batch(raw)
     except m.BadBatch:
         return
-    assert isinstance(sender, str) and all(type(x) is list for x in msgs)
+    assert isinstance(batch.sender, str) and all(type(x) is list for x in batch.messages)
 
 
 def test_malformed_messages_are_left_out_of_a_good_batch():
     good = [m.INVOKE, 1, "a", None, 100, 50, "c"]
-    payload = msgpack.packb(["n1", 1.5, [good, [m.INVOKE, "x"], [99], "junk", [m.ACK, -1]]])
-    assert m.decode_batch(payload) == ("n1", 1.5, [good], 4)
-    assert m.decode_batch(m.encode_batch("n2", 2.0, [[m.ACK, 3]])) == ("n2", 2.0, [[m.ACK, 3]], 0)
+    payload = msgpack.packb(["n1", 7, 0, 1.5, [good, [m.INVOKE, "x"], [99], "junk", [m.ACK, -1],
+                                               [m.ECHO, 1]]])
+    assert m.decode_batch(payload) == ("n1", 7, 0, 1.5, [good], 5)
+    assert (m.decode_batch(m.encode_batch("n2", 8, 9, 2.0, [[m.ACK, 3], [m.ECHO]]))
+            == ("n2", 8, 9, 2.0, [[m.ACK, 3], [m.ECHO]], 0))
 
 
 # -- membership ----------------------------------------------------------------------------
@@ -108,16 +117,52 @@ def test_a_query_completes_when_every_live_node_answered_zeros_included():
     assert cache.entries["x"].targets == [("a", 2)]
     cache.on_update("b", "x", 1, now=1.0)               # later updates keep it current
     assert sorted(cache.entries["x"].targets) == [("a", 2), ("b", 1)]
-    assert cache.expire(59.9) == [] and "x" in cache.entries
+    assert cache.expire(59.9) == ([], []) and "x" in cache.entries
     cache.expire(60.1)
     assert "x" not in cache.entries                      # the TTL still applies
 
 
-def test_timeouts_negative_entries_and_gone_nodes():
+def test_a_query_times_out_from_when_redis_took_it_not_from_the_miss():
+    cache = ProviderCache(ttl=60.0, negative_ttl=1.0, query_timeout=0.25)
+    cache.begin_query("x", ["a"], now=0.0)
+    assert cache.expire(0.3) == ([], [])                 # held up on the way to Redis
+    cache.published("x", now=0.4)
+    assert cache.expire(0.6) == ([], [])
+    assert cache.on_update("a", "x", 1, now=0.62)        # answered within its own 0.25 s
+    assert cache.entries["x"].targets == [("a", 1)]
+
+
+def test_an_unanswered_query_is_unknown_not_nobody():
+    cache = ProviderCache(ttl=60.0, negative_ttl=1.0, query_timeout=0.25)
+    waiting = {"y"}
+    cache.begin_query("y", ["a", "b"], now=0.0)
+    cache.published("y", now=0.0)
+    cache.on_update("a", "y", 0, now=0.1)
+    assert cache.expire(0.3, waiting.__contains__) == ([], ["y"])   # b silent: ask again
+    assert "y" not in cache.entries                      # and no negative entry meanwhile
+    cache.published("y", now=0.3)
+    assert cache.on_update("b", "y", 2, now=0.4)         # b answers the second query
+    assert cache.entries["y"].targets == [("b", 2)]
+    # Nobody waits any more: the query ends without an entry.
+    cache.begin_query("z", ["a", "b"], now=1.0)
+    cache.published("z", now=1.0)
+    assert cache.expire(1.3, waiting.__contains__) == (["z"], [])
+    assert "z" not in cache.entries
+    # A provider among the answers: used, but kept only for the short TTL.
+    cache.begin_query("w", ["a", "b"], now=2.0)
+    cache.published("w", now=2.0)
+    cache.on_update("a", "w", 3, now=2.01)
+    assert cache.expire(2.3, waiting.__contains__) == (["w"], [])
+    assert cache.entries["w"].targets == [("a", 3)]
+    cache.expire(3.31)
+    assert "w" not in cache.entries
+
+
+def test_negative_entries_and_gone_nodes():
     cache = ProviderCache(ttl=60.0, negative_ttl=1.0, query_timeout=0.25)
     cache.begin_query("y", ["a", "b"], now=0.0)
     cache.on_update("a", "y", 0, now=0.1)
-    assert cache.expire(0.3) == ["y"]                    # b never answered
+    assert cache.on_update("b", "y", 0, now=0.2)         # everyone said 0: nobody
     assert cache.entries["y"].targets == []              # a negative entry ...
     cache.expire(1.4)
     assert "y" not in cache.entries                      # ... that lives only briefly
@@ -134,9 +179,10 @@ def test_timeouts_negative_entries_and_gone_nodes():
 def test_a_node_that_just_joined_waits_for_a_round_of_heartbeats_before_trusting_answers():
     cache = ProviderCache(ttl=60.0, negative_ttl=1.0, query_timeout=0.25)
     assert cache.begin_query("x", [], now=0.0, settled_at=1.5) == (True, False)
+    cache.published("x", now=0.0)
     assert not cache.on_update("late-known", "x", 2, now=0.5)   # a peer it had not heard yet
-    assert cache.expire(1.4) == []
-    assert cache.expire(1.5) == ["x"] and cache.entries["x"].targets == [("late-known", 2)]
+    assert cache.expire(1.4) == ([], [])
+    assert cache.expire(1.5) == (["x"], []) and cache.entries["x"].targets == [("late-known", 2)]
 
 
 # -- the router with other nodes ----------------------------------------------------------
@@ -224,6 +270,38 @@ def test_a_late_ack_keeps_the_call_on_its_node_and_a_refused_check_moves_it():
     r.respond(a, first[1], "ran once")
     r.respond(b, moved[1], "ran once too")
     assert caller.take() == [[RESPONSE, 1, "ran once"], [RESPONSE, 2, "ran once too"]]
+
+
+def test_a_node_that_does_not_hear_itself_fails_a_silent_attempt_instead_of_moving_it():
+    a, b = Node("A"), Node("B")
+    view = View({"x": [(a, 1), (b, 1)]})
+    r, caller = router(view, rand=lambda: 0.0), Peer("c")
+    r.request(caller, 1, "x", "d1", None, now=0.0)
+    [req] = a.take()
+    r.tick(1.05)
+    assert a.take() == [[ACK_CHECK, req[1]]]
+    view.hearing = False              # A's ACK may have come and been lost on the way here
+    r.tick(2.1)
+    assert a.take() == [[CANCEL, req[1]]] and b.take() == [] and view.silenced == []
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 1, errors.CLUSTER_UNAVAILABLE]
+    assert r.pending == 0 and r.stats.cluster_unavailable == 1
+
+
+def test_a_peer_whose_answers_cannot_be_read_fails_its_attempts_but_stays():
+    a = Node("A")
+    view = View({"x": [(a, 1)]})
+    r, caller = router(view), Peer("c")
+    r.request(caller, 1, "x", None, None, now=0.0)
+    r.request(caller, 2, "x", None, None, now=0.0)
+    first, second = a.take()
+    r.ack(a, first[1])
+    r.fail_peer(a, errors.CLUSTER_UNAVAILABLE, "clock off")
+    assert [e[:3] for e in caller.take()] == [[ERROR, 1, errors.CLUSTER_UNAVAILABLE],
+                                               [ERROR, 2, errors.CLUSTER_UNAVAILABLE]]
+    assert a.take() == [[CANCEL, first[1]], [CANCEL, second[1]]] and r.pending == 0
+    r.request(caller, 3, "x", None, None, now=0.5)     # still a target afterwards
+    assert len(a.take()) == 1
 
 
 def test_bus_down_fails_every_node_attempt_and_only_local_providers_serve():

@@ -13,6 +13,7 @@ from clients.protocol import CANCEL, ERROR, REQUEST, RESPONSE
 class Peer:
     def __init__(self, label):
         self.label = label
+        self.user_name = None
         self.closed = False
         self.inflight = 0
         self.provides = set()

@@ -69,8 +69,8 @@ def test_float_counts_cross_the_bus_and_bad_ones_are_left_out():
     good = [m.PROVIDER_UPDATE, "x", 2.25]
     bad = [[m.PROVIDER_UPDATE, "x", -1], [m.PROVIDER_UPDATE, "x", float("nan")],
            [m.PROVIDER_UPDATE, "x", float("inf")], [m.PROVIDER_UPDATE, "x", "2"]]
-    _, _, msgs, dropped = m.decode_batch(m.encode_batch("n1", 0.0, [good, *bad]))
-    assert msgs == [good] and dropped == len(bad)
+    batch = m.decode_batch(m.encode_batch("n1", 1, 0, 0.0, [good, *bad]))
+    assert batch.messages == [good] and batch.malformed == len(bad)
 
 
 @pytest.mark.parametrize("doc, needle", [

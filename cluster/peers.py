@@ -1,0 +1,138 @@
+"""The router's peers that stand for other nodes (see cluster/link.py).
+
+* ``RemoteNode`` is another node as a provider peer: a REQUEST to it is
+  published as INVOKE on that node's private topic, a CANCEL as CANCEL, an
+  ack check as CHECK (with an ECHO, so the link can tell whether it hears).
+* ``RemoteCaller`` is one INVOKE received from another node, as a caller peer:
+  RESPONSE, ERROR and ACCEPT go back to the origin; a NO_PROVIDER outcome
+  becomes REJECT, so the origin tries another node.
+* ``RecentIds`` remembers attempt keys for a while (acknowledged, refused).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from broker.router import ACK_CHECK
+from clients import errors
+from clients.protocol import ACCEPT, CANCEL as C_CANCEL, ERROR as C_ERROR, REQUEST, RESPONSE as C_RESPONSE
+
+from . import messages as m
+from .bus import Bus
+
+if TYPE_CHECKING:
+    from .link import ClusterLink
+
+
+class RemoteNode:
+    """Another node, as a provider peer of this node's router."""
+
+    is_node = True
+    user_name = None   # a node is never a caller here (INVOKEs stand for callers)
+
+    def __init__(self, link: "ClusterLink", name: str, incarnation: int) -> None:
+        self.link = link
+        self.name = self.label = name
+        self.incarnation = incarnation   # the process this object stands for
+        self.topic = Bus.topic_of(name, link.config.namespace)
+        self.closed = False              # declared dead, or replaced by a new incarnation
+        self.inflight = 0
+        self.provides: set[str] = set()
+
+    def publish(self, msg: list[Any], then: Any = None, hold_until: float = 0.0) -> None:
+        self.link.bus.publish(self.topic, msg, then, self.incarnation, hold_until)
+
+    def send(self, msg: list[Any]) -> None:
+        if msg[0] == REQUEST:  # [16, id, name, data, left_ms, caller, sent_ms, trace?]
+            invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5]]
+            if len(msg) > 7:  # [.., traceparent | nil, user | nil]
+                invoke.append(msg[7])
+                if msg[8] is not None:
+                    invoke.append(msg[8])
+            self.publish(invoke)
+        elif msg[0] == C_CANCEL:
+            self.publish([m.CANCEL, msg[1]])
+        elif msg[0] == ACK_CHECK:
+            self.publish([m.CHECK, msg[1]])
+            self.link.probe()
+
+
+class RemoteCaller:
+    """One INVOKE from another node, as a caller peer of this node's router."""
+
+    is_node = True
+    closed = False  # publishing to a node that left is harmless
+    provides: set[str] = set()
+
+    __slots__ = ("link", "node", "origin", "id", "label", "user_name", "inflight", "invoke",
+                 "late_at", "deadline")
+
+    def __init__(self, link: "ClusterLink", origin: "RemoteNode", attempt: int,
+                 label: str, invoke: list[Any], late_at: float) -> None:
+        self.link, self.node, self.origin = link, origin, origin.name
+        self.id, self.label = attempt, label
+        self.user_name = invoke[8] if len(invoke) > 8 else None  # checked at the origin
+        self.inflight = 0
+        self.invoke = invoke      # the INVOKE, until it starts
+        self.late_at = late_at    # starting after this, the origin may have moved it on
+        self.deadline = invoke[4]  # the call's, on this node's clock
+
+    def start(self) -> None:
+        """Redis has taken the ACK (the origin will not move the attempt now): run it."""
+        link = self.link
+        link.starting -= 1
+        key = (self.node.incarnation, self.id)
+        if link.invoked.get(key) is not self:  # cancelled meanwhile
+            return
+        msg, self.invoke = self.invoke, None
+        t = link.loop.time()
+        if t > self.late_at:
+            # This process stalled before Redis took the ACK (a SIGSTOP, a starved
+            # machine): the origin may have given the attempt up and moved the call on.
+            # Refuse it unrun; an origin still waiting moves it now.
+            del link.invoked[key]
+            link.stats["stale_invokes"] += 1
+            link._warn_some("late_ack_invoke_refused", origin=self.origin, rpc=msg[2],
+                            call_id=self.id)
+            self.node.publish([m.REJECT, self.id])
+            return
+        link.router.request(self, self.id, msg[2], msg[3], int((msg[4] - t) * 1000), t,
+                            msg[7] if len(msg) > 7 else None)
+
+    def send(self, msg: list[Any]) -> None:
+        """The call's ACCEPT or outcome, back to the origin. Kept while the bus is down
+        (until the call's deadline) and sent after the reconnect: the call ran."""
+        kind = msg[0]
+        node = self.node
+        if kind == ACCEPT:
+            node.publish([m.ACCEPTED, self.id], hold_until=self.deadline)
+            return
+        if kind == C_RESPONSE:
+            node.publish([m.RESPONSE, self.id, msg[2]], hold_until=self.deadline)
+        elif kind == C_ERROR and msg[2] == errors.NO_PROVIDER:
+            node.publish([m.REJECT, self.id], hold_until=self.deadline)
+        elif kind == C_ERROR:
+            node.publish([m.ERROR, self.id, msg[2], msg[3]], hold_until=self.deadline)
+        self.link.invoked.pop((node.incarnation, self.id), None)
+
+
+class RecentIds:
+    """Keys remembered for at least ``keep`` seconds (two generations of sets: adding and
+    looking up cost a set operation; memory is what arrived in the last 2 x ``keep``)."""
+
+    def __init__(self, keep: float) -> None:
+        self.keep = keep
+        self._new: set[Any] = set()
+        self._old: set[Any] = set()
+        self._rotate_at = 0.0
+
+    def add(self, key: Any) -> None:
+        self._new.add(key)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._new or key in self._old
+
+    def tick(self, now: float) -> None:
+        if now >= self._rotate_at:
+            self._old, self._new = self._new, set()
+            self._rotate_at = now + self.keep

@@ -21,7 +21,6 @@ there as JSON (benchmarks/reliability.py turns them into docs/reliability.md).
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import os
 import subprocess
@@ -36,6 +35,7 @@ import clients
 from clients.errors import CODES
 from cluster.local import LocalCluster
 
+from ..quiet import no_gc_pauses
 from .proxy import Proxy
 
 TIMEOUT = 3.0       # each call's deadline, seconds
@@ -245,22 +245,14 @@ async def run(sc: Scenario, fault: Any, recover_within: float,
     callers = await sc.callers(pinned)
     sc.snapshot_tasks()
     load = Load(callers, rpc)
-    # No cyclic GC in this process while the load runs: with the ledger's ~10^6 objects a
-    # full collection stalled this loop (and the providers in it) for 0.3-0.5 s, longer
-    # than a provider may take to read a REQUEST (half the ack timeout): faults of the
-    # test process, not of the cluster. Objects from before are frozen out of later passes.
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    load.start()
-    try:
-        await asyncio.sleep(1.0)                    # steady load before the fault
-        await fault(sc)
-        await asyncio.sleep(recover_within + 1.5)   # and after it
-    finally:
-        await load.finish()
-        gc.enable()
-        gc.unfreeze()
+    with no_gc_pauses():  # a full pass stalled the providers in this process 0.3-1.1 s
+        load.start()
+        try:
+            await asyncio.sleep(1.0)                    # steady load before the fault
+            await fault(sc)
+            await asyncio.sleep(recover_within + 1.5)   # and after it
+        finally:
+            await load.finish()
     figures = sc.check(load, recover_within)
     await sc.check_no_leaks()
     sc.report(figures)

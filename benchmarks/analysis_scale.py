@@ -1,6 +1,6 @@
 """How ``rpcbus analyze`` scales: generated histories of 1M, 10M and 50M window-rows.
 
-    python -m benchmarks.analysis_scale [--rows 1e6,1e7,5e7] [--master local[2]]
+    python -m rpcbus.benchmarks.analysis_scale [--rows 1e6,1e7,5e7] [--master local[2]]
 
 For each size, Spark writes a synthetic history as Parquet (the nodes' schema: 200
 providers, 50 rpcs, 10 nodes, 2,000 rows per 10 s window; generation is timed apart),
@@ -9,7 +9,7 @@ then times, in the same session and run:
 - **bare**: one ``groupBy(provider, rpc, node, minute).agg(sum(calls),
   percentile_approx(mean latency))`` pass over the rows, written as Parquet — the
   least any per-minute analysis must do;
-- **whole**: the whole analysis (``cluster.analysis.analyze``: every table, findings,
+- **whole**: the whole analysis (``rpcbus.analytics.analysis.analyze``: every table, findings,
   weights.json and the report).
 
 Prints rows/s for both and whole ÷ bare (the goal: within 2×), and how time grows
@@ -27,8 +27,8 @@ import tempfile
 import time
 from typing import Any
 
-from broker.rpcstats import BOUNDS
-from cluster import analysis
+from rpcbus.broker.rpcstats import BOUNDS
+from rpcbus.analytics import analysis
 
 KEYS_PER_WINDOW = 2000
 

@@ -32,6 +32,8 @@ import sys
 import time
 from typing import Any
 
+import click
+
 from . import load
 
 NAMES = {"baseline": "direct echo", "rpcbus": "rpcbus", "redis": "raw Redis req/reply",
@@ -108,7 +110,7 @@ def compare(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         return {"skipped": str(exc)}
     try:
         out = load.run_callers([peer.url], args, cpu_of=load._cpu_reader([peer.pid]),
-                               role=f"{kind}-caller", module="benchmarks.peers")
+                               role=f"{kind}-caller", module="rpcbus.benchmarks.peers")
         out["broker_cpu_us_per_call"] = out.pop("node_cpu_us_per_call", None)
         out.pop("cpu_us_per_call_by_node", None)
         return out
@@ -205,6 +207,14 @@ def plot(result: dict[str, Any], out_dir: str) -> None:
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "throughput.png"), dpi=100)
     plt.close(fig)
+
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def command(args: tuple[str, ...]) -> None:
+    """Load benchmark: rpcbus bench {local,cross,cluster} [options] (rpcbus bench --help)."""
+    main(list(args))
 
 
 if __name__ == "__main__":

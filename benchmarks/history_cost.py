@@ -1,6 +1,6 @@
 """What recording the load history costs a node per call, in instructions.
 
-    python -m benchmarks.history_cost [--calls 4000,16000] [--inflight 200]
+    python -m rpcbus.benchmarks.history_cost [--calls 4000,16000] [--inflight 200]
 
 Runs a real node under ``valgrind --tool=callgrind`` (instruction counts repeat
 where timings on this machine do not), without and with ``[history] dir``, and
@@ -22,12 +22,12 @@ import tempfile
 
 import structlog
 
-import clients
-from broker.process import NodeProcess
+import rpcbus
+from rpcbus.broker.process import NodeProcess
 
 
 async def _load(url: str, calls: int, inflight: int) -> None:
-    async with clients.connect(url, name="worker") as prov, clients.connect(url) as caller:
+    async with rpcbus.connect(url, name="worker") as prov, rpcbus.connect(url) as caller:
         await prov.provide("cost.echo", lambda d: d)
         gate = asyncio.Semaphore(inflight)
         payload = {"k": "x" * 64}

@@ -1,10 +1,10 @@
 """One-node load benchmark: calls/s, latency, node CPU per call, messages per frame.
 
-    python -m benchmarks.load                          # deepstream's shape: 1 provider, 4 callers, 200 in flight
-    python -m benchmarks.load --callers 4 --conns 50 --inflight 1   # 200 connections x 1 in flight
-    python -m benchmarks.load --url ws://host:port     # aim at a running node (no node CPU figures)
-    python -m benchmarks.load --nodes 2 --layout cross  # providers on n1, callers on n2, over Redis
-    python -m benchmarks.load --nodes 3 --layout spread # providers and callers over all 3 nodes
+    python -m rpcbus.benchmarks.load                          # deepstream's shape: 1 provider, 4 callers, 200 in flight
+    python -m rpcbus.benchmarks.load --callers 4 --conns 50 --inflight 1   # 200 connections x 1 in flight
+    python -m rpcbus.benchmarks.load --url ws://host:port     # aim at a running node (no node CPU figures)
+    python -m rpcbus.benchmarks.load --nodes 2 --layout cross  # providers on n1, callers on n2, over Redis
+    python -m rpcbus.benchmarks.load --nodes 3 --layout spread # providers and callers over all 3 nodes
 
 Providers and callers run in their own processes (benchmarks/workers.py). The
 baseline, measured in the same run with the same callers and shape, is a
@@ -23,8 +23,8 @@ import time
 import urllib.request
 from typing import Any
 
-from broker.process import NodeProcess
-from cluster.local import LocalCluster
+from rpcbus.broker.process import NodeProcess
+from rpcbus.broker.local import LocalCluster
 
 
 def _spawn(role: str, *args: str, module: str = "benchmarks.workers") -> subprocess.Popen[str]:
@@ -168,7 +168,7 @@ def _measure(duration: float, stats_urls: list[str] | tuple[()],
     return series
 
 
-def parser(prog: str = "python -m benchmarks.load") -> argparse.ArgumentParser:
+def parser(prog: str = "python -m rpcbus.benchmarks.load") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="existing node(s), comma-separated (default: start them); "
@@ -281,7 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _seal_env(mode: str) -> dict[str, str]:
     if mode == "none":
         return {}
-    from cluster.seal import new_key
+    from rpcbus.cluster.seal import new_key
 
     return {"RPCBUS_CLUSTER_SEAL": mode, "RPCBUS_CLUSTER_KEY_ID": "bench",
             "RPCBUS_CLUSTER_KEYS": json.dumps({"bench": new_key()})}

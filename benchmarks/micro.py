@@ -1,6 +1,6 @@
 """Micro benchmarks of the pure parts, apart from the end-to-end load (no sockets).
 
-    python -m benchmarks.micro
+    python -m rpcbus.benchmarks.micro
 
 Prints µs per operation (the least of 5 interleaved rounds) for the router (one call: REQUEST in, RESPONSE in) and
 the codec (decode, check and encode one message of a 60-message frame), each
@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from broker.router import Router
-from clients.protocol import REQUEST, check_from_client, decode, encode
+from rpcbus.broker.router import Router
+from rpcbus.protocol import REQUEST, check_from_client, decode, encode
 
 
 class _Peer:
@@ -44,7 +44,7 @@ def bench_router(n: int, history: bool = False, metrics: bool = True) -> None:
     r = Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0, now=0.0,
                clock=time.perf_counter if metrics else None)
     if history:
-        from cluster.history import History
+        from rpcbus.broker.history import History
 
         r.history = History("n1", 10.0, None, time.time())
     caller, prov = _Peer("c"), _Peer("p")

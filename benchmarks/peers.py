@@ -13,7 +13,7 @@ cap and JSON line at the end), so load.run_callers aggregates them alike:
   queue-group responder with ``msg.respond``), against a ``nats-server`` this
   harness starts on a free loopback port.
 
-Roles: ``python -m benchmarks.peers {redis-responder,redis-caller,nats-responder,nats-caller}``.
+Roles: ``python -m rpcbus.benchmarks.peers {redis-responder,redis-caller,nats-responder,nats-caller}``.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ class Peer:
     """The broker of a peer (redis-server or nats-server) and its responders."""
 
     def __init__(self, kind: str, responders: int) -> None:
-        from cluster.local import RedisServer, free_port, wait_for_server
+        from rpcbus.broker.local import RedisServer, free_port, wait_for_server
 
         self.kind = kind
         self.procs: list[subprocess.Popen[Any]] = []
@@ -211,7 +211,7 @@ class Peer:
             wait_for_server(self.server, port, say=b"", answers=(b"INFO",),
                             name="nats-server")  # it greets with INFO
         for _ in range(responders):
-            proc = subprocess.Popen([sys.executable, "-m", "benchmarks.peers",
+            proc = subprocess.Popen([sys.executable, "-m", "rpcbus.benchmarks.peers",
                                      f"{kind}-responder", "--url", self.url],
                                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
             self.procs.append(proc)
@@ -229,7 +229,7 @@ class Peer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.peers")
+    ap = argparse.ArgumentParser(prog="python -m rpcbus.benchmarks.peers")
     ap.add_argument("role", choices=["redis-responder", "redis-caller", "nats-responder",
                                      "nats-caller"])
     ap.add_argument("--url", required=True)
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.add_argument(flag, type=float, default=default)
     ap.add_argument("--rpc", default="bench.echo")   # accepted for the common caller flags
     args = ap.parse_args(argv)
-    from broker.cli import use_uvloop
+    from rpcbus.broker.cli import use_uvloop
 
     use_uvloop(True)
     role = {"redis-responder": redis_responder, "redis-caller": redis_caller,

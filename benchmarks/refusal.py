@@ -1,7 +1,7 @@
 """What refusing a flood costs a node against serving the same flood, in one run.
 
-    python -m benchmarks.refusal                  # 3 rounds x 2 kinds x 40 frames
-    python -m benchmarks.refusal --frames 20 --rounds 1
+    python -m rpcbus.benchmarks.refusal                  # 3 rounds x 2 kinds x 40 frames
+    python -m rpcbus.benchmarks.refusal --frames 20 --rounds 1
 
 One node (auth mode users). A raw client sends frames of 10,000 PINGs, then
 10,000 REQUESTs for an rpc nobody provides, as user ``free`` (no rate limit:
@@ -23,9 +23,9 @@ import msgpack
 import psutil
 from websockets.asyncio.client import connect
 
-from broker.auth import token_digest
-from broker.process import NodeProcess
-from clients import protocol as p
+from rpcbus.broker.auth import token_digest
+from rpcbus.broker.process import NodeProcess
+from rpcbus import protocol as p
 
 PER_FRAME = 10_000
 

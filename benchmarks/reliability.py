@@ -1,6 +1,6 @@
 """Run the fault-injection suite and print the table for docs/reliability.md.
 
-    python -m benchmarks.reliability        # about a minute; prints Markdown
+    python -m rpcbus.benchmarks.reliability        # about a minute; prints Markdown
 
 Each scenario runs a steady load (2 nodes, providers and callers on both, 200 calls
 in flight, 3 s deadlines) through one fault; see tests/faults/harness.py.

@@ -1,7 +1,7 @@
 """What sealing the cluster bus costs: none vs sign vs encrypt, in one run.
 
-    python -m benchmarks.seal                     # 2 nodes, cross layout, 2 rounds x 3 modes x 5 s
-    python -m benchmarks.seal --rounds 1 --duration 2
+    python -m rpcbus.benchmarks.seal                     # 2 nodes, cross layout, 2 rounds x 3 modes x 5 s
+    python -m rpcbus.benchmarks.seal --rounds 1 --duration 2
 
 Part 1 (pure): seal + open of one batch of 1, 16 and 256 typical messages, µs
 per batch and per message. Part 2: the cross-node load benchmark
@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any
 
-from cluster import messages as m
-from cluster.seal import Sealer, new_key
+from rpcbus.cluster import messages as m
+from rpcbus.cluster.seal import Sealer, new_key
 
 from . import load
 
@@ -43,7 +43,7 @@ def micro(repeat: int = 2000) -> dict[str, dict[int, float]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.seal", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m rpcbus.benchmarks.seal", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--duration", type=float, default=5.0)

@@ -1,7 +1,7 @@
 """Soak: a long run at a steady rate through a 2-node cluster, recorded every second.
 
-    python -m benchmarks.soak --duration 120 --rate 3000      # at most 600 s
-    python -m benchmarks.soak --duration 5 --rate 500 --out soak-out   # a smoke run
+    python -m rpcbus.benchmarks.soak --duration 120 --rate 3000      # at most 600 s
+    python -m rpcbus.benchmarks.soak --duration 5 --rate 500 --out soak-out   # a smoke run
 
 A paced caller on n2 calls an echo provider on n1 (so every call crosses the
 bus) at ``--rate`` calls/s. Each second it records: calls finished, errors by
@@ -23,9 +23,9 @@ import urllib.request
 from collections import Counter
 from typing import Any
 
-import clients
-from broker.logs import configure
-from cluster.local import LocalCluster
+import rpcbus
+from rpcbus.broker.logs import configure
+from rpcbus.broker.local import LocalCluster
 
 MAX_DURATION = 600.0
 
@@ -43,7 +43,7 @@ async def soak(duration: float, rate: float, out: str) -> dict[str, Any]:
     procs = {n.name: psutil.Process(n.pid) for n in cluster.nodes}
     samples: list[dict[str, Any]] = []
     try:
-        async with clients.connect(n1.url) as prov, clients.connect(n2.url) as caller:
+        async with rpcbus.connect(n1.url) as prov, rpcbus.connect(n2.url) as caller:
             await prov.provide("soak.echo", lambda d: d)
             await caller.call("soak.echo", 0, timeout=5)
             latencies: list[float] = []
@@ -55,7 +55,7 @@ async def soak(duration: float, rate: float, out: str) -> dict[str, Any]:
                 try:
                     await caller.call("soak.echo", i, timeout=5)
                     latencies.append(time.perf_counter() - t0)
-                except clients.RpcError as exc:
+                except rpcbus.RpcError as exc:
                     errors[exc.code] += 1
 
             loop = asyncio.get_running_loop()
@@ -142,7 +142,7 @@ def _summary(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m rpcbus.benchmarks.soak", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--rate", type=float, default=3000.0, help="calls per second")

@@ -1,6 +1,6 @@
 """Load-generator processes: a lean caller, an SDK provider, and a direct echo server.
 
-Each runs as ``python -m benchmarks.workers ROLE ...`` in its own process, so
+Each runs as ``python -m rpcbus.benchmarks.workers ROLE ...`` in its own process, so
 the load generator never competes with the node inside one interpreter. A
 caller prints one JSON line with its counts and latency sample at the end.
 
@@ -23,11 +23,11 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.asyncio.server import ServerConnection, serve
 
-import clients
-from broker.cli import use_uvloop
-from broker.logs import configure
-from clients import protocol as p
-from clients.transport import FrameIO
+import rpcbus
+from rpcbus.broker.cli import use_uvloop
+from rpcbus.broker.logs import configure
+from rpcbus import protocol as p
+from rpcbus.transport import FrameIO
 
 
 class _CallerWire(FrameIO, ClientConnection):
@@ -140,7 +140,7 @@ async def run_provider(args: argparse.Namespace) -> None:
             os.write(fd, json.dumps(data).encode() + b"\n")
             return data
 
-    async with clients.connect(args.url.split(","), name="bench-provider",
+    async with rpcbus.connect(args.url.split(","), name="bench-provider",
                                ping_interval=None) as c:
         for name in args.rpc.split(","):
             await c.provide(name, handler)
@@ -175,7 +175,7 @@ async def run_echo(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.workers")
+    ap = argparse.ArgumentParser(prog="python -m rpcbus.benchmarks.workers")
     ap.add_argument("role", choices=["caller", "provider", "echo"])
     ap.add_argument("--url", default="")
     ap.add_argument("--rpc", default="bench.echo", help="rpc name(s), comma-separated")

@@ -1,5 +1,5 @@
-"""``python -m broker`` is the ``rpcbus`` command."""
+"""``python -m rpcbus.broker`` is the ``rpcbus`` command."""
 
-from .cli import main
+from . import run
 
-main()
+run()

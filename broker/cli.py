@@ -1,5 +1,7 @@
-"""The ``rpcbus`` command: ``node``, ``call``, ``demo``, ``cluster up``, ``status``, and the
-secrets helpers ``hash-password``, ``new-token``, ``new-key``."""
+"""The ``rpcbus`` command: ``node``, ``call``, ``demo``, ``cluster up``, ``status``,
+``config --defaults``, and the secrets helpers ``hash-password``, ``new-token``,
+``new-key``; ``analyze``, ``history-gen`` and ``bench`` come from higher layers (entry
+points, see ``_Main``)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,55 @@ import sys
 import time
 from typing import Any
 
+from importlib.metadata import EntryPoint, entry_points
+
 import click
+
+from rpcbus import __version__
 
 from . import config as config_mod
 from . import logs
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+COMMANDS = "rpcbus.commands"  # entry points: commands of higher layers (analyze, bench)
+
+
+class _Main(click.Group):
+    """The node's commands, and those other layers register as ``rpcbus.commands`` entry
+    points, loaded only when used (so this layer never imports them). One whose extra is
+    not installed says which to install, in one line."""
+
+    def _plugins(self) -> dict[str, EntryPoint]:
+        return {ep.name: ep for ep in entry_points(group=COMMANDS)}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self._plugins()})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is not None:
+            return command
+        ep = self._plugins().get(name)
+        if ep is None:
+            return None
+        try:
+            loaded = ep.load()
+        except ImportError as exc:
+            extra = f"rpcbus[{','.join(ep.extras)}]" if ep.extras else "rpcbus"
+            message = f"rpcbus {name} needs {exc.name or exc}: pip install '{extra}'"
+
+            @click.command(name, context_settings={"ignore_unknown_options": True})
+            @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+            def missing(args: tuple[str, ...]) -> None:
+                raise click.ClickException(message)
+
+            return missing
+        return loaded if isinstance(loaded, click.Command) else None
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="rpcbus",
+                      message="%(prog)s %(version)s")
 def main() -> None:
     """rpcbus: a clustered RPC broker. Clients provide and call named RPCs through any node."""
 
@@ -40,7 +84,7 @@ def use_uvloop(wanted: bool) -> str:
 @click.option("--redis", "redis_url", default=None,
               help="Join the cluster on this Redis (redis://host:port/db).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              default=None, help="TOML file (see conf/rpcbus.toml).")
+              default=None, help="TOML file (every option: rpcbus config --defaults).")
 @click.option("--auth", "auth_mode", type=click.Choice(["users", "none"]), default=None,
               help="users: only [auth.users] may connect (the default); none: anyone may "
               "do anything (for a laptop; logged as a warning).")
@@ -90,8 +134,7 @@ def node(host: str | None, port: int | None, name: str | None, redis_url: str | 
 def call(rpc: str, data: str, url: str, timeout: float | None, user: str | None,
          password: str | None, token: str | None, ca_file: str | None) -> None:
     """Call RPC with DATA (JSON) once and print the answer as JSON (exit 1 on error)."""
-    import clients
-
+    import rpcbus
     try:
         payload = json.loads(data)
     except ValueError as exc:
@@ -100,14 +143,14 @@ def call(rpc: str, data: str, url: str, timeout: float | None, user: str | None,
         password = click.prompt("password", hide_input=True, err=True)
 
     async def run() -> Any:
-        async with clients.connect(url, user=user, password=password, token=token,
+        async with rpcbus.connect(url, user=user, password=password, token=token,
                                    ca_file=ca_file, reconnect=False) as c:
             return await c.call(rpc, payload, timeout=timeout)
 
     logs.configure("warning", "auto")
     try:
         result = asyncio.run(run())
-    except clients.RpcError as exc:
+    except rpcbus.RpcError as exc:
         click.echo(f"{exc.code}: {exc.message}", err=True)
         sys.exit(1)
     click.echo(json.dumps(result, default=repr))
@@ -138,7 +181,7 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None) -> None:
     """Run redis-server and N nodes until Ctrl-C or SIGTERM, then stop them all."""
     import threading
 
-    from cluster.local import LocalCluster
+    from rpcbus.broker.local import LocalCluster
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -174,8 +217,8 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None) -> None:
 def status(redis_url: str | None, namespace: str | None, listen: float,
            config_file: str | None, as_json: bool, watch: bool) -> None:
     """Show the live nodes and, per rpc name, which nodes provide it."""
-    from cluster.seal import Sealer
-    from cluster.status import collect, render
+    from rpcbus.cluster.seal import Sealer
+    from rpcbus.cluster.status import collect, render
 
     try:
         cfg = config_mod.load(config_file).cluster
@@ -214,46 +257,14 @@ def status(redis_url: str | None, namespace: str | None, listen: float,
         pass
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench(args: tuple[str, ...]) -> None:
-    """Load benchmark: rpcbus bench {local,cross,cluster} [options] (rpcbus bench --help)."""
-    from benchmarks.bench import main as bench_main
+@main.command("config")
+@click.option("--defaults", is_flag=True, required=True,
+              help="Print every option with its default and what it does (TOML).")
+def config_cmd(defaults: bool) -> None:
+    """Print the node's configuration file with every default (a starting point)."""
+    from importlib.resources import files
 
-    bench_main(list(args))
-
-
-@main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def analyze(args: tuple[str, ...]) -> None:
-    """PySpark job over the load history: rpcbus analyze --history DIR --out DIR (--help)."""
-    from cluster.analysis import main as analyze_main
-
-    analyze_main(list(args))
-
-
-@main.command("history-gen")
-@click.option("--out", required=True, help="Directory to write the history under.")
-@click.option("--nodes", default=3, show_default=True)
-@click.option("--providers", default=6, show_default=True)
-@click.option("--rpcs", default=4, show_default=True)
-@click.option("--hours", default=1.0, show_default=True, help="Time span.")
-@click.option("--window", default=10.0, show_default=True, help="Seconds per window.")
-@click.option("--rate", default=50.0, show_default=True, help="Mean calls/s per provider.")
-@click.option("--slow", multiple=True, help="A provider that answers ~10x slower (repeat).")
-@click.option("--failing", multiple=True, help="A provider that fails ~20% (repeat).")
-@click.option("--hog", multiple=True, help="A provider given twice its share (repeat).")
-@click.option("--seed", default=1, show_default=True)
-def history_gen(out: str, nodes: int, providers: int, rpcs: int, hours: float, window: float,
-                rate: float, slow: tuple[str, ...], failing: tuple[str, ...],
-                hog: tuple[str, ...], seed: int) -> None:
-    """Write a synthetic provider load history (providers are p1, p2, ...)."""
-    from cluster.historygen import generate
-
-    t0 = time.monotonic()
-    rows = generate(out, nodes=nodes, providers=providers, rpcs=rpcs, hours=hours,
-                    window=window, slow=slow, failing=failing, hogs=hog, seed=seed, rate=rate)
-    click.echo(f"{rows:,} rows under {out} in {time.monotonic() - t0:.1f} s")
+    click.echo((files("rpcbus.conf") / "rpcbus.toml").read_text(encoding="utf-8"), nl=False)
 
 
 @main.command("hash-password")
@@ -285,7 +296,7 @@ def new_token() -> None:
 @main.command("new-key")
 def new_key() -> None:
     """Print a new random cluster key for [cluster.keys]."""
-    from cluster.seal import new_key as make
+    from rpcbus.cluster.seal import new_key as make
 
     click.echo(make())
 

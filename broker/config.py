@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from rpcbus.cluster.settings import ClusterSection
+
 ENV_PREFIX = "RPCBUS_"
 
 
@@ -75,23 +77,6 @@ class ServerSection:
     tls_key: str = ""
     per_rpc_metrics: bool = True
     admin_token_sha256: str = ""    # "" = /metrics /stats /cluster /dashboard open to all
-
-
-@dataclass
-class ClusterSection:
-    redis_url: str = ""             # empty: a standalone node
-    namespace: str = "rpcbus"
-    heartbeat_interval: float = 1.0
-    heartbeat_misses: int = 3
-    provider_cache_ttl: float = 60.0
-    negative_ttl: float = 1.0
-    query_timeout: float = 0.25
-    prefer_local: bool = False
-    redis_tls_ca: str = ""
-    seal: str = "none"
-    key_id: str = ""
-    keys: dict = field(default_factory=dict)
-    max_skew: float = 30.0
 
 
 @dataclass
@@ -178,7 +163,8 @@ def _coerce(key: str, kind: type, value: Any) -> Any:
 
 
 def _field_types(section: Any) -> dict[str, type]:
-    hints = {"str": str, "int": int, "float": float, "bool": bool, "dict": dict}
+    hints = {"str": str, "int": int, "float": float, "bool": bool, "dict": dict,
+             "dict[str, Any]": dict}
     return {f.name: hints[f.type] for f in dataclasses.fields(section)}
 
 
@@ -249,7 +235,7 @@ def _validate(config: Config) -> None:
         raise ConfigError(str(exc)) from None
     cluster = config.cluster
     if cluster.seal != "none":
-        from cluster.seal import SealError, load_keys
+        from rpcbus.cluster.seal import SealError, load_keys
         try:
             load_keys(cluster.keys, cluster.key_id)
         except SealError as exc:

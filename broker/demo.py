@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-import clients
-from cluster.local import LocalCluster
+import rpcbus
+from rpcbus.broker.local import LocalCluster
 
 
 def _say(text: str) -> None:
@@ -22,16 +22,16 @@ async def run_demo(calls: int) -> int:
         _say(f"  node {node.name} serves {node.url}")
     ok = False
     try:
-        async with clients.connect(n1.url, name="adder@n1") as p1, \
-                clients.connect(n2.url, name="adder@n2") as p2, \
-                clients.connect(n2.url, name="greeter@n2") as p3, \
-                clients.connect(n3.url, name="caller@n3") as c3, \
-                clients.connect(n1.url, name="caller@n1") as c1:
+        async with rpcbus.connect(n1.url, name="adder@n1") as p1, \
+                rpcbus.connect(n2.url, name="adder@n2") as p2, \
+                rpcbus.connect(n2.url, name="greeter@n2") as p3, \
+                rpcbus.connect(n3.url, name="caller@n3") as c3, \
+                rpcbus.connect(n1.url, name="caller@n1") as c1:
 
             def adder(where: str):
                 return lambda data: {"sum": data["a"] + data["b"], "served_by": where}
 
-            async def greet(data: dict, ctx: clients.CallContext) -> str:
+            async def greet(data: dict, ctx: rpcbus.CallContext) -> str:
                 await asyncio.sleep(0.01)  # an awaiting handler: ACCEPT travels first
                 return f"hello {data['name']}, you are {ctx.caller}"
 
@@ -47,7 +47,7 @@ async def run_demo(calls: int) -> int:
             _say("  caller@n1 -> " + await c1.call("demo.greet", {"name": "newcomer"}, timeout=5))
             try:
                 await c3.call("nobody.provides.this", timeout=5)
-            except clients.RpcError as exc:
+            except rpcbus.RpcError as exc:
                 _say(f"  an rpc nobody provides fails cleanly: {exc.code}")
             t0 = time.perf_counter()
             results = await asyncio.gather(*(c3.call("math.add", {"a": i, "b": 1}, timeout=30)

@@ -35,9 +35,9 @@ import structlog
 from websockets.asyncio.server import serve
 from websockets.frames import CloseCode
 
-from clients import errors
-from clients.protocol import ERROR
-from cluster.history import SCAN_INTERVAL
+from rpcbus import errors
+from rpcbus.protocol import ERROR
+from rpcbus.broker.history import SCAN_INTERVAL
 
 from .auth import token_digest
 from .config import Config, ConfigError
@@ -134,13 +134,13 @@ class Node:
         self.url = f"{'wss' if tls else 'ws'}://{host}:{self.port}"
         bus = None
         if cfg.cluster.redis_url:
-            from cluster.link import ClusterLink
+            from rpcbus.cluster.link import ClusterLink
             self.link = ClusterLink(self.router, cfg.cluster, self.name, self.url,
                                     self._heartbeat_info)
             bus = asyncio.create_task(self.link.run(), name="rpcbus-bus")
             bus.add_done_callback(self._bus_ended)
         if cfg.history.dir:
-            from cluster.history import History, HistoryWriter
+            from rpcbus.broker.history import History, HistoryWriter
 
             self.history = History(self.name, cfg.history.window,
                                    HistoryWriter(cfg.history.dir, self.name,

@@ -38,7 +38,7 @@ class NodeProcess:
 
     def start(self, timeout: float = 30.0) -> "NodeProcess":
         self.proc = subprocess.Popen(
-            [*self.wrapper, sys.executable, "-m", "broker", "node", *self.args],
+            [*self.wrapper, sys.executable, "-m", "rpcbus.broker", "node", *self.args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             env=self.env)
         threading.Thread(target=self._read, daemon=True, name="node-log-reader").start()

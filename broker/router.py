@@ -52,12 +52,14 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from clients import errors
-from clients.deadlines import Deadlines
-from clients.protocol import (
+from rpcbus import errors
+from rpcbus.deadlines import Deadlines
+from rpcbus.protocol import (
     ACCEPT,
+    ACK_CHECK,
     CANCEL,
     DEFAULT_MAX_NAME,
     ERROR,
@@ -67,21 +69,36 @@ from clients.protocol import (
     valid_name,
 )
 
+from rpcbus.schema import Outcome
+
 from .rpcstats import OTHER, SAMPLE, RpcStatsTable
+
+if TYPE_CHECKING:
+    from .history import Row
 
 HISTORY_SAMPLE = 16  # the load history measures latency and sizes of 1 attempt in 16
 _HISTORY_MASK = HISTORY_SAMPLE - 1
 
 
 class Peer(Protocol):
+    """A client session, another node (as a provider) or another node's INVOKE (as a
+    caller): everything the router reads or keeps on one."""
+
     closed: bool
-    label: str
+    label: str              # how providers see it as a caller (and logs name it)
     user_name: str | None   # the caller's authenticated user, passed on to providers
-    inflight: int
-    provides: set[str]
-    is_node: bool
+    inflight: int           # its calls in flight as a caller (kept here)
+    provides: AbstractSet[str]  # names it provides (a provider's own set, kept here)
+    is_node: bool           # another node (or its INVOKE), not a client
+    provider_name: str      # how the load history names it as a provider
+    origin: str             # the node a call came from (INVOKEs; "" for clients)
+    hrows: dict[Any, Row]   # its load-history rows (providers on this node; history.py)
 
     def send(self, msg: list[Any]) -> None: ...
+
+
+class Provider(Peer, Protocol):
+    provides: set[str]
 
 
 class ClusterView(Protocol):
@@ -132,7 +149,6 @@ class Call:
         # node was asked whether it started the attempt; 0.0: not) are set by each dispatch.
 
 
-ACK_CHECK = -27  # router -> node peer only: "did you start this attempt?" (never on a wire)
 
 
 class RouterStats:
@@ -232,7 +248,7 @@ class Router:
 
     # -- providers -----------------------------------------------------------------
 
-    def provide(self, peer: Peer, names: list[str]) -> None:
+    def provide(self, peer: Provider, names: list[str]) -> None:
         """Add ``peer`` as a provider of each name (idempotent)."""
         self._provider_peers.add(peer)
         for name in names:
@@ -243,7 +259,7 @@ class Router:
                     self.count_changed(name, self.advertised(name))
             peer.provides.add(name)
 
-    def unprovide(self, peer: Peer, names: list[str]) -> None:
+    def unprovide(self, peer: Provider, names: list[str]) -> None:
         """Stop choosing ``peer`` for these names; its calls in flight go on."""
         for name in names:
             peers = self._providers.get(name)
@@ -274,7 +290,7 @@ class Router:
         for call in [c for c in self._calls.values() if c.provider is peer]:
             self._end_attempt(call)
             if call.hrow is not None:
-                self._history_end(call, 2)  # errors: the provider left
+                self._history_end(call, Outcome.ERRORS)  # errors: the provider left
             if call.accepted or call.acked:
                 self.stats.provider_gone += 1
                 self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
@@ -404,7 +420,7 @@ class Router:
             return
         self._end_attempt(call)
         if call.hrow is not None:
-            self._history_end(call, 2)  # errors
+            self._history_end(call, Outcome.ERRORS)  # errors
         self.stats.provider_errors += 1
         self._conclude(call, [ERROR, call.cid, code, message[:MAX_ERROR_MESSAGE]])
 
@@ -416,7 +432,7 @@ class Router:
             return
         self._end_attempt(call)
         if call.hrow is not None:
-            self._history_end(call, 1)
+            self._history_end(call, Outcome.REJECTED)
         self._conclude(call, [ERROR, call.cid, code, message])
 
     def reject(self, peer: Peer, attempt: int, now: float) -> None:
@@ -427,7 +443,7 @@ class Router:
         self.stats.rejects += 1
         self._end_attempt(call)
         if call.hrow is not None:
-            self._history_end(call, 1)  # rejected
+            self._history_end(call, Outcome.REJECTED)  # rejected
         self._retry(call, now)
 
     def cancel_from(self, caller: Peer, cid: int) -> None:
@@ -436,7 +452,7 @@ class Router:
             if call.caller is caller and call.cid == cid:
                 self._end_attempt(call)
                 if call.hrow is not None:
-                    self._history_end(call, 4)  # the origin's deadline passed
+                    self._history_end(call, Outcome.RESPONSE_TIMEOUTS)  # the origin's deadline passed
                 self.stats.cancelled += 1
                 if call.provider is not None and not call.provider.closed:
                     call.provider.send([CANCEL, call.id])
@@ -481,7 +497,8 @@ class Router:
                 msg = None
             del calls[attempt]
             if call.hrow is not None:
-                self._history_end(call, 4 if msg is not None else 3)  # response / ack timeout
+                self._history_end(
+                    call, Outcome.RESPONSE_TIMEOUTS if msg is not None else Outcome.ACK_TIMEOUTS)  # response / ack timeout
             provider = call.provider
             if provider is not None and not provider.closed:
                 provider.send([CANCEL, attempt])
@@ -646,7 +663,7 @@ class Router:
             call.tried.add(call.provider)
         self._route(call, now, discover=False)
 
-    def _history_end(self, call: Call, outcome: int) -> None:
+    def _history_end(self, call: Call, outcome: Outcome) -> None:
         """History.end, inlined (hot): the attempt's outcome goes into its row."""
         row, call.hrow = call.hrow, None
         row.outcomes[outcome] += 1

@@ -11,17 +11,9 @@ names (a client calling random names, say) the rest are counted under
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from rpcbus.schema import BOUNDS, bucket_of
 
-#: Latency bucket upper bounds in seconds (Prometheus ``le``); the last bucket is +Inf.
-BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-          0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SAMPLE = 8          # latency observed for 1 call in SAMPLE (a power of two)
-
-
-def bucket_of(seconds: float) -> int:
-    """The histogram bucket of a latency (the load history uses the same buckets)."""
-    return bisect_left(BOUNDS, seconds)
 
 MAX_NAMES = 1000
 OTHER = "_other"

@@ -30,8 +30,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.frames import CloseCode
 from websockets.protocol import OPEN
 
-from clients import errors
-from clients.protocol import (
+from rpcbus import errors
+from rpcbus.protocol import (
     ACCEPT,
     AUTH,
     AUTH_FAIL,
@@ -52,7 +52,7 @@ from clients.protocol import (
     is_id,
     valid_name,
 )
-from clients.transport import FrameIO
+from rpcbus.transport import FrameIO
 
 from .gate import BUSY
 
@@ -76,7 +76,8 @@ class Session(FrameIO, ServerConnection):
         self.label = self.sid            # how providers see this client as a caller
         self.user_name: str | None = None  # the authenticated user (auth mode users)
         self.provider_name = self.sid    # how load history names it as a provider
-        self.hrows: dict[Any, Any] = {}  # its load-history rows (cluster/history.py)
+        self.hrows: dict[Any, Any] = {}  # its load-history rows (history.py)
+        self.origin = ""                 # its calls start on this node
         self.closed = False
         self.authenticated = False
         self.inflight = 0

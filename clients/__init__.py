@@ -1,11 +1,15 @@
 """rpcbus Python SDK: ``connect`` to a node, ``provide`` RPCs, ``call`` them.
 
-    import clients
-
-    async with clients.connect("ws://127.0.0.1:6020") as c:
+    import rpcbus
+    async with rpcbus.connect("ws://127.0.0.1:6020") as c:
         await c.provide("math.add", lambda d: d["a"] + d["b"])
         print(await c.call("math.add", {"a": 1, "b": 2}, timeout=5.0))
+
+The node is ``rpcbus.broker``, its Redis side ``rpcbus.cluster``, the offline analytics
+``rpcbus.analytics``; importing this package imports none of them (docs/architecture.md).
 """
+
+__version__ = "0.2.0"  # the one place: setup.cfg and ``rpcbus --version`` read it
 
 from .client import CallContext, Client, connect
 from .errors import (
@@ -30,7 +34,7 @@ from .errors import (
 )
 
 __all__ = [
-    "BusyError", "CODES", "CallContext", "Client", "ClusterUnavailableError",
+    "__version__", "BusyError", "CODES", "CallContext", "Client", "ClusterUnavailableError",
     "ConnectionLostError", "InvalidMessageError", "LimitExceededError", "NoProviderError",
     "NotAuthenticatedError", "PayloadTooLargeError", "PermissionDeniedError", "ProviderError",
     "ProviderGoneError", "RateLimitedError", "Reject", "ResponseTimeoutError", "RpcError",

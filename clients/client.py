@@ -640,7 +640,7 @@ class _Connector:
 def connect(urls: str | Sequence[str], **options: Any) -> _Connector:
     """Connect to the first reachable node of ``urls`` (``ws://host:port``, one or a list).
 
-    ``async with clients.connect(url) as c: ...`` or ``c = await clients.connect(url)``.
+    ``async with rpcbus.connect(url) as c: ...`` or ``c = await rpcbus.connect(url)``.
     See ``Client`` for the options (``reconnect``, ``on_state``, ``name``, ...).
     Raises ConnectionLostError when no node can be reached, and a node's
     AUTH_FAIL as an RpcError.

@@ -50,6 +50,10 @@ CANCEL = 21
 PING = 30
 PONG = 31
 
+# Node-internal, never on a wire: the router asks a peer that stands for another node
+# whether it started an attempt (rpcbus.cluster.peers turns it into a bus CHECK).
+ACK_CHECK = -27
+
 KIND_NAMES = {
     AUTH: "AUTH",
     AUTH_OK: "AUTH_OK",

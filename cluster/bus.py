@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable
 import structlog
 from redis.exceptions import RedisError
 
-from clients.backoff import Backoff
+from rpcbus.backoff import Backoff
 
 from . import redisconn
 from .messages import BadBatch, Batch, decode_batch, encode_batch

@@ -33,22 +33,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
-from broker.config import ClusterSection
-from clients import errors
+from rpcbus import errors
 
 from . import messages as m
 from .bus import Bus
 from .membership import Membership
 from .peers import RecentIds, RemoteCaller, RemoteNode
 from .providers import ProviderCache
+from .routing import Routing
 from .seal import Sealer
-
-if TYPE_CHECKING:
-    from broker.router import Router
+from .settings import ClusterSection
 
 log = structlog.get_logger(module="rpcbus.cluster")
 
@@ -56,7 +54,7 @@ log = structlog.get_logger(module="rpcbus.cluster")
 class ClusterLink:
     """See the module docstring. ``run()`` serves the bus until cancelled."""
 
-    def __init__(self, router: "Router", config: ClusterSection, me: str, url: str,
+    def __init__(self, router: Routing, config: ClusterSection, me: str, url: str,
                  info: Any) -> None:
         self.router = router
         self.config = config

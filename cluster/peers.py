@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.router import ACK_CHECK
-from clients import errors
-from clients.protocol import ACCEPT, CANCEL as C_CANCEL, ERROR as C_ERROR, REQUEST, RESPONSE as C_RESPONSE
+from rpcbus import errors
+from rpcbus.protocol import ACCEPT, ACK_CHECK, CANCEL as C_CANCEL, ERROR as C_ERROR, REQUEST, RESPONSE as C_RESPONSE
 
 from . import messages as m
 from .bus import Bus
@@ -29,10 +28,12 @@ class RemoteNode:
 
     is_node = True
     user_name = None   # a node is never a caller here (INVOKEs stand for callers)
+    origin = ""        # nor the origin of a call
+    hrows: dict[Any, Any] = {}  # never added to: the load history is of clients only
 
     def __init__(self, link: "ClusterLink", name: str, incarnation: int) -> None:
         self.link = link
-        self.name = self.label = name
+        self.name = self.label = self.provider_name = name
         self.incarnation = incarnation   # the process this object stands for
         self.topic = Bus.topic_of(name, link.config.namespace)
         self.closed = False              # declared dead, or replaced by a new incarnation
@@ -62,7 +63,9 @@ class RemoteCaller:
 
     is_node = True
     closed = False  # publishing to a node that left is harmless
-    provides: set[str] = set()
+    provides: frozenset[str] = frozenset()  # a caller, never a provider
+    provider_name = ""
+    hrows: dict[Any, Any] = {}  # never added to: a caller, never a provider
 
     __slots__ = ("link", "node", "origin", "id", "label", "user_name", "inflight", "invoke",
                  "late_at", "deadline")

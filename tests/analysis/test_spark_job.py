@@ -11,10 +11,10 @@ from collections import defaultdict
 
 import pytest
 
-from broker.rpcstats import BOUNDS
-from broker.weights import load as load_weights
-from cluster import analysis, findings
-from cluster.historygen import generate
+from rpcbus.broker.rpcstats import BOUNDS
+from rpcbus.broker.weights import load as load_weights
+from rpcbus.analytics import analysis, findings
+from rpcbus.analytics.historygen import generate
 
 COUNTS = analysis.COUNTS
 HALF_LIFE = 1800.0
@@ -257,32 +257,31 @@ def test_the_weights_file_loads_in_a_node_and_the_report_says_what_was_found(job
 
 
 def test_the_same_job_runs_under_spark_submit_as_docs_history_md_says(tmp_path):
-    """The documented cluster recipe, with a local master: the packages in a zip given to
-    --py-files, cluster/analysis.py as the application, the master left to spark-submit.
-    (This venv also has the package installed, so it does not prove the zip alone would
-    do; it proves the job runs as a spark-submit application.)"""
+    """The documented cluster recipe, with a local master: ``rpcbus analyze-bundle`` zips
+    the SDK core and the analytics (no node) for --py-files and prints the application
+    file; the master is left to spark-submit. The zip holds no node module. (This venv
+    also has the package installed, so it does not prove the zip alone would do; it
+    proves the job runs as a spark-submit application.)"""
     import os
     import subprocess
     import sys
     import zipfile
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     bundle = tmp_path / "rpcbus.zip"
-    with zipfile.ZipFile(bundle, "w") as z:
-        for package in ("broker", "cluster", "clients"):
-            for folder, _, files in os.walk(os.path.join(root, package)):
-                for f in files:
-                    if f.endswith(".py"):
-                        full = os.path.join(folder, f)
-                        z.write(full, os.path.relpath(full, root))
+    bin_dir = os.path.dirname(sys.executable)
+    made = subprocess.run([os.path.join(bin_dir, "rpcbus"), "analyze-bundle", str(bundle)],
+                          capture_output=True, text=True, check=True)
+    app = made.stdout.split()[3]                       # spark-submit --py-files ZIP APP ...
+    names = zipfile.ZipFile(bundle).namelist()
+    assert "rpcbus/schema.py" in names and "rpcbus/analytics/analysis.py" in names
+    assert not [n for n in names if n.startswith(("rpcbus/broker", "rpcbus/cluster"))]
     history, out = tmp_path / "history", tmp_path / "out"
     generate(str(history), nodes=2, providers=3, rpcs=2, hours=0.25, seed=3)
-    bin_dir = os.path.dirname(sys.executable)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": ""}
     proc = subprocess.run(
         [os.path.join(bin_dir, "spark-submit"), "--master", "local[1]", "--py-files",
-         str(bundle), os.path.join(root, "cluster", "analysis.py"), "--history", str(history),
+         str(bundle), app, "--history", str(history),
          "--out", str(out), "--no-report"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

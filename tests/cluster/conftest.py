@@ -5,7 +5,7 @@ import urllib.request
 
 import pytest
 
-from cluster.local import LocalCluster
+from rpcbus.broker.local import LocalCluster
 
 # Heartbeats every 0.25 s (dead after 3 misses = 0.75 s) and a 0.5 s ack timeout keep
 # failover tests short but leave room for a busy 2-core machine running 3 nodes, Redis

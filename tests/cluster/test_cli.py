@@ -8,11 +8,9 @@ import signal
 import subprocess
 import sys
 
-import clients
-
-
+import rpcbus
 async def test_cluster_up_status_and_a_clean_stop():
-    up = subprocess.Popen([sys.executable, "-m", "broker", "cluster", "up", "--nodes", "2",
+    up = subprocess.Popen([sys.executable, "-m", "rpcbus.broker", "cluster", "up", "--nodes", "2",
                            "--base-port", "0"], stdout=subprocess.PIPE, text=True)
     lines = []
     try:
@@ -25,23 +23,23 @@ async def test_cluster_up_status_and_a_clean_stop():
         pids = [int(p) for p in re.findall(r"pid (\d+)", text)]
         redis_url = re.search(r"redis://\S+", text).group(0)
         assert len(urls) == 2 and len(pids) == 2
-        async with clients.connect(urls[0]) as prov:
+        async with rpcbus.connect(urls[0]) as prov:
             await prov.provide("billing.charge", lambda d: d)
             status = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "broker", "status", "--redis", redis_url,
+                subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--redis", redis_url,
                                  "--listen", "2.5"], capture_output=True, text=True, timeout=30)
             assert status.returncode == 0, status.stderr
             assert re.search(r"^n1\s+ready\s+ws://", status.stdout, re.M), status.stdout
             assert re.search(r"^n2\s+ready\s+ws://", status.stdout, re.M), status.stdout
             assert re.search(r"^billing\.charge\s+n1: 1$", status.stdout, re.M), status.stdout
             as_json = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "broker", "status", "--redis", redis_url,
+                subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--redis", redis_url,
                                  "--listen", "1.5", "--json"], capture_output=True, text=True,
                 timeout=30)
             nodes = json.loads(as_json.stdout)
             assert nodes["n1"]["providers"] == {"billing.charge": 1}
             assert nodes["n2"]["state"] == "ready" and nodes["n2"]["url"] == urls[1]
-            watch = subprocess.Popen([sys.executable, "-m", "broker", "status", "--redis",
+            watch = subprocess.Popen([sys.executable, "-m", "rpcbus.broker", "status", "--redis",
                                       redis_url, "--listen", "1.2", "--watch", "--json"],
                                      stdout=subprocess.PIPE, text=True)
             try:

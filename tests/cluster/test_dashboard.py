@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 
-import clients
-from cluster.local import free_port
+import rpcbus
+from rpcbus.broker.local import free_port
 
 
 class Browser:
@@ -104,7 +104,7 @@ def rpc_row(rpc):
 async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser):
     c = make_cluster(nodes=2)
     n1, n2 = c.nodes
-    async with clients.connect(n2.url) as p2, clients.connect(n1.url) as caller:
+    async with rpcbus.connect(n2.url) as p2, rpcbus.connect(n1.url) as caller:
         await p2.provide("dash.before", lambda d: d)
         await browser.send("Page.navigate", url=n1.url.replace("ws://", "http://") + "/dashboard")
         rows = await browser.wait_for(f"(() => {{ const rows = {ROWS};"
@@ -116,7 +116,7 @@ async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser)
         assert header == ["rpc", "n1", "n2"]
         assert await browser.wait_for(rpc_row("dash.before")) == ["dash.before", "", "1"]
 
-        async with clients.connect(n1.url) as p1:         # a provider joins, on n1
+        async with rpcbus.connect(n1.url) as p1:         # a provider joins, on n1
             await p1.provide("dash.joined", lambda d: d)
             assert await browser.wait_for(rpc_row("dash.joined")) == ["dash.joined", "1", ""]
 

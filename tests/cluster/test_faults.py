@@ -7,8 +7,8 @@ import asyncio
 import signal
 import time
 
-import clients
-from clients.errors import CODES
+import rpcbus
+from rpcbus.errors import CODES
 
 
 async def steady_load(caller, rpc, stop, concurrency=100, timeout=3.0):
@@ -22,7 +22,7 @@ async def steady_load(caller, rpc, stop, concurrency=100, timeout=3.0):
             t0 = time.monotonic()
             try:
                 result = await caller.call(rpc, [w, i], timeout=timeout)
-            except clients.RpcError as exc:
+            except rpcbus.RpcError as exc:
                 result = exc.code
             ledger.append((t0, time.monotonic(), result, [w, i]))
 
@@ -40,8 +40,8 @@ def check_ledger(ledger, timeout, grace=1.0):
 async def test_sigkill_of_a_node_under_load(make_cluster):
     c = make_cluster(nodes=3)
     n1, n2, n3 = c.nodes
-    async with clients.connect(n1.url) as p1, clients.connect(n2.url) as p2, \
-            clients.connect(n3.url) as caller:
+    async with rpcbus.connect(n1.url) as p1, rpcbus.connect(n2.url) as p2, \
+            rpcbus.connect(n3.url) as caller:
         await p1.provide("echo", lambda d: d)
         await p2.provide("echo", lambda d: d)
         stop = asyncio.Event()
@@ -70,8 +70,8 @@ async def test_sigterm_drains_and_loses_no_call(make_cluster):
         await asyncio.sleep(0.3)
         return d
 
-    async with clients.connect(n1.url) as p1, clients.connect(n2.url) as p2, \
-            clients.connect(n2.url) as caller:
+    async with rpcbus.connect(n1.url) as p1, rpcbus.connect(n2.url) as p2, \
+            rpcbus.connect(n2.url) as caller:
         await p1.provide("slow", slow)
         calls = [asyncio.create_task(caller.call("slow", i, timeout=10)) for i in range(50)]
         await started.wait()
@@ -87,8 +87,8 @@ async def test_sigterm_drains_and_loses_no_call(make_cluster):
 async def test_redis_down_local_calls_work_cross_node_calls_fail_fast(make_cluster):
     c = make_cluster(nodes=2)
     n1, n2 = c.nodes
-    async with clients.connect(n1.url) as local_prov, clients.connect(n2.url) as remote_prov, \
-            clients.connect(n1.url) as caller:
+    async with rpcbus.connect(n1.url) as local_prov, rpcbus.connect(n2.url) as remote_prov, \
+            rpcbus.connect(n1.url) as caller:
         await local_prov.provide("here", lambda d: d)
         await remote_prov.provide("there", lambda d: d)
         assert await caller.call("there", 1, timeout=5) == 1
@@ -100,7 +100,7 @@ async def test_redis_down_local_calls_work_cross_node_calls_fail_fast(make_clust
             try:
                 await caller.call("there", i, timeout=5)
                 raise AssertionError("a cross-node call succeeded with Redis down")
-            except clients.ClusterUnavailableError:
+            except rpcbus.ClusterUnavailableError:
                 assert time.monotonic() - t0 < 0.5                     # fast, not the timeout
         c.redis.start()                                                 # same port
         async with asyncio.timeout(15):                                 # backoff is at most 5 s
@@ -108,6 +108,6 @@ async def test_redis_down_local_calls_work_cross_node_calls_fail_fast(make_clust
                 try:
                     if await caller.call("there", 7, timeout=5) == 7:
                         break
-                except clients.RpcError:
+                except rpcbus.RpcError:
                     await asyncio.sleep(0.1)
         assert await caller.call("here", 8, timeout=5) == 8

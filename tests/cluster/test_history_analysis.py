@@ -11,8 +11,7 @@ from collections import Counter
 
 import pytest
 
-import clients
-
+import rpcbus
 CALLS = 600
 SLOW_S = 0.3     # the slow provider's handler; the others answer at once
 
@@ -33,10 +32,10 @@ async def load(c, counted):
         await asyncio.sleep(SLOW_S)
         return data
 
-    async with clients.connect(n1.url, name="fast-1") as f1, \
-            clients.connect(n2.url, name="fast-2") as f2, \
-            clients.connect(n2.url, name="slow-1") as s1, \
-            clients.connect(n1.url) as c1, clients.connect(n2.url) as c2:
+    async with rpcbus.connect(n1.url, name="fast-1") as f1, \
+            rpcbus.connect(n2.url, name="fast-2") as f2, \
+            rpcbus.connect(n2.url, name="slow-1") as s1, \
+            rpcbus.connect(n1.url) as c1, rpcbus.connect(n2.url) as c2:
         await f1.provide("e2e.work", fast("fast-1"))
         await f2.provide("e2e.work", fast("fast-2"))
         await s1.provide("e2e.work", slow)
@@ -55,7 +54,7 @@ async def load(c, counted):
 
 def analyze(history, out):
     proc = subprocess.run(
-        [sys.executable, "-m", "broker", "analyze", "--history", str(history),
+        [sys.executable, "-m", "rpcbus.broker", "analyze", "--history", str(history),
          "--out", str(out), "--master", "local[2]"],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -12,10 +12,10 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-import clients
-from broker.auth import hash_password, token_digest
-from clients import protocol as p
-from cluster.seal import new_key
+import rpcbus
+from rpcbus.broker.auth import hash_password, token_digest
+from rpcbus import protocol as p
+from rpcbus.cluster.seal import new_key
 from tests.integration.raw import RawPeer
 from tests.integration.test_operations import get
 
@@ -61,9 +61,9 @@ class Healthy:
 
     async def __aenter__(self):
         n1, n2 = self.c.nodes
-        self.prov = await clients.connect(n2.url, token=TOKENS["worker"])
+        self.prov = await rpcbus.connect(n2.url, token=TOKENS["worker"])
         await self.prov.provide("echo", lambda d: d)
-        self.caller = await clients.connect(n1.url, token=TOKENS["caller"])
+        self.caller = await rpcbus.connect(n1.url, token=TOKENS["caller"])
         self.task = asyncio.create_task(self._keep_calling())
         await self.more(5)
         return self
@@ -115,12 +115,12 @@ async def test_data_nested_too_deeply_for_the_bus_is_refused_to_its_sender(guard
         # a provider on n2 answering a call from n1 with such data
         rogue = await RawPeer.open(n2.url, token=TOKENS["worker"])
         await rogue.provide("pub.deep")
-        async with clients.connect(n1.url, token=TOKENS["caller"]) as caller:
+        async with rpcbus.connect(n1.url, token=TOKENS["caller"]) as caller:
             call = asyncio.create_task(caller.call("pub.deep", 1, timeout=5))
             req = await rogue.expect(p.REQUEST)
             await rogue.send_raw(b"\x93" + msgpack.packb(p.RESPONSE)
                                  + msgpack.packb(req[1]) + deep(1023))
-            with pytest.raises(clients.ProviderError, match="nested"):
+            with pytest.raises(rpcbus.ProviderError, match="nested"):
                 await asyncio.wait_for(call, 2.0)
         assert stats(n2)["cluster"]["bus"]["unencodable"] >= 1
         await healthy.check()
@@ -139,8 +139,8 @@ async def test_junk_names_neither_reach_the_globs_nor_blow_up_metrics(guarded):
         await mallory.send(*junk)                     # valid names nobody provides
         codes = [(await mallory.expect(p.ERROR))[2] for _ in junk]
         assert set(codes) == {"NO_PROVIDER"}
-        async with clients.connect(n2.url, token=TOKENS["worker"]) as prov, \
-                clients.connect(n1.url, token=TOKENS["caller"]) as caller:
+        async with rpcbus.connect(n2.url, token=TOKENS["worker"]) as prov, \
+                rpcbus.connect(n1.url, token=TOKENS["caller"]) as caller:
             await prov.provide("pub.real", lambda d: d)
             assert await caller.call("pub.real", 1, timeout=5) == 1
         status, text = get(n1, "/metrics")
@@ -231,9 +231,9 @@ async def test_replayed_batches_never_reach_a_restarted_node(guarded):
 
     try:
         n1, n2 = c.nodes
-        async with clients.connect(n2.url, token=TOKENS["worker"]) as prov:
+        async with rpcbus.connect(n2.url, token=TOKENS["worker"]) as prov:
             await prov.provide("transfer", transfer)
-            async with clients.connect(n1.url, token=TOKENS["caller"]) as caller:
+            async with rpcbus.connect(n1.url, token=TOKENS["caller"]) as caller:
                 assert await caller.call("transfer", "first", timeout=5) == "receipt of first"
             await asyncio.sleep(0.2)                 # the last batches reach the listener
             to_n2 = [b for ch, b in captured if ch == "rpcbus:node:n2"]
@@ -248,7 +248,7 @@ async def test_replayed_batches_never_reach_a_restarted_node(guarded):
                     await asyncio.sleep(0.05)
             assert runs == ["first"]
             n1 = await asyncio.to_thread(c.restart, 0)       # the origin
-            async with clients.connect(n1.url, token=TOKENS["caller"]) as caller:
+            async with rpcbus.connect(n1.url, token=TOKENS["caller"]) as caller:
                 call = asyncio.create_task(caller.call("transfer", "second", timeout=8))
                 async with asyncio.timeout(5):
                     while "second" not in runs:
@@ -288,7 +288,7 @@ async def test_a_login_flood_does_not_lock_out_password_users(guarded):
         await asyncio.sleep(0.5)                     # the checks queue up
 
         async def login():
-            async with clients.connect(n1.url, user="pw", password="right") as client:
+            async with rpcbus.connect(n1.url, user="pw", password="right") as client:
                 return client.session["user"]
 
         async with asyncio.timeout(30):
@@ -309,9 +309,9 @@ async def test_a_client_cannot_pass_for_another_user(guarded, tmp_path):
         seen.append((ctx.user, ctx.caller))
         return d
 
-    async with clients.connect(n2.url, token=TOKENS["mallory"], name="worker") as fake, \
-            clients.connect(n2.url, token=TOKENS["worker"], name="worker") as real, \
-            clients.connect(n1.url, token=TOKENS["mallory"], name="admin") as caller:
+    async with rpcbus.connect(n2.url, token=TOKENS["mallory"], name="worker") as fake, \
+            rpcbus.connect(n2.url, token=TOKENS["worker"], name="worker") as real, \
+            rpcbus.connect(n1.url, token=TOKENS["mallory"], name="admin") as caller:
         await fake.provide("pub.who", who)
         await real.provide("pub.who", who)
         for i in range(40):

@@ -5,15 +5,14 @@ import asyncio
 import glob
 import json
 
-import clients
-
+import rpcbus
 from ..integration.test_operations import TRACE, get, samples
 
 
 async def test_trace_context_crosses_nodes_and_bus_traffic_is_counted(make_cluster):
     c = make_cluster(nodes=2)
     n1, n2 = c.nodes
-    async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+    async with rpcbus.connect(n2.url) as prov, rpcbus.connect(n1.url) as caller:
         await prov.provide("ops.trace", lambda d, ctx: [ctx.traceparent, d])
         assert await caller.call("ops.trace", 1, traceparent=TRACE, timeout=5) == [TRACE, 1]
         assert await caller.call("ops.trace", 2, timeout=5) == [None, 2]
@@ -47,7 +46,7 @@ async def test_a_node_started_while_redis_is_down_serves_local_calls_and_joins_l
     n1 = await asyncio.to_thread(c.restart, 0)       # waits for Redis a while, then serves
     assert n1.events("node_ready_without_bus")
     assert get(n1, "/readyz") == (503, "cluster bus (Redis) unreachable\n")
-    async with clients.connect(n1.url) as prov, clients.connect(n1.url) as caller:
+    async with rpcbus.connect(n1.url) as prov, rpcbus.connect(n1.url) as caller:
         await prov.provide("local", lambda d: d + 1)
         assert await caller.call("local", 1, timeout=5) == 2
         c.redis.start()
@@ -65,8 +64,8 @@ async def ready(node, timeout=10.0):
 async def test_history_names_the_routing_and_the_serving_node(make_cluster, tmp_path):
     c = make_cluster(nodes=2, RPCBUS_HISTORY_DIR=str(tmp_path), RPCBUS_HISTORY_WINDOW="0.5")
     n1, n2 = c.nodes
-    async with clients.connect(n2.url, name="far-worker") as prov, \
-            clients.connect(n1.url) as caller:
+    async with rpcbus.connect(n2.url, name="far-worker") as prov, \
+            rpcbus.connect(n1.url) as caller:
         await prov.provide("h.far", lambda d: d)
         assert await asyncio.gather(*(caller.call("h.far", i, timeout=5)
                                       for i in range(150))) == list(range(150))

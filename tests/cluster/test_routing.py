@@ -6,8 +6,8 @@ import signal
 from collections import Counter
 
 
-import clients
-from clients import protocol as p
+import rpcbus
+from rpcbus import protocol as p
 
 from ..integration.raw import RawPeer
 from .conftest import stats
@@ -19,8 +19,8 @@ def served_by(name):
 
 async def test_callers_on_every_node_reach_providers_on_every_other(cluster3):
     urls = [n.url for n in cluster3.nodes]
-    provs = [await clients.connect(u, name=f"prov-{i + 1}") for i, u in enumerate(urls)]
-    callers = [await clients.connect(u) for u in urls]
+    provs = [await rpcbus.connect(u, name=f"prov-{i + 1}") for i, u in enumerate(urls)]
+    callers = [await rpcbus.connect(u) for u in urls]
     try:
         for i, p in enumerate(provs):
             await p.provide(f"only.n{i + 1}", served_by(f"n{i + 1}"))
@@ -35,12 +35,12 @@ async def test_callers_on_every_node_reach_providers_on_every_other(cluster3):
 
 async def test_weighted_choice_follows_provider_counts(cluster3):
     n1, n2, n3 = cluster3.nodes
-    provs = [await clients.connect(n1.url) for _ in range(3)] + [await clients.connect(n2.url)]
+    provs = [await rpcbus.connect(n1.url) for _ in range(3)] + [await rpcbus.connect(n2.url)]
     try:
         for i, p in enumerate(provs):
             await p.provide("weighted", served_by("n1" if i < 3 else "n2"))
         for caller_node in (n3, n1):               # from a node without providers, and from A
-            async with clients.connect(caller_node.url) as c:
+            async with rpcbus.connect(caller_node.url) as c:
                 got = await asyncio.gather(*(c.call("weighted", i, timeout=30)
                                              for i in range(4000)))
                 share = Counter(g["served_by"] for g in got)["n1"] / 4000
@@ -54,8 +54,8 @@ async def test_weighted_choice_follows_provider_counts(cluster3):
 
 async def test_provide_and_unprovide_reach_other_nodes_before_the_ttl(cluster3):
     n1, n2, n3 = cluster3.nodes
-    async with clients.connect(n1.url) as p1, clients.connect(n3.url) as p3, \
-            clients.connect(n2.url) as c:
+    async with rpcbus.connect(n1.url) as p1, rpcbus.connect(n3.url) as p3, \
+            rpcbus.connect(n2.url) as c:
         await p1.provide("moving", served_by("n1"))
         assert (await c.call("moving", 0, timeout=5))["served_by"] == "n1"
         await p1.unprovide("moving")
@@ -65,24 +65,24 @@ async def test_provide_and_unprovide_reach_other_nodes_before_the_ttl(cluster3):
                 try:
                     if (await c.call("moving", 0, timeout=5))["served_by"] == "n3":
                         break
-                except clients.NoProviderError:
+                except rpcbus.NoProviderError:
                     pass
         await p3.unprovide("moving")
         async with asyncio.timeout(5):
             while True:
                 try:
                     await c.call("moving", 0, timeout=5)
-                except clients.NoProviderError:
+                except rpcbus.NoProviderError:
                     break
 
 
 async def test_a_burst_of_calls_to_an_unknown_name_makes_one_query(cluster3):
     n2 = cluster3.nodes[1]
     before = stats(n2)["cluster"]["queries_sent"]
-    async with clients.connect(n2.url) as c:
+    async with rpcbus.connect(n2.url) as c:
         got = await asyncio.gather(*(c.call("nobody.provides.this", i, timeout=5)
                                      for i in range(1000)), return_exceptions=True)
-    assert all(isinstance(g, clients.NoProviderError) for g in got)
+    assert all(isinstance(g, rpcbus.NoProviderError) for g in got)
     assert stats(n2)["cluster"]["queries_sent"] == before + 1
 
 
@@ -92,14 +92,14 @@ async def test_reject_and_silent_providers_fail_over_across_nodes(cluster3):
 
     def refuse(data):
         runs[("refuse", data)] += 1
-        raise clients.Reject()
+        raise rpcbus.Reject()
 
     def good(data):
         runs[("good", data)] += 1
         return data
 
-    async with clients.connect(n1.url) as a, clients.connect(n1.url) as b, \
-            clients.connect(n2.url) as g, clients.connect(n3.url) as c:
+    async with rpcbus.connect(n1.url) as a, rpcbus.connect(n1.url) as b, \
+            rpcbus.connect(n2.url) as g, rpcbus.connect(n3.url) as c:
         await a.provide("failover", refuse)
         await g.provide("failover", good)
         assert await asyncio.gather(*(c.call("failover", i, timeout=10)
@@ -112,7 +112,7 @@ async def test_reject_and_silent_providers_fail_over_across_nodes(cluster3):
     # each call, n1 has no other provider and REJECTs, and the origin tries n2.
     silent = await RawPeer.open(n1.url)
     await silent.provide("failover2")
-    async with clients.connect(n2.url) as g, clients.connect(n3.url) as c:
+    async with rpcbus.connect(n2.url) as g, rpcbus.connect(n3.url) as c:
         await g.provide("failover2", good)
         got = await asyncio.gather(*(c.call("failover2", 1000 + i, timeout=10)
                                      for i in range(50)))
@@ -136,8 +136,8 @@ async def test_a_paused_node_does_not_run_calls_the_cluster_gave_up_on(make_clus
             return where
         return handler
 
-    async with clients.connect(n1.url) as p1, clients.connect(n2.url) as p2, \
-            clients.connect(n3.url) as caller:
+    async with rpcbus.connect(n1.url) as p1, rpcbus.connect(n2.url) as p2, \
+            rpcbus.connect(n3.url) as caller:
         await p1.provide("once", counting("n1"))
         await p2.provide("once", counting("n2"))
         await caller.call("once", -1, timeout=5)     # discovery done: both nodes known

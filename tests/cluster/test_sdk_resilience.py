@@ -6,9 +6,7 @@ import signal
 
 import pytest
 
-import clients
-
-
+import rpcbus
 class States:
     """An ``on_state`` callback that tests can await."""
 
@@ -43,9 +41,9 @@ async def test_reconnect_to_another_node_provides_again_and_resends_idempotent_c
             await hold.wait()
         return d
 
-    async with clients.connect([n1.url, n2.url], on_state=states) as prov, \
-            clients.connect([n1.url, n2.url], on_state=caller_states) as caller, \
-            clients.connect(n2.url) as other:
+    async with rpcbus.connect([n1.url, n2.url], on_state=states) as prov, \
+            rpcbus.connect([n1.url, n2.url], on_state=caller_states) as caller, \
+            rpcbus.connect(n2.url) as other:
         assert prov.url == n1.url and caller.url == n1.url
         await prov.provide("work", work)
         plain = asyncio.create_task(caller.call("work", "held", timeout=20))
@@ -53,7 +51,7 @@ async def test_reconnect_to_another_node_provides_again_and_resends_idempotent_c
         async with asyncio.timeout(5):
             await both_held.wait()                       # both calls reached the handler
         n1.kill()                                        # both clients lose their node
-        with pytest.raises(clients.ConnectionLostError):
+        with pytest.raises(rpcbus.ConnectionLostError):
             await plain                                  # sent, not idempotent: fails at once
         for log in (states, caller_states):
             await log.reached("connected", "reconnecting", "connected")
@@ -76,8 +74,8 @@ async def test_a_node_shutting_down_sends_its_clients_elsewhere(make_cluster):
         return d
 
     prov_states, caller_states = States(), States()
-    async with clients.connect([n1.url, n2.url], on_state=prov_states) as prov, \
-            clients.connect([n1.url, n2.url], on_state=caller_states) as caller:
+    async with rpcbus.connect([n1.url, n2.url], on_state=prov_states) as prov, \
+            rpcbus.connect([n1.url, n2.url], on_state=caller_states) as caller:
         await prov.provide("slow", slow)
         in_flight = asyncio.create_task(caller.call("slow", "before", timeout=20))
         await started.wait()
@@ -101,8 +99,8 @@ async def test_a_call_refused_by_a_draining_node_is_sent_to_another_node(make_cl
         await release.wait()
         return d
 
-    async with clients.connect(n1.url) as p1, clients.connect(n2.url) as p2, \
-            clients.connect([n1.url, n2.url]) as caller:
+    async with rpcbus.connect(n1.url) as p1, rpcbus.connect(n2.url) as p2, \
+            rpcbus.connect([n1.url, n2.url]) as caller:
         await p1.provide("held", held)                   # keeps n1 draining
         await p2.provide("work", lambda d: d * 2)
         in_flight = asyncio.create_task(caller.call("held", "x", timeout=20))
@@ -130,8 +128,8 @@ async def test_a_call_that_waited_for_a_connection_goes_out_with_the_time_it_has
         seen.append(ctx.time_left)
         return d
 
-    async with clients.connect(n2.url) as prov, \
-            clients.connect(n1.url, on_state=states) as caller:
+    async with rpcbus.connect(n2.url) as prov, \
+            rpcbus.connect(n1.url, on_state=states) as caller:
         await prov.provide("work", work)
         n1.kill()                                        # the caller waits for its node
         await states.reached("connected", "reconnecting")

@@ -12,11 +12,11 @@ from collections import Counter
 import pytest
 import redis.asyncio as aioredis
 
-import clients
-from broker.process import NodeProcess
-from cluster import messages as m
-from cluster.local import LocalCluster, RedisSentinel, RedisServer
-from cluster.seal import Sealer, new_key
+import rpcbus
+from rpcbus.broker.process import NodeProcess
+from rpcbus.cluster import messages as m
+from rpcbus.broker.local import LocalCluster, RedisSentinel, RedisServer
+from rpcbus.cluster.seal import Sealer, new_key
 
 from .conftest import FAST, stats
 
@@ -50,7 +50,7 @@ async def test_redis_access_without_the_key_cannot_run_divert_or_fake_members(
     spy = forger.pubsub()
     await spy.subscribe("rpcbus:node:n2")                  # what n1 sends n2: INVOKEs
     try:
-        async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+        async with rpcbus.connect(n2.url) as prov, rpcbus.connect(n1.url) as caller:
             await prov.provide("work", work)
             assert await asyncio.gather(*(caller.call("work", i, timeout=5)
                                           for i in range(50))) == list(range(50))
@@ -107,7 +107,7 @@ async def test_keys_rotate_without_downtime(make_cluster):
     both = {"k1": KEY, "k2": k2}
     c = make_cluster(nodes=2, node_env=[sealed("sign", both, "k2"), sealed("sign", both, "k1")])
     n1, n2 = c.nodes
-    async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+    async with rpcbus.connect(n2.url) as prov, rpcbus.connect(n1.url) as caller:
         await prov.provide("work", lambda d: d)
         assert await asyncio.gather(*(caller.call("work", i, timeout=5)
                                       for i in range(20))) == list(range(20))
@@ -120,7 +120,7 @@ async def started_and_routing(url, text):
     cluster = LocalCluster(nodes=2, redis_url=url, env=FAST).start()
     n1, n2 = cluster.nodes
     try:
-        async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+        async with rpcbus.connect(n2.url) as prov, rpcbus.connect(n1.url) as caller:
             await prov.provide("work", lambda d: d)
             assert await caller.call("work", text, timeout=5) == text
     except BaseException:
@@ -164,22 +164,22 @@ async def test_nodes_find_the_master_through_sentinel(tmp_path):
         cluster = await started_and_routing(url, "via sentinel")
         n1, n2 = cluster.nodes
         status = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "broker", "status", "--redis", url,
+            subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--redis", url,
                              "--json", "--listen", "1.0"], capture_output=True, text=True,
             timeout=30)
         assert set(json.loads(status.stdout)) == {"n1", "n2"}, status.stderr
 
         master.kill()                                   # failover: the replica takes over
         await asyncio.to_thread(n1.wait_event, "cluster_unavailable", 10.0)
-        async with clients.connect(n2.url) as prov, clients.connect(n1.url) as caller:
+        async with rpcbus.connect(n2.url) as prov, rpcbus.connect(n1.url) as caller:
             await prov.provide("work", lambda d: d)
             async with asyncio.timeout(30):             # detection 0.5 s, promotion, backoff
                 while True:
                     try:
                         if await caller.call("work", "after", timeout=2) == "after":
                             break
-                    except (clients.ClusterUnavailableError, clients.NoProviderError,
-                            clients.ResponseTimeoutError):
+                    except (rpcbus.ClusterUnavailableError, rpcbus.NoProviderError,
+                            rpcbus.ResponseTimeoutError):
                         await asyncio.sleep(0.2)
         assert n1.events("bus_up")[-1]["url"].startswith("redis+sentinel://")
     finally:

@@ -4,7 +4,7 @@ Every scenario: two nodes (n1, n2) on an embedded redis-server, providers on bot
 callers on both with several hundred calls in flight, one fault, then these checks:
 
 * every call made ended exactly once: its own data back, or an error whose code is
-  documented (clients.errors.CODES), no later than its deadline plus ``GRACE``;
+  documented (rpcbus.errors.CODES), no later than its deadline plus ``GRACE``;
 * no provider ran any call twice (providers record every completed run) — except,
   where the scenario kills a process or holds up replies (Redis paused), calls that
   were in flight at that moment (docs/cluster.md, "run at most once"); those are
@@ -31,9 +31,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import clients
-from clients.errors import CODES
-from cluster.local import LocalCluster
+import rpcbus
+from rpcbus.errors import CODES
+from rpcbus.broker.local import LocalCluster
 
 from ..quiet import no_gc_pauses
 from .proxy import Proxy
@@ -69,7 +69,7 @@ class Entry:
 class Load:
     """Callers on every node calling ``rpc`` until stopped; every call goes in the ledger."""
 
-    clients: list[clients.Client]
+    clients: list[rpcbus.Client]
     rpc: str = "echo"
     ledger: list[Entry] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -80,7 +80,7 @@ class Load:
             for w in range(IN_FLIGHT):
                 self._tasks.append(asyncio.create_task(self._worker(client, ci, w)))
 
-    async def _worker(self, client: clients.Client, ci: int, w: int) -> None:
+    async def _worker(self, client: rpcbus.Client, ci: int, w: int) -> None:
         i = 0
         while not self.stop.is_set():
             i += 1
@@ -88,7 +88,7 @@ class Load:
             t0 = time.monotonic()
             try:
                 result = await client.call(self.rpc, data, timeout=TIMEOUT)
-            except clients.RpcError as exc:
+            except rpcbus.RpcError as exc:
                 result = exc.code
             self.ledger.append(Entry(t0, time.monotonic(), data, result))
 
@@ -133,13 +133,13 @@ class Scenario:
         return data
 
     async def provider(self, url_index: int, handler: Any = None,
-                       rpc: str = "echo", pinned: bool = False) -> clients.Client:
+                       rpc: str = "echo", pinned: bool = False) -> rpcbus.Client:
         """An in-process provider connected to node ``url_index`` (the others as spares,
         unless ``pinned``: then it only ever reconnects to that node)."""
         urls = self.urls[url_index:] + self.urls[:url_index]
         if pinned:
             urls = urls[:1]
-        client = await clients.connect(urls)
+        client = await rpcbus.connect(urls)
         await client.provide(rpc, handler or self.echo)
         return client
 
@@ -148,16 +148,16 @@ class Scenario:
         record = os.path.join(self.tmp, f"provider-{len(self.procs)}.log")
         self.records.append(record)
         urls = ",".join(self.urls[url_index:] + self.urls[:url_index])
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.workers", "provider",
+        proc = subprocess.Popen([sys.executable, "-m", "rpcbus.benchmarks.workers", "provider",
                                  "--url", urls, "--rpc", "echo", "--record", record],
                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         assert json.loads(proc.stdout.readline()) == {"ready": True}
         self.procs.append(proc)
         return proc
 
-    async def callers(self, pinned: bool = False) -> list[clients.Client]:
+    async def callers(self, pinned: bool = False) -> list[rpcbus.Client]:
         """A caller on each node (the others as spares, unless ``pinned``)."""
-        return [await clients.connect(self.urls[i:i + 1] if pinned
+        return [await rpcbus.connect(self.urls[i:i + 1] if pinned
                                       else self.urls[i:] + self.urls[:i])
                 for i in range(len(self.urls))]
 

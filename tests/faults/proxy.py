@@ -20,7 +20,7 @@ import subprocess
 import sys
 from typing import Any
 
-from cluster.local import free_port
+from rpcbus.broker.local import free_port
 
 
 class _Pipe(asyncio.Protocol):

@@ -14,9 +14,9 @@ from collections import Counter
 
 import pytest
 
-import clients
-from cluster.seal import Sealer, new_key
-from cluster.status import collect, render
+import rpcbus
+from rpcbus.cluster.seal import Sealer, new_key
+from rpcbus.cluster.status import collect, render
 
 from .harness import run
 
@@ -137,12 +137,12 @@ async def test_oversized_calls_and_answers_fail_alone_and_run_once(scenario):
         return big if data == "big" else data
 
     providers = [await sc.provider(0, answer, "sized"), await sc.provider(0, answer, "sized")]
-    caller = await clients.connect(sc.urls[1])            # on n2: the calls cross the bus
+    caller = await rpcbus.connect(sc.urls[1])            # on n2: the calls cross the bus
     try:
         normal = [asyncio.create_task(caller.call("sized", i, timeout=5)) for i in range(50)]
-        with pytest.raises(clients.errors.PayloadTooLargeError, match="nothing was sent"):
+        with pytest.raises(rpcbus.errors.PayloadTooLargeError, match="nothing was sent"):
             await caller.call("sized", big, timeout=5)
-        with pytest.raises(clients.errors.PayloadTooLargeError, match="answer"):
+        with pytest.raises(rpcbus.errors.PayloadTooLargeError, match="answer"):
             await caller.call("sized", "big", timeout=5)
         assert await asyncio.gather(*normal) == list(range(50))   # same connection: unhurt
         assert ran["big"] == 1 and ran["?"] == 0                  # ran once, never moved

@@ -6,7 +6,7 @@ Each scenario states how long after the fault clears every call must succeed aga
 import asyncio
 import signal
 
-from broker.process import NodeProcess
+from rpcbus.broker.process import NodeProcess
 
 from .harness import ENV, run
 

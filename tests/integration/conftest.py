@@ -5,7 +5,7 @@ import urllib.request
 
 import pytest
 
-from broker.process import NodeProcess
+from rpcbus.broker.process import NodeProcess
 
 # Short timeouts keep failover tests quick; the values are stated where tests rely on them.
 FAST = {

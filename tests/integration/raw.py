@@ -5,7 +5,7 @@ import asyncio
 import msgpack
 from websockets.asyncio.client import connect
 
-from clients import protocol as p
+from rpcbus import protocol as p
 
 
 class RawPeer:

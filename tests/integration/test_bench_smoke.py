@@ -9,7 +9,7 @@ import sys
 def test_load_benchmark_smoke(tmp_path):
     out = tmp_path / "bench.json"
     run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.load", "--duration", "0.5", "--warmup", "0.2",
+        [sys.executable, "-m", "rpcbus.benchmarks.load", "--duration", "0.5", "--warmup", "0.2",
          "--callers", "1", "--inflight", "20", "--max-calls", "500000", "--out", str(out)],
         capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
@@ -24,7 +24,7 @@ def test_load_benchmark_smoke(tmp_path):
 
 def test_soak_smoke(tmp_path):
     run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.soak", "--duration", "3", "--rate", "300",
+        [sys.executable, "-m", "rpcbus.benchmarks.soak", "--duration", "3", "--rate", "300",
          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     result = json.loads((tmp_path / "soak.json").read_text())
@@ -35,7 +35,7 @@ def test_soak_smoke(tmp_path):
 
 def test_rpcbus_bench_writes_its_report_and_compares_with_redis_and_nats(tmp_path):
     run = subprocess.run(
-        [sys.executable, "-m", "broker", "bench", "cross", "--smoke", "--compare",
+        [sys.executable, "-m", "rpcbus.broker", "bench", "cross", "--smoke", "--compare",
          "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr
     result = json.loads((tmp_path / "result.json").read_text())

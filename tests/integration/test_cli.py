@@ -7,33 +7,33 @@ import subprocess
 import sys
 
 
-import clients
-from clients import protocol as p
+import rpcbus
+from rpcbus import protocol as p
 
 from .raw import RawPeer
 
 
-def rpcbus(*args, timeout=30):
-    return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True,
+def run_cli(*args, timeout=30):
+    return subprocess.run([sys.executable, "-m", "rpcbus.broker", *args], capture_output=True,
                           text=True, timeout=timeout)
 
 
 async def test_call_prints_the_answer_as_json_and_fails_with_the_code(node):
-    async with clients.connect(node.url) as prov:
+    async with rpcbus.connect(node.url) as prov:
         await prov.provide("math.add", lambda d: {"sum": d["a"] + d["b"]})
-        ok = await asyncio.to_thread(rpcbus, "call", "math.add", '{"a": 1, "b": 2}',
+        ok = await asyncio.to_thread(run_cli, "call", "math.add", '{"a": 1, "b": 2}',
                                      "--url", node.url)
         assert ok.returncode == 0, ok.stderr
         assert ok.stdout.strip() == '{"sum": 3}'
-        missing = await asyncio.to_thread(rpcbus, "call", "no.such.rpc", "--url", node.url)
+        missing = await asyncio.to_thread(run_cli, "call", "no.such.rpc", "--url", node.url)
         assert missing.returncode == 1 and missing.stderr.startswith("NO_PROVIDER")
-        bad = await asyncio.to_thread(rpcbus, "call", "math.add", "{nope", "--url", node.url)
+        bad = await asyncio.to_thread(run_cli, "call", "math.add", "{nope", "--url", node.url)
         assert bad.returncode == 2 and "not JSON" in bad.stderr
 
 
 def test_a_node_needs_users_or_auth_none_set_explicitly(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RPCBUS_")}
-    result = subprocess.run([sys.executable, "-m", "broker", "node", "--port", "0"],
+    result = subprocess.run([sys.executable, "-m", "rpcbus.broker", "node", "--port", "0"],
                             capture_output=True, text=True, timeout=30, env=env)
     assert result.returncode == 2 and 'auth.mode is "users"' in result.stderr
     assert "--auth none" in result.stderr
@@ -42,7 +42,7 @@ def test_a_node_needs_users_or_auth_none_set_explicitly(tmp_path):
 def test_node_refuses_an_unknown_config_key(tmp_path):
     conf = tmp_path / "bad.toml"
     conf.write_text("[rpc]\nack_timeout = 1.0\nretries = 3\n")
-    result = rpcbus("node", "--port", "0", "--config", str(conf))
+    result = run_cli("node", "--port", "0", "--config", str(conf))
     assert result.returncode == 2 and "unknown key rpc.retries" in result.stderr
 
 
@@ -61,7 +61,7 @@ async def test_sigterm_drains_calls_in_flight_refuses_new_ones_and_exits_0(start
         return data
 
     raw = await RawPeer.open(node.url)
-    async with clients.connect(node.url) as prov, clients.connect(node.url) as caller:
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as caller:
         await prov.provide("slow", slow)
         calls = [asyncio.create_task(caller.call("slow", i, timeout=10)) for i in range(20)]
         await started.wait()

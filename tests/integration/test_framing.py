@@ -13,7 +13,7 @@ from websockets.frames import CLOSE, Frame, Opcode
 from websockets.http11 import Response
 from websockets.uri import parse_uri
 
-from clients import protocol as p
+from rpcbus import protocol as p
 
 from .conftest import stats
 

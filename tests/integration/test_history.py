@@ -5,9 +5,9 @@ import glob
 import json
 import os
 
-import clients
-from broker.process import NodeProcess
-from cluster.history import SCHEMA_VERSION
+import rpcbus
+from rpcbus.broker.process import NodeProcess
+from rpcbus.broker.history import SCHEMA_VERSION
 
 from .conftest import FAST
 
@@ -16,8 +16,8 @@ async def test_history_counts_every_attempt_per_provider_and_window(tmp_path):
     node = NodeProcess(env={**FAST, "RPCBUS_HISTORY_DIR": str(tmp_path),
                             "RPCBUS_HISTORY_WINDOW": "0.25"}).start()
     try:
-        async with clients.connect(node.url, name="billing-worker-3") as good, \
-                clients.connect(node.url) as bad, clients.connect(node.url) as caller:
+        async with rpcbus.connect(node.url, name="billing-worker-3") as good, \
+                rpcbus.connect(node.url) as bad, rpcbus.connect(node.url) as caller:
             async def echo(d):  # slow enough that the in-flight samples (0.1 s) see a burst
                 await asyncio.sleep(0.15)
                 return d
@@ -32,7 +32,7 @@ async def test_history_counts_every_attempt_per_provider_and_window(tmp_path):
             for _ in range(5):
                 try:
                     await caller.call("h.fail", timeout=5)
-                except clients.ProviderError:
+                except rpcbus.ProviderError:
                     pass
             bad_name = bad.session["session"]
     finally:

@@ -9,8 +9,8 @@ import psutil
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-import clients
-from clients import protocol as p
+import rpcbus
+from rpcbus import protocol as p
 
 from .conftest import stats
 from .raw import RawPeer
@@ -19,7 +19,7 @@ from .raw import RawPeer
 @pytest.fixture
 async def healthy(node):
     """A provider and a caller calling all the time; yields a check of their results."""
-    async with clients.connect(node.url) as prov, clients.connect(node.url) as caller:
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as caller:
         await prov.provide("echo", lambda d: d)
         results = []
         stop = asyncio.Event()

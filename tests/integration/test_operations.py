@@ -8,8 +8,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import clients
-
+import rpcbus
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
@@ -36,18 +35,18 @@ async def test_metrics_count_calls_by_rpc_and_outcome_with_latency_histograms(no
         return m.get((name, frozenset(labels.items())), 0.0)
 
     before = samples(node)
-    async with clients.connect(node.url) as prov, clients.connect(node.url) as caller:
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as caller:
         await prov.provide("ops.echo", lambda d: d)
         await prov.provide("ops.fail", lambda d: 1 / 0)
         await asyncio.gather(*(caller.call("ops.echo", i, timeout=5) for i in range(30)))
         for _ in range(3):
             try:
                 await caller.call("ops.fail", timeout=5)
-            except clients.ProviderError:
+            except rpcbus.ProviderError:
                 pass
         try:
             await caller.call("ops.nobody", timeout=5)
-        except clients.NoProviderError:
+        except rpcbus.NoProviderError:
             pass
         after = samples(node)
         assert value(after, "rpcbus_providers", rpc="ops.echo") == 1
@@ -66,11 +65,11 @@ async def test_metrics_count_calls_by_rpc_and_outcome_with_latency_histograms(no
 
 
 async def test_traceparent_reaches_the_handler(node):
-    async with clients.connect(node.url) as prov, clients.connect(node.url) as caller:
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as caller:
         await prov.provide("ops.trace", lambda d, ctx: ctx.traceparent)
         assert await caller.call("ops.trace", traceparent=TRACE, timeout=5) == TRACE
         assert await caller.call("ops.trace", timeout=5) is None
-        with pytest.raises(clients.InvalidMessageError, match="traceparent"):
+        with pytest.raises(rpcbus.InvalidMessageError, match="traceparent"):
             await caller.call("ops.trace", traceparent="x" * 300, timeout=5)
 
 
@@ -84,7 +83,7 @@ async def test_readyz_is_503_while_draining_and_healthz_follows(start_node):
         await release.wait()
         return d
 
-    async with clients.connect(node.url) as prov, clients.connect(node.url) as caller:
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as caller:
         await prov.provide("ops.held", held)
         call = asyncio.create_task(caller.call("ops.held", 1, timeout=10))
         await started.wait()
@@ -92,8 +91,8 @@ async def test_readyz_is_503_while_draining_and_healthz_follows(start_node):
         await asyncio.to_thread(node.wait_event, "node_draining")
         assert get(node, "/readyz") == (503, "draining\n")       # load balancers: away
         assert get(node, "/healthz")[0] == 503
-        with pytest.raises(clients.ConnectionLostError, match="503"):
-            await clients.connect(node.url, reconnect=False)       # no new clients
+        with pytest.raises(rpcbus.ConnectionLostError, match="503"):
+            await rpcbus.connect(node.url, reconnect=False)       # no new clients
         release.set()
         assert await call == 1
     assert await asyncio.to_thread(node.wait_exit, 20) == 0
@@ -101,7 +100,7 @@ async def test_readyz_is_503_while_draining_and_healthz_follows(start_node):
 
 async def test_logs_name_node_and_module_levels_per_module_and_no_line_per_call(start_node):
     node = start_node(RPCBUS_LOG_LEVELS='{"rpcbus": "warning", "rpcbus.node": "info"}')
-    async with clients.connect(node.url) as prov, clients.connect(node.url) as caller:
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as caller:
         await prov.provide("ops.quiet", lambda d: d)
         lines_before = len(node.lines)
         await asyncio.gather(*(caller.call("ops.quiet", i, timeout=5) for i in range(300)))

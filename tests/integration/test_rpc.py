@@ -14,8 +14,8 @@ from collections import Counter
 
 import pytest
 
-import clients
-from clients import protocol as p
+import rpcbus
+from rpcbus import protocol as p
 
 from ..quiet import no_gc_pauses
 from .conftest import stats
@@ -33,8 +33,8 @@ async def test_provide_and_call_with_sync_async_and_context_handlers(node):
     def whoami(data, ctx):
         return {"rpc": ctx.rpc, "caller": ctx.caller, "left": ctx.time_left, "id": ctx.call_id}
 
-    async with clients.connect(node.url, name="prov") as prov, \
-            clients.connect(node.url, name="alice") as caller:
+    async with rpcbus.connect(node.url, name="prov") as prov, \
+            rpcbus.connect(node.url, name="alice") as caller:
         await prov.provide("math.add", add)
         await prov.provide("text.upper", slow_upper)
         await prov.provide("who", whoami)
@@ -47,11 +47,11 @@ async def test_provide_and_call_with_sync_async_and_context_handlers(node):
 
 
 async def test_unknown_rpc_is_no_provider_and_errors_carry_stable_codes(node):
-    async with clients.connect(node.url) as c:
-        with pytest.raises(clients.NoProviderError) as err:
+    async with rpcbus.connect(node.url) as c:
+        with pytest.raises(rpcbus.NoProviderError) as err:
             await c.call("nobody.home", 1)
         assert err.value.code == "NO_PROVIDER"
-        with pytest.raises(clients.InvalidMessageError):
+        with pytest.raises(rpcbus.InvalidMessageError):
             await c.call("bad name", 1)
 
 
@@ -63,22 +63,22 @@ async def test_handler_exception_answers_provider_error_with_the_message_only(no
         await asyncio.sleep(0)
         raise RuntimeError("database down")
 
-    async with clients.connect(node.url) as prov, clients.connect(node.url) as c:
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as c:
         await prov.provide("broken", broken)
         await prov.provide("broken.later", broken_later)
-        with pytest.raises(clients.ProviderError) as err:
+        with pytest.raises(rpcbus.ProviderError) as err:
             await c.call("broken")
         assert err.value.message == "\"missing field 'x'\"" and "Traceback" not in str(err.value)
-        with pytest.raises(clients.ProviderError, match="database down"):
+        with pytest.raises(rpcbus.ProviderError, match="database down"):
             await c.call("broken.later")
 
 
 async def test_values_msgpack_cannot_carry_fail_that_call_only(node):
-    async with clients.connect(node.url) as prov, clients.connect(node.url) as c:
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as c:
         await prov.provide("odd", lambda d: object() if d == "object" else d)
         results = await asyncio.gather(c.call("odd", "object"), c.call("odd", "fine"),
                                        return_exceptions=True)
-        assert isinstance(results[0], clients.ProviderError)
+        assert isinstance(results[0], rpcbus.ProviderError)
         assert "not serializable" in results[0].message and results[1] == "fine"
         with pytest.raises(TypeError, match="not serializable"):
             await c.call("odd", {1, 2})
@@ -86,8 +86,8 @@ async def test_values_msgpack_cannot_carry_fail_that_call_only(node):
 
 
 async def test_unreachable_node_is_connection_lost():
-    with pytest.raises(clients.ConnectionLostError, match="cannot connect"):
-        await clients.connect("ws://127.0.0.1:9", open_timeout=2)
+    with pytest.raises(rpcbus.ConnectionLostError, match="cannot connect"):
+        await rpcbus.connect("ws://127.0.0.1:9", open_timeout=2)
 
 
 async def test_reject_hands_the_call_to_another_provider(node):
@@ -95,21 +95,21 @@ async def test_reject_hands_the_call_to_another_provider(node):
 
     def refuse(data):
         seen["refuse"] += 1
-        raise clients.Reject()
+        raise rpcbus.Reject()
 
     def serve(data):
         seen["serve"] += 1
         return data * 2
 
-    async with clients.connect(node.url) as a, clients.connect(node.url) as b, \
-            clients.connect(node.url) as c:
+    async with rpcbus.connect(node.url) as a, rpcbus.connect(node.url) as b, \
+            rpcbus.connect(node.url) as c:
         await a.provide("double", refuse)
         await b.provide("double", serve)
         results = await asyncio.gather(*(c.call("double", i) for i in range(60)))
         assert results == [i * 2 for i in range(60)]
         assert seen["serve"] == 60
         assert seen["refuse"] > 0  # uniform first choice: all 60 avoiding it has chance 2**-60
-        with pytest.raises(clients.NoProviderError):
+        with pytest.raises(rpcbus.NoProviderError):
             await b.unprovide("double")
             await c.call("double", 1)
 
@@ -117,7 +117,7 @@ async def test_reject_hands_the_call_to_another_provider(node):
 async def test_ack_timeout_moves_the_call_and_the_silent_providers_late_answer_is_dropped(node):
     silent = await RawPeer.open(node.url)
     await silent.provide("work")
-    async with clients.connect(node.url) as good, clients.connect(node.url) as c:
+    async with rpcbus.connect(node.url) as good, rpcbus.connect(node.url) as c:
         call = asyncio.create_task(c.call("work", 21, timeout=5))
         req = await silent.expect(p.REQUEST)         # the only provider so far: it gets it
         await good.provide("work", lambda d: d * 2)
@@ -138,7 +138,7 @@ async def test_a_stalled_provider_refuses_the_requests_the_node_moved_on_meanwhi
     move to another provider; when it wakes it reads them, too late, and REJECTs them
     instead of running them a second time."""
     record = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.workers", "provider",
+    proc = subprocess.Popen([sys.executable, "-m", "rpcbus.benchmarks.workers", "provider",
                              "--url", node.url, "--rpc", "stall.echo", "--record", str(record)],
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     here = Counter()
@@ -153,7 +153,7 @@ async def test_a_stalled_provider_refuses_the_requests_the_node_moved_on_meanwhi
 
     try:
         assert json.loads(proc.stdout.readline()) == {"ready": True}
-        async with clients.connect(node.url) as prov, clients.connect(node.url) as caller:
+        async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as caller:
             await prov.provide("stall.echo", backup)
             assert await asyncio.gather(*(caller.call("stall.echo", i, timeout=5)
                                           for i in range(20))) == list(range(20))
@@ -185,10 +185,10 @@ async def test_response_timeout_fails_the_call_and_cancels_the_handler(node):
             cancelled.set()
             raise
 
-    async with clients.connect(node.url) as prov, clients.connect(node.url) as c:
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as c:
         await prov.provide("forever", forever)
         t0 = time.monotonic()
-        with pytest.raises(clients.ResponseTimeoutError):
+        with pytest.raises(rpcbus.ResponseTimeoutError):
             await c.call("forever", None, timeout=0.5)
         elapsed = time.monotonic() - t0
         assert 0.5 <= elapsed < 1.5, elapsed       # the node's deadline, not the client's guard
@@ -200,7 +200,7 @@ async def test_provider_lost_before_accepting_the_call_moves_at_once(start_node)
     node = start_node(RPCBUS_RPC_ACK_TIMEOUT="30")   # so only the disconnect can move it
     doomed = await RawPeer.open(node.url)
     await doomed.provide("work")
-    async with clients.connect(node.url) as good, clients.connect(node.url) as c:
+    async with rpcbus.connect(node.url) as good, rpcbus.connect(node.url) as c:
         call = asyncio.create_task(c.call("work", 1, timeout=20))
         await doomed.expect(p.REQUEST)
         await good.provide("work", lambda d: d + 1)
@@ -213,14 +213,14 @@ async def test_provider_lost_before_accepting_the_call_moves_at_once(start_node)
 async def test_provider_lost_after_accepting_fails_the_call_with_provider_gone(node):
     doomed = await RawPeer.open(node.url)
     await doomed.provide("work")
-    async with clients.connect(node.url) as c:
+    async with rpcbus.connect(node.url) as c:
         call = asyncio.create_task(c.call("work", 1, timeout=30))
         req = await doomed.expect(p.REQUEST)
         await doomed.send([p.ACCEPT, req[1]])
         await doomed.send([p.PING, 1])
         await doomed.expect(p.PONG)
         doomed.abort()
-        with pytest.raises(clients.ProviderGoneError):
+        with pytest.raises(rpcbus.ProviderGoneError):
             async with asyncio.timeout(10):            # not the 30 s response timeout
                 await call
 
@@ -234,7 +234,7 @@ async def test_caller_gone_its_answer_is_discarded_quietly(node):
         await release.wait()
         return "answer for nobody"
 
-    async with clients.connect(node.url) as prov:
+    async with rpcbus.connect(node.url) as prov:
         await prov.provide("later", wait_then_answer)
         caller = await RawPeer.open(node.url)
         await caller.send([p.REQUEST, 1, "later", None, 5000])
@@ -243,7 +243,7 @@ async def test_caller_gone_its_answer_is_discarded_quietly(node):
         caller.abort()
         await asyncio.to_thread(node.wait_event, "session_closed", session=caller.session)
         release.set()
-        async with clients.connect(node.url) as c:   # the node still serves
+        async with rpcbus.connect(node.url) as c:   # the node still serves
             await prov.provide("ping", lambda d: "pong")
             assert await c.call("ping") == "pong"
         assert stats(node)["router"]["discarded"] == before + 1
@@ -251,9 +251,9 @@ async def test_caller_gone_its_answer_is_discarded_quietly(node):
 
 async def test_thousands_of_concurrent_calls_all_answered_correctly(node):
     before = stats(node)["router"]
-    async with clients.connect(node.url) as p1, clients.connect(node.url) as p2, \
-            clients.connect(node.url) as p3, clients.connect(node.url) as c1, \
-            clients.connect(node.url) as c2:
+    async with rpcbus.connect(node.url) as p1, rpcbus.connect(node.url) as p2, \
+            rpcbus.connect(node.url) as p3, rpcbus.connect(node.url) as c1, \
+            rpcbus.connect(node.url) as c2:
         async def square_later(x):
             await asyncio.sleep(0)
             return x * x
@@ -273,20 +273,20 @@ async def test_thousands_of_concurrent_calls_all_answered_correctly(node):
 
 async def test_connection_lost_fails_pending_calls_at_once(start_node):
     node = start_node()
-    async with clients.connect(node.url) as prov:
+    async with rpcbus.connect(node.url) as prov:
         async def hold(data):
             await asyncio.Event().wait()
 
         await prov.provide("hold", hold)
-        c = await clients.connect(node.url, reconnect=False)
+        c = await rpcbus.connect(node.url, reconnect=False)
         calls = [asyncio.create_task(c.call("hold", i, timeout=60)) for i in range(5)]
         await asyncio.sleep(0)
         node.kill()
         for call in calls:
-            with pytest.raises(clients.ConnectionLostError):
+            with pytest.raises(rpcbus.ConnectionLostError):
                 async with asyncio.timeout(10):
                     await call
-        with pytest.raises(clients.ConnectionLostError):
+        with pytest.raises(rpcbus.ConnectionLostError):
             await c.call("hold", 1)
 
 

@@ -13,10 +13,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from websockets.exceptions import ConnectionClosed
 
-import clients
-from broker.auth import hash_password, token_digest
-from broker.process import NodeProcess
-from clients import protocol as p
+import rpcbus
+from rpcbus.broker.auth import hash_password, token_digest
+from rpcbus.broker.process import NodeProcess
+from rpcbus import protocol as p
 
 from .conftest import FAST, stats
 from .raw import RawPeer
@@ -63,16 +63,16 @@ def secured(tmp_path_factory):
 
 
 async def test_password_and_token_logins_and_what_each_user_may_do(secured):
-    async with clients.connect(secured.url, user="worker", password="w0rker") as worker, \
-            clients.connect(secured.url, token="front-token") as front:
+    async with rpcbus.connect(secured.url, user="worker", password="w0rker") as worker, \
+            rpcbus.connect(secured.url, token="front-token") as front:
         assert worker.session["user"] == "worker" and front.session["user"] == "frontend"
         await worker.provide("billing.charge", lambda d: {"charged": d})
-        with pytest.raises(clients.PermissionDeniedError, match="users.delete"):
+        with pytest.raises(rpcbus.PermissionDeniedError, match="users.delete"):
             await worker.provide("users.delete", lambda d: d)
         assert await front.call("billing.charge", 5, timeout=5) == {"charged": 5}
-        with pytest.raises(clients.PermissionDeniedError):
+        with pytest.raises(rpcbus.PermissionDeniedError):
             await front.call("admin.reset", timeout=5)             # no rule matches
-        with pytest.raises(clients.PermissionDeniedError):
+        with pytest.raises(rpcbus.PermissionDeniedError):
             await worker.call("echo", timeout=5)                   # worker: billing.* only
         assert await front.call("billing.charge", 6, timeout=5) == {"charged": 6}  # still open
 
@@ -81,8 +81,8 @@ async def test_password_and_token_logins_and_what_each_user_may_do(secured):
     dict(user="worker", password="wrong"), dict(user="nobody", password="w0rker"),
     dict(token="not-a-token"), dict()])
 async def test_bad_credentials_are_refused(secured, creds):
-    with pytest.raises(clients.NotAuthenticatedError):
-        await clients.connect(secured.url, reconnect=False, **creds)
+    with pytest.raises(rpcbus.NotAuthenticatedError):
+        await rpcbus.connect(secured.url, reconnect=False, **creds)
 
 
 async def test_failed_auth_attempts_are_limited_and_nothing_works_before_auth(secured):
@@ -99,22 +99,22 @@ async def test_failed_auth_attempts_are_limited_and_nothing_works_before_auth(se
 
 
 async def test_connections_per_user_are_capped(secured):
-    async with clients.connect(secured.url, token="front-token"), \
-            clients.connect(secured.url, token="front-token"):
-        with pytest.raises(clients.RateLimitedError, match="2 connections"):
-            await clients.connect(secured.url, token="front-token", reconnect=False)
-    async with clients.connect(secured.url, token="front-token") as again:  # slots freed
+    async with rpcbus.connect(secured.url, token="front-token"), \
+            rpcbus.connect(secured.url, token="front-token"):
+        with pytest.raises(rpcbus.RateLimitedError, match="2 connections"):
+            await rpcbus.connect(secured.url, token="front-token", reconnect=False)
+    async with rpcbus.connect(secured.url, token="front-token") as again:  # slots freed
         await again.ping()
 
 
 async def test_over_the_rate_limit_requests_are_refused_and_the_connection_stays(secured):
-    async with clients.connect(secured.url, token="chatty-token") as chatty, \
-            clients.connect(secured.url, token="front-token") as front:
+    async with rpcbus.connect(secured.url, token="chatty-token") as chatty, \
+            rpcbus.connect(secured.url, token="front-token") as front:
         await chatty.provide("echo", lambda d: d)
         results = await asyncio.gather(*(chatty.call("echo", i, timeout=5) for i in range(60)),
                                        return_exceptions=True)
         ok = [r for r in results if not isinstance(r, Exception)]
-        limited = [r for r in results if isinstance(r, clients.RateLimitedError)]
+        limited = [r for r in results if isinstance(r, rpcbus.RateLimitedError)]
         assert len(ok) + len(limited) == 60 and limited and len(ok) <= 20  # one frame, one window
         # other users are not limited, and answers of a limited provider still flow
         assert await asyncio.gather(*(front.call("echo", i, timeout=5) for i in range(40))) \
@@ -124,7 +124,7 @@ async def test_over_the_rate_limit_requests_are_refused_and_the_connection_stays
                 try:
                     assert await chatty.call("echo", "later", timeout=5) == "later"
                     break
-                except clients.RateLimitedError:
+                except rpcbus.RateLimitedError:
                     await asyncio.sleep(0.05)          # the window is 0.5 s
     assert stats(secured)["io"]["rate_limited"] >= len(limited)
 
@@ -156,14 +156,14 @@ async def test_tls_node_is_verified_by_the_sdk(tmp_path):
     with NodeProcess(env={**FAST, "RPCBUS_SERVER_TLS_CERT": str(cert),
                           "RPCBUS_SERVER_TLS_KEY": str(key)}) as node:
         assert node.url.startswith("wss://127.0.0.1:")
-        async with clients.connect(node.url, ca_file=str(cert)) as prov, \
-                clients.connect(node.url, ca_file=str(cert)) as caller:
+        async with rpcbus.connect(node.url, ca_file=str(cert)) as prov, \
+                rpcbus.connect(node.url, ca_file=str(cert)) as caller:
             await prov.provide("echo", lambda d: d)
             assert await caller.call("echo", "over tls", timeout=5) == "over tls"
-        with pytest.raises(clients.ConnectionLostError, match="CERTIFICATE_VERIFY_FAILED"):
-            await clients.connect(node.url, reconnect=False)      # not trusted by default
-        with pytest.raises(clients.ConnectionLostError):
-            await clients.connect(node.url.replace("wss:", "ws:"), reconnect=False)
+        with pytest.raises(rpcbus.ConnectionLostError, match="CERTIFICATE_VERIFY_FAILED"):
+            await rpcbus.connect(node.url, reconnect=False)      # not trusted by default
+        with pytest.raises(rpcbus.ConnectionLostError):
+            await rpcbus.connect(node.url.replace("wss:", "ws:"), reconnect=False)
 
 
 async def test_admin_endpoints_need_the_admin_token_when_one_is_set():

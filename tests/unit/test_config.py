@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import config
+from rpcbus.broker import config
 
 CONF = Path(__file__).parents[2] / "conf" / "rpcbus.toml"
 

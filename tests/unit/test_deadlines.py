@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clients.deadlines import Deadlines
+from rpcbus.deadlines import Deadlines
 
 
 @given(st.lists(st.floats(0, 50, allow_nan=False), max_size=60), st.floats(0.001, 1))

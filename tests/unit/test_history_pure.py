@@ -1,7 +1,7 @@
 """The load history's counting with the router (pure): answers derived from attempts
 started and pending, across windows."""
 
-from cluster.history import History
+from rpcbus.broker.history import History
 
 from .test_cluster_pure import View, router
 from .test_router import Peer

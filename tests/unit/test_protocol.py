@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clients import protocol as p
-from clients.transport import pack_in_frames
+from rpcbus import protocol as p
+from rpcbus.transport import pack_in_frames
 
 scalars = st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False) \
     | st.text(max_size=20) | st.binary(max_size=20)

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from cluster import report  # noqa: E402
+from rpcbus.analytics import report  # noqa: E402
 
 
 def test_names_with_dollar_signs_render_as_text():

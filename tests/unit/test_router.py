@@ -5,9 +5,9 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.router import Router
-from clients import errors
-from clients.protocol import CANCEL, ERROR, REQUEST, RESPONSE
+from rpcbus.broker.router import Router
+from rpcbus import errors
+from rpcbus.protocol import CANCEL, ERROR, REQUEST, RESPONSE
 
 
 class Peer:

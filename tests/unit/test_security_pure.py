@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import config
-from broker.auth import AuthConfigError, Users, hash_password, token_digest, verify_password
-from broker.limits import WindowLimiter
-from cluster.seal import ReplayGuard, Sealer, SealError, new_key
+from rpcbus.broker import config
+from rpcbus.broker.auth import AuthConfigError, Users, hash_password, token_digest, verify_password
+from rpcbus.broker.limits import WindowLimiter
+from rpcbus.cluster.seal import ReplayGuard, Sealer, SealError, new_key
 
 FAST_HASH = dict(n=1 << 10)   # a cheap scrypt for tests; the parameters travel in the hash
 

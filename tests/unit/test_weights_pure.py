@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from broker.weights import Weights, WeightsError, WeightsFile, load
-from clients.protocol import REQUEST
-from cluster import messages as m
+from rpcbus.broker.weights import Weights, WeightsError, WeightsFile, load
+from rpcbus.protocol import REQUEST
+from rpcbus.cluster import messages as m
 
 from .test_cluster_pure import Node, View, router
 from .test_router import Peer

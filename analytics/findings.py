@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cluster.analysis import aggregate
+from rpcbus.analytics.analysis import aggregate
 
 FAIR_TOLERANCE = 0.10   # |ratio - 1| above this ...
 FAIR_Z = 4.0            # ... and |calls - expected| above this many sqrt(expected)
@@ -43,7 +43,7 @@ FAILURE_POWER = 4
 
 
 def tables(minutes: Any, per_provider: Any, half_life: float, newest: int) -> dict[str, Any]:
-    """The findings tables from the per-minute rollup of the history (cluster/analysis.py
+    """The findings tables from the per-minute rollup of the history (analytics/analysis.py
     ``rollup``: a ``minute`` column and summed counters), the span-wide ``per_provider``
     and the ``newest`` minute (the weights' decay counts back from it)."""
     per_rpc_minute = aggregate(minutes, ["rpc", "minute"])

@@ -16,7 +16,7 @@ import subprocess
 import time
 from typing import Any
 
-from broker.process import NodeProcess
+from rpcbus.broker.process import NodeProcess
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ samples, at least 1 in a window with work). Counts are exact. Some
 attempts are measured: one in ``HISTORY_SAMPLE`` (broker/router.py: 16, by
 attempt id) and each row's first attempt in a window (so every row with work
 has one). Their latency goes into a fixed log-bucket histogram (the bounds of
-broker/rpcstats.py, so windows and nodes merge exactly), and their request and
+rpcbus/schema.py, so windows and nodes merge exactly), and their request and
 answer payloads are re-encoded with msgpack for their size: ``bytes_in`` /
 ``bytes_out`` are the mean measured size times the calls (answers), so
 estimates, exact for uniform payloads.
@@ -40,14 +40,11 @@ from typing import Any
 import structlog
 from msgpack import packb
 
-from broker.rpcstats import BOUNDS, bucket_of
+from rpcbus.schema import BOUNDS, HISTORY_SCHEMA_VERSION as SCHEMA_VERSION, OUTCOMES, Outcome, bucket_of
 
 log = structlog.get_logger(module="rpcbus.history")
 
-SCHEMA_VERSION = 1
 SCAN_INTERVAL = 0.1   # s between samples of the attempts in flight (peak_in_flight)
-OK, REJECTED, ERRORS, ACK_TIMEOUTS, RESPONSE_TIMEOUTS = range(5)
-OUTCOMES = ("ok", "rejected", "errors", "ack_timeouts", "response_timeouts")
 
 
 class Row:
@@ -72,7 +69,7 @@ class Row:
 
     def _reset(self) -> None:
         self.started = 0                 # attempts given to the provider in this window
-        self.outcomes = [0, 0, 0, 0, 0]  # by outcome index (OK unused: derived, see above)
+        self.outcomes = [0] * len(Outcome)  # by Outcome (OK unused: derived, see above)
         self.buckets = [0] * (len(BOUNDS) + 1)
         self.lat_sum, self.lat_min, self.lat_max = 0.0, float("inf"), 0.0
         self.peak = self.pending         # the most pending seen by ``scan``
@@ -148,7 +145,7 @@ class History:
              weights: Any = None) -> int:
         """Close the window if it is over (or ``force``): hand its rows to the writer.
         ``pending``: the attempts pending now per row (``Router.history_pending``);
-        ``weights`` (broker.weights.Weights, or None: all 1) are the weights in use,
+        ``weights`` (rpcbus.broker.weights.Weights, or None: all 1) are the weights in use,
         recorded with each row. Returns how many rows were written."""
         end = self.window_start + self.window
         if now_wall < end and not force:
@@ -169,7 +166,7 @@ class History:
     def _record(self, row: Row, start: float, end: float, weights: Any,
                 pending: int) -> dict[str, Any]:
         rpc, provider, routed_by = row.key
-        others = row.outcomes[OK + 1:]
+        others = row.outcomes[Outcome.OK + 1:]
         o = [row.started + row.pending - pending - sum(others), *others]  # answered: see Row
         sampled = sum(row.buckets)
         if row.in_n:
@@ -186,7 +183,7 @@ class History:
             "latency_min_s": round(row.lat_min, 6) if sampled else None,
             "latency_max_s": round(row.lat_max, 6) if sampled else None,
             "peak_in_flight": max(row.peak, pending, 1),
-            "bytes_in": round(row.in_mean * sum(o)), "bytes_out": round(row.out_mean * o[OK]),
+            "bytes_in": round(row.in_mean * sum(o)), "bytes_out": round(row.out_mean * o[Outcome.OK]),
             "weight": 1.0 if weights is None else weights.of(rpc, provider),
         }
 

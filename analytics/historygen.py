@@ -1,6 +1,6 @@
 """``rpcbus history-gen``: a realistic synthetic load history, for tests and scale runs.
 
-Writes the same rows, files and partitions as the nodes (cluster/history.py,
+Writes the same rows, files and partitions as the nodes (broker/history.py,
 docs/history.md): N nodes, M providers spread over them, K rpcs each provided
 by a few providers, windows over a time span; load follows a daily curve with
 noise; providers named in ``slow`` answer ~10x slower, those in ``failing``
@@ -17,9 +17,8 @@ import random
 import time
 from typing import Any
 
-from broker.rpcstats import BOUNDS, bucket_of
+from rpcbus.schema import BOUNDS, HISTORY_SCHEMA_VERSION as SCHEMA_VERSION, bucket_of
 
-from .history import SCHEMA_VERSION
 
 
 def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours: float = 1.0,

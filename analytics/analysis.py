@@ -10,11 +10,11 @@ reads: ``hdfs://``, ``s3a://``) once, into a per-minute rollup, and writes under
   the period), error / reject / timeout / failure rates, peak in flight, bytes in and
   out, mean weight, and latency p50 / p95 / p99 merged exactly from the histograms;
 - Parquet ``per_provider`` (the same over the whole span, per rpc and provider) and
-  the findings of cluster/findings.py: ``fairness``, ``outliers``, ``hot_rpcs``,
+  the findings of analytics/findings.py: ``fairness``, ``outliers``, ``hot_rpcs``,
   ``peak_minutes``, ``weights``;
 - ``weights.json``: the recommended weights, the file nodes load (``rpc.weights_file``);
 - ``report/report.html`` (self-contained, charts embedded), the charts as PNGs and
-  ``report/findings.json`` (cluster/report.py).
+  ``report/findings.json`` (analytics/report.py).
 
 A latency percentile here is exact with respect to the histograms: the upper
 bound of the bucket that holds the q-quantile of the merged (added) buckets —
@@ -25,8 +25,8 @@ left out and counted (``rows_skipped``).
 The same job runs on a Spark cluster (docs/history.md): ship the packages with
 ``--py-files`` and give ``spark-submit`` this file::
 
-    python -m zipfile -c rpcbus.zip broker cluster clients
-    spark-submit --master spark://HOST:7077 --py-files rpcbus.zip cluster/analysis.py \
+    rpcbus analyze-bundle rpcbus.zip     # the SDK core and the analytics; prints the line below
+    spark-submit --master spark://HOST:7077 --py-files rpcbus.zip .../rpcbus/analytics/analysis.py \
         --history s3a://bucket/history --out s3a://bucket/analysis --report-dir ./report
 """
 
@@ -40,7 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from broker.rpcstats import BOUNDS
+from rpcbus.broker.rpcstats import BOUNDS
 
 QUANTILES = (0.5, 0.95, 0.99)
 BUCKETS = len(BOUNDS) + 1
@@ -129,7 +129,7 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from cluster import findings
+    from rpcbus.analytics import findings
 
     rows = read_history(spark, history, fmt)
     if since is not None:
@@ -171,7 +171,7 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     write_text(spark, f"{out}/weights.json", json.dumps(doc, indent=1) + "\n")
     every.unpersist()
     if report:
-        from cluster import report as report_mod
+        from rpcbus.analytics import report as report_mod
 
         report_mod.write(spark, out, report_dir)
     return written

@@ -1,0 +1,23 @@
+"""A node's cluster settings (``[cluster]`` in the node's TOML, read by rpcbus.broker.config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ClusterSection:
+    redis_url: str = ""             # empty: a standalone node
+    namespace: str = "rpcbus"
+    heartbeat_interval: float = 1.0
+    heartbeat_misses: int = 3
+    provider_cache_ttl: float = 60.0
+    negative_ttl: float = 1.0
+    query_timeout: float = 0.25
+    prefer_local: bool = False
+    redis_tls_ca: str = ""
+    seal: str = "none"
+    key_id: str = ""
+    keys: dict[str, Any] = field(default_factory=dict)
+    max_skew: float = 30.0

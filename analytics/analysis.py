@@ -164,7 +164,7 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     # planning and code generation on the driver, which threads overlap with each
     # other's execution (3M rows on 2 cores: 37 -> 35 s; more with more cores).
     with ThreadPoolExecutor(WRITERS) as pool:
-        written.update(zip(tables, pool.map(write, tables)))
+        written.update(zip(tables, pool.map(write, tables), strict=True))
     doc = findings.weights_doc(spark.read.parquet(f"{out}/weights"),
                                {"history": history, "since": since, "until": until,
                                 "half_life_s": half_life})

@@ -19,7 +19,7 @@ def analyze(args: tuple[str, ...]) -> None:
     except ImportError:
         raise click.ClickException(
             "rpcbus analyze needs PySpark: pip install 'rpcbus[spark]'") from None
-    from .analysis import main as analyze_main
+    from rpcbus.analytics.analysis import main as analyze_main
 
     analyze_main(list(args))
 
@@ -58,7 +58,7 @@ def history_gen(out: str, nodes: int, providers: int, rpcs: int, hours: float, w
                 rate: float, slow: tuple[str, ...], failing: tuple[str, ...],
                 hog: tuple[str, ...], seed: int) -> None:
     """Write a synthetic provider load history (providers are p1, p2, ...)."""
-    from .historygen import generate
+    from rpcbus.analytics.historygen import generate
 
     t0 = time.monotonic()
     rows = generate(out, nodes=nodes, providers=providers, rpcs=rpcs, hours=hours,

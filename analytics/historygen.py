@@ -17,8 +17,8 @@ import random
 import time
 from typing import Any
 
-from rpcbus.schema import BOUNDS, HISTORY_SCHEMA_VERSION as SCHEMA_VERSION, bucket_of
-
+from rpcbus.schema import BOUNDS, bucket_of
+from rpcbus.schema import HISTORY_SCHEMA_VERSION as SCHEMA_VERSION
 
 
 def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours: float = 1.0,

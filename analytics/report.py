@@ -49,7 +49,8 @@ def write(spark: Any, out: str, directory: str | None = None) -> str:
               ("fairness", "Share of calls against the share the weights should give",
                _fairness(t["fairness"])),
               ("heatmap", "Calls per rpc and provider", _heatmap(t["per_provider"]))]
-    parts = [f"<h1>rpcbus load history report</h1><p>Made {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    made = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+    parts = [f"<h1>rpcbus load history report</h1><p>Made {made}"
              f" from <code>{html.escape(out)}</code>. {_span(t['per_provider'])}</p>",
              "<h2>Findings</h2><ul>" + "".join(f"<li>{line}</li>" for line in findings(t))
              + "</ul>"]

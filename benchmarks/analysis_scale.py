@@ -27,8 +27,8 @@ import tempfile
 import time
 from typing import Any
 
-from rpcbus.broker.rpcstats import BOUNDS
 from rpcbus.analytics import analysis
+from rpcbus.broker.rpcstats import BOUNDS
 
 KEYS_PER_WINDOW = 2000
 
@@ -57,7 +57,8 @@ def generate(spark: Any, n: int, path: str) -> None:
     rows = (rows.withColumn("window_end", F.col("window_start") + 10.0)
             .withColumn("ok", F.col("calls") - F.col("errors") - F.col("rejected")
                         - F.col("ack_timeouts"))
-            .withColumn("latency_sampled", F.expr("aggregate(latency_buckets, 0L, (a, x) -> a + x)"))
+            .withColumn("latency_sampled",
+                        F.expr("aggregate(latency_buckets, 0L, (a, x) -> a + x)"))
             .withColumn("latency_sum_s", F.col("latency_sampled") * 0.004)
             .withColumn("latency_min_s", F.lit(0.001)).withColumn("latency_max_s", F.lit(0.04))
             .withColumn("bytes_in", F.col("calls") * 120)

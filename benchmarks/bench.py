@@ -34,7 +34,7 @@ from typing import Any
 
 import click
 
-from . import load
+from rpcbus.benchmarks import load
 
 NAMES = {"baseline": "direct echo", "rpcbus": "rpcbus", "redis": "raw Redis req/reply",
          "nats": "NATS req/reply"}
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def compare(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     """One peer run (benchmarks/peers.py): its figures, or why it was skipped."""
-    from .peers import Peer
+    from rpcbus.benchmarks.peers import Peer
 
     label = {"redis": "raw Redis pub/sub request/reply",
              "nats": "NATS request/reply (nats-py)"}[kind]
@@ -156,7 +156,7 @@ def markdown(result: dict[str, Any]) -> str:
     if by_node:
         names = result["rpcbus"].get("nodes", [])
         rows += ["", "Node CPU µs per call, each: " + ", ".join(
-            f"{n} {v:.1f}" for n, v in zip(names, by_node))]
+            f"{n} {v:.1f}" for n, v in zip(names, by_node, strict=True))]
     return "\n".join(rows) + "\n"
 
 
@@ -169,7 +169,6 @@ def plot(result: dict[str, Any], out_dir: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -1,10 +1,15 @@
 """One-node load benchmark: calls/s, latency, node CPU per call, messages per frame.
 
-    python -m rpcbus.benchmarks.load                          # deepstream's shape: 1 provider, 4 callers, 200 in flight
-    python -m rpcbus.benchmarks.load --callers 4 --conns 50 --inflight 1   # 200 connections x 1 in flight
-    python -m rpcbus.benchmarks.load --url ws://host:port     # aim at a running node (no node CPU figures)
-    python -m rpcbus.benchmarks.load --nodes 2 --layout cross  # providers on n1, callers on n2, over Redis
-    python -m rpcbus.benchmarks.load --nodes 3 --layout spread # providers and callers over all 3 nodes
+    # deepstream's shape: 1 provider, 4 callers, 200 in flight
+    python -m rpcbus.benchmarks.load
+    # 200 connections x 1 in flight
+    python -m rpcbus.benchmarks.load --callers 4 --conns 50 --inflight 1
+    # aim at a running node (no node CPU figures)
+    python -m rpcbus.benchmarks.load --url ws://host:port
+    # providers on n1, callers on n2, over Redis
+    python -m rpcbus.benchmarks.load --nodes 2 --layout cross
+    # providers and callers over all 3 nodes
+    python -m rpcbus.benchmarks.load --nodes 3 --layout spread
 
 Providers and callers run in their own processes (benchmarks/workers.py). The
 baseline, measured in the same run with the same callers and shape, is a
@@ -23,8 +28,8 @@ import time
 import urllib.request
 from typing import Any
 
-from rpcbus.broker.process import NodeProcess
 from rpcbus.broker.local import LocalCluster
+from rpcbus.broker.process import NodeProcess
 
 
 def _spawn(role: str, *args: str, module: str = "benchmarks.workers") -> subprocess.Popen[str]:
@@ -107,7 +112,7 @@ def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
         "_histogram": hist,                # for plots; not written to JSON
     }
     if cpu0 is not None and measured:
-        used = [b - a for a, b in zip(cpu0, cpu1)]
+        used = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
         out["node_cpu_us_per_call"] = sum(used) * 1e6 / measured  # all nodes together
         out["node_cpu_share"] = sum(used) / args.duration
         out["cpu_us_per_call_by_node"] = [u * 1e6 / measured for u in used]
@@ -116,12 +121,12 @@ def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
     if s0:
         def delta(section: str, key: str) -> float:
             return sum(((b.get(section) or {}).get(key, 0) - (a.get(section) or {}).get(key, 0))
-                       for a, b in zip(s0, s1))
+                       for a, b in zip(s0, s1, strict=True))
 
         def bus_delta(key: str) -> float:
             return sum(((b.get("cluster") or {}).get("bus", {}).get(key, 0)
                         - (a.get("cluster") or {}).get("bus", {}).get(key, 0))
-                       for a, b in zip(s0, s1))
+                       for a, b in zip(s0, s1, strict=True))
 
         d_in, d_out = delta("io", "frames_in"), delta("io", "frames_out")
         out["msgs_per_frame_in"] = delta("io", "messages_in") / d_in if d_in else float("nan")

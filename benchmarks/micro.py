@@ -2,7 +2,8 @@
 
     python -m rpcbus.benchmarks.micro
 
-Prints µs per operation (the least of 5 interleaved rounds) for the router (one call: REQUEST in, RESPONSE in) and
+Prints µs per operation (the least of 5 interleaved rounds) for the router (one call: REQUEST in,
+RESPONSE in) and
 the codec (decode, check and encode one message of a 60-message frame), each
 next to a baseline measured in the same run: a dict insert + delete, the least
 any call table must do. Ratios to it compare across machines; microseconds

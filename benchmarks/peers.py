@@ -13,7 +13,8 @@ cap and JSON line at the end), so load.run_callers aggregates them alike:
   queue-group responder with ``msg.respond``), against a ``nats-server`` this
   harness starts on a free loopback port.
 
-Roles: ``python -m rpcbus.benchmarks.peers {redis-responder,redis-caller,nats-responder,nats-caller}``.
+Roles: ``python -m rpcbus.benchmarks.peers
+{redis-responder,redis-caller,nats-responder,nats-caller}``.
 """
 
 from __future__ import annotations

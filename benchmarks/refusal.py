@@ -23,9 +23,9 @@ import msgpack
 import psutil
 from websockets.asyncio.client import connect
 
+from rpcbus import protocol as p
 from rpcbus.broker.auth import token_digest
 from rpcbus.broker.process import NodeProcess
-from rpcbus import protocol as p
 
 PER_FRAME = 10_000
 

@@ -1,6 +1,6 @@
 """What sealing the cluster bus costs: none vs sign vs encrypt, in one run.
 
-    python -m rpcbus.benchmarks.seal                     # 2 nodes, cross layout, 2 rounds x 3 modes x 5 s
+    python -m rpcbus.benchmarks.seal          # 2 nodes, cross layout, 2 rounds x 3 modes x 5 s
     python -m rpcbus.benchmarks.seal --rounds 1 --duration 2
 
 Part 1 (pure): seal + open of one batch of 1, 16 and 256 typical messages, µs
@@ -18,10 +18,9 @@ import sys
 import time
 from typing import Any
 
+from rpcbus.benchmarks import load
 from rpcbus.cluster import messages as m
 from rpcbus.cluster.seal import Sealer, new_key
-
-from . import load
 
 MODES = ("none", "sign", "encrypt")
 

@@ -24,8 +24,8 @@ from collections import Counter
 from typing import Any
 
 import rpcbus
-from rpcbus.broker.logs import configure
 from rpcbus.broker.local import LocalCluster
+from rpcbus.broker.logs import configure
 
 MAX_DURATION = 600.0
 
@@ -93,7 +93,7 @@ async def soak(duration: float, rate: float, out: str) -> dict[str, Any]:
         await asyncio.to_thread(cluster.stop)
     result = {"duration_s": duration, "rate": rate, "samples": samples}
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "soak.json"), "w") as f:
+    with open(os.path.join(out, "soak.json"), "w") as f:  # noqa: ASYNC230 (once, at the end)
         json.dump(result, f)
     _plot(samples, os.path.join(out, "soak.png"))
     return result
@@ -135,7 +135,8 @@ def _summary(result: dict[str, Any]) -> str:
     for x in s:
         errors.update(x["errors"])
     p99 = sorted(x["p99_ms"] for x in s if x["p99_ms"] is not None)
-    return (f"{calls:,} calls in {result['duration_s']:.0f} s ({calls / result['duration_s']:,.0f}/s), "
+    duration = result["duration_s"]
+    return (f"{calls:,} calls in {duration:.0f} s ({calls / duration:,.0f}/s), "
             f"errors {dict(errors) or 'none'}; per-second p99 median {p99[len(p99) // 2]:.2f} ms, "
             f"worst {p99[-1]:.2f} ms; node RSS (both) first half {first:.1f} MB, "
             f"second half {second:.1f} MB")

@@ -20,13 +20,14 @@ import sys
 import time
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect as ws_connect
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
 from websockets.asyncio.server import ServerConnection, serve
 
 import rpcbus
+from rpcbus import protocol as p
 from rpcbus.broker.cli import use_uvloop
 from rpcbus.broker.logs import configure
-from rpcbus import protocol as p
 from rpcbus.transport import FrameIO
 
 

@@ -8,7 +8,7 @@ import sys
 def run() -> None:
     """The ``rpcbus`` command; without the node's dependencies, one line says what to do."""
     try:
-        from .cli import main
+        from rpcbus.broker.cli import main
     except ImportError as exc:
         sys.exit(f"rpcbus: the command needs {exc.name}, a dependency of the node: "
                  "pip install 'rpcbus[node]'")

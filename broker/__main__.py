@@ -1,5 +1,5 @@
 """``python -m rpcbus.broker`` is the ``rpcbus`` command."""
 
-from . import run
+from rpcbus.broker import run
 
 run()

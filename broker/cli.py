@@ -10,17 +10,14 @@ import json
 import signal
 import sys
 import time
-from typing import Any
-
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 import click
 
 from rpcbus import __version__
-
-from . import config as config_mod
-from . import logs
-
+from rpcbus.broker import config as config_mod
+from rpcbus.broker import logs
 
 COMMANDS = "rpcbus.commands"  # entry points: commands of higher layers (analyze, bench)
 
@@ -79,7 +76,8 @@ def use_uvloop(wanted: bool) -> str:
 
 @main.command()
 @click.option("--host", default=None, help="Address to listen on [127.0.0.1].")
-@click.option("--port", type=int, default=None, help="Port for WebSocket and HTTP (0: any free) [6020].")
+@click.option("--port", type=int, default=None,
+              help="Port for WebSocket and HTTP (0: any free) [6020].")
 @click.option("--name", default=None, help="Node name [node-<random>].")
 @click.option("--redis", "redis_url", default=None,
               help="Join the cluster on this Redis (redis://host:port/db).")
@@ -91,7 +89,7 @@ def use_uvloop(wanted: bool) -> str:
 def node(host: str | None, port: int | None, name: str | None, redis_url: str | None,
          config_file: str | None, auth_mode: str | None) -> None:
     """Run one broker node until SIGTERM or Ctrl-C (then drain and exit 0)."""
-    from .node import Node
+    from rpcbus.broker.node import Node
 
     try:
         cfg = config_mod.load(config_file, overrides={
@@ -115,7 +113,8 @@ def node(host: str | None, port: int | None, name: str | None, redis_url: str | 
     try:
         asyncio.run(run())
     except OSError as exc:  # the port is taken, the address is wrong, ...
-        raise click.ClickException(f"cannot listen on {cfg.node.host}:{cfg.node.port}: {exc}")
+        raise click.ClickException(
+            f"cannot listen on {cfg.node.host}:{cfg.node.port}: {exc}") from None
     if node_.failed:
         raise click.ClickException(node_.failed)
 
@@ -160,7 +159,7 @@ def call(rpc: str, data: str, url: str, timeout: float | None, user: str | None,
 @click.option("--calls", default=6, show_default=True, help="How many calls the demo makes.")
 def demo(calls: int) -> None:
     """Start a 3-node cluster, provide RPCs on some nodes, call from others, stop cleanly."""
-    from .demo import run_demo
+    from rpcbus.broker.demo import run_demo
 
     logs.configure("warning", "auto")
     sys.exit(asyncio.run(run_demo(calls)))
@@ -272,7 +271,7 @@ def config_cmd(defaults: bool) -> None:
               help="Read the password from the first line of stdin instead of a prompt.")
 def hash_password(from_stdin: bool) -> None:
     """Print an scrypt hash of a password for [auth.users.NAME] password."""
-    from .auth import hash_password as make
+    from rpcbus.broker.auth import hash_password as make
 
     if from_stdin:
         password = sys.stdin.readline().rstrip("\n")
@@ -286,7 +285,8 @@ def hash_password(from_stdin: bool) -> None:
 @main.command("new-token")
 def new_token() -> None:
     """Print a new random token (give it to the client) and its token_sha256 (for the config)."""
-    from .auth import new_token as make, token_digest
+    from rpcbus.broker.auth import new_token as make
+    from rpcbus.broker.auth import token_digest
 
     token = make()
     click.echo(f"token         = {token}")

@@ -165,7 +165,7 @@ def _coerce(key: str, kind: type, value: Any) -> Any:
 def _field_types(section: Any) -> dict[str, type]:
     hints = {"str": str, "int": int, "float": float, "bool": bool, "dict": dict,
              "dict[str, Any]": dict}
-    return {f.name: hints[f.type] for f in dataclasses.fields(section)}
+    return {f.name: hints[str(f.type)] for f in dataclasses.fields(section)}
 
 
 def _apply(config: Config, values: Mapping[str, Mapping[str, Any]], origin: str) -> None:
@@ -228,7 +228,7 @@ def _validate(config: Config) -> None:
                           "(rpcbus new-token prints them)")
     if bool(config.server.tls_cert) != bool(config.server.tls_key):
         raise ConfigError("server.tls_cert and server.tls_key: set both or neither")
-    from .auth import AuthConfigError, Users
+    from rpcbus.broker.auth import AuthConfigError, Users
     try:
         Users(config.auth.users, config.auth.roles)  # raises on a bad user or role
     except AuthConfigError as exc:

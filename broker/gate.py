@@ -19,6 +19,7 @@ connection is its own anonymous user.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 from collections import Counter, OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -28,9 +29,9 @@ from typing import Any, Callable
 import structlog
 from cachetools import TTLCache
 
-from .auth import User, Users, verify_password
-from .config import Config
-from .limits import WindowLimiter
+from rpcbus.broker.auth import User, Users, verify_password
+from rpcbus.broker.config import Config
+from rpcbus.broker.limits import WindowLimiter
 
 log = structlog.get_logger(module="rpcbus.auth")
 
@@ -117,7 +118,7 @@ class Gate:
             self.logins_running += 1
             future = loop.run_in_executor(self._pool, verify_password, login.stored,
                                           login.password)
-            future.add_done_callback(lambda f, login=login: self._checked(login, f))
+            future.add_done_callback(functools.partial(self._checked, login))
 
     def _checked(self, login: "_Login", f: asyncio.Future[bool]) -> None:
         self.logins_running -= 1

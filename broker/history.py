@@ -40,7 +40,8 @@ from typing import Any
 import structlog
 from msgpack import packb
 
-from rpcbus.schema import BOUNDS, HISTORY_SCHEMA_VERSION as SCHEMA_VERSION, OUTCOMES, Outcome, bucket_of
+from rpcbus.schema import BOUNDS, OUTCOMES, Outcome, bucket_of
+from rpcbus.schema import HISTORY_SCHEMA_VERSION as SCHEMA_VERSION
 
 log = structlog.get_logger(module="rpcbus.history")
 
@@ -177,13 +178,14 @@ class History:
             "schema_version": SCHEMA_VERSION,
             "window_start": round(start, 3), "window_end": round(end, 3),
             "rpc": rpc, "provider": provider, "served_by": self.node, "routed_by": routed_by,
-            "calls": sum(o), **dict(zip(OUTCOMES, o)),
+            "calls": sum(o), **dict(zip(OUTCOMES, o, strict=True)),
             "latency_bounds_s": list(BOUNDS), "latency_buckets": list(row.buckets),
             "latency_sampled": sampled, "latency_sum_s": round(row.lat_sum, 6),
             "latency_min_s": round(row.lat_min, 6) if sampled else None,
             "latency_max_s": round(row.lat_max, 6) if sampled else None,
             "peak_in_flight": max(row.peak, pending, 1),
-            "bytes_in": round(row.in_mean * sum(o)), "bytes_out": round(row.out_mean * o[Outcome.OK]),
+            "bytes_in": round(row.in_mean * sum(o)),
+            "bytes_out": round(row.out_mean * o[Outcome.OK]),
             "weight": 1.0 if weights is None else weights.of(rpc, provider),
         }
 

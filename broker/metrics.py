@@ -18,10 +18,10 @@ from prometheus_client.core import (
     Metric,
 )
 
-from .rpcstats import BOUNDS, SAMPLE
+from rpcbus.broker.rpcstats import BOUNDS, SAMPLE
 
 if TYPE_CHECKING:
-    from .node import Node
+    from rpcbus.broker.node import Node
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -84,7 +84,7 @@ class _NodeCollector:
             for code, n in list(stats.outcomes.items()):
                 calls.add_metric([rpc, code], n)
             cumulative, buckets = 0, []
-            for bound, n in zip((*map(str, BOUNDS), "+Inf"), stats.buckets):
+            for bound, n in zip((*map(str, BOUNDS), "+Inf"), stats.buckets, strict=True):
                 cumulative += n
                 buckets.append((bound, cumulative))
             latency.add_metric([rpc], buckets, stats.sum)

@@ -2,11 +2,13 @@
 
 ``Node.run()`` serves until ``stop()`` (SIGTERM/SIGINT in ``rpcbus node``), then
 shuts down in bounded steps, like uvicorn: refuse new connections (HTTP 503;
-``/readyz`` keeps answering 503 "draining") and report not ready; tell every client (``ERROR nil SHUTTING_DOWN``: the SDK moves to
+``/readyz`` keeps answering 503 "draining") and report not ready; tell every client (``ERROR nil
+SHUTTING_DOWN``: the SDK moves to
 another node); answer new REQUESTs with SHUTTING_DOWN; let calls in flight finish for
 up to ``server.drain_timeout`` seconds (a second ``stop()`` cuts that short);
 answer SHUTTING_DOWN to calls still waiting for discovery (none ran: the SDK sends
-them to another node) and abandon the rest; close every connection with 1001 (going away); return. Cancelling ``run()``
+them to another node) and abandon the rest; close every connection with 1001 (going away); return.
+Cancelling ``run()``
 skips the drain and closes at once.
 
 The same port answers plain HTTP through websockets' ``process_request``:
@@ -36,15 +38,14 @@ from websockets.asyncio.server import serve
 from websockets.frames import CloseCode
 
 from rpcbus import errors
-from rpcbus.protocol import ERROR
+from rpcbus.broker.auth import token_digest
+from rpcbus.broker.config import Config, ConfigError
+from rpcbus.broker.gate import Gate
 from rpcbus.broker.history import SCAN_INTERVAL
-
-from .auth import token_digest
-from .config import Config, ConfigError
-from .gate import Gate
-from .router import Router
-from .session import Session
-from .weights import WeightsError, WeightsFile
+from rpcbus.broker.router import Router
+from rpcbus.broker.session import Session
+from rpcbus.broker.weights import WeightsError, WeightsFile
+from rpcbus.protocol import ERROR
 
 log = structlog.get_logger(module="rpcbus.node")
 ADMIN_PATHS = frozenset({"/metrics", "/stats", "/cluster", "/dashboard"})
@@ -74,7 +75,7 @@ class Node:
         )
         self.link: Any = None  # the ClusterLink when cluster.redis_url is set
         self.history: Any = None  # cluster.history.History when history.dir is set
-        from .config import check_serving
+        from rpcbus.broker.config import check_serving
 
         check_serving(config)  # raises ConfigError: no users and auth not off on purpose
         self.weights_file: WeightsFile | None = None
@@ -118,9 +119,11 @@ class Node:
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             tls.load_cert_chain(cfg.server.tls_cert, cfg.server.tls_key)
         server = await serve(
-            self._handler, cfg.node.host, cfg.node.port,
+            self._handler,  # type: ignore[arg-type]  # it is handed our Sessions (below)
+            cfg.node.host, cfg.node.port,
             process_request=self._http,
-            create_connection=self._new_session,
+            # a factory of Session connections, where websockets' hints say "the class"
+            create_connection=self._new_session,  # type: ignore[arg-type]
             compression=None,
             max_size=cfg.limits.max_frame_bytes,
             ping_interval=cfg.server.ping_interval or None,
@@ -282,6 +285,7 @@ class Node:
 
     def _reload_weights(self) -> None:
         """The weights file changed: use it (a bad one is logged, the old weights stay)."""
+        assert self.weights_file is not None  # only watched when there is one
         try:
             weights = self.weights_file.reload()
         except WeightsError as e:
@@ -334,7 +338,7 @@ class Node:
             response.headers["Content-Type"] = "application/json"
             return response
         if path == "/dashboard":
-            from .dashboard import PAGE
+            from rpcbus.broker.dashboard import PAGE
 
             response = connection.respond(200, PAGE)
             response.headers["Content-Type"] = "text/html; charset=utf-8"
@@ -347,7 +351,7 @@ class Node:
             response.headers["Content-Type"] = "application/json"
             return response
         if path == "/metrics":
-            from .metrics import CONTENT_TYPE, render
+            from rpcbus.broker.metrics import CONTENT_TYPE, render
 
             response = connection.respond(200, render(self).decode())
             response.headers["Content-Type"] = CONTENT_TYPE

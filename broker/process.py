@@ -50,7 +50,12 @@ class NodeProcess:
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
-        for raw in self.proc.stderr:
+        with self.proc.stderr:  # closed at EOF: the node exited
+            self._read_lines(self.proc.stderr)
+        self._ready.set()  # exited: let start() report it
+
+    def _read_lines(self, stream: Any) -> None:
+        for raw in stream:
             text = raw.decode(errors="replace").rstrip()
             if self.echo:
                 print(text, file=sys.stderr)
@@ -66,7 +71,6 @@ class NodeProcess:
             if line.get("event") == "node_ready":
                 self.url, self.name = line["url"], line["node"]
                 self._ready.set()
-        self._ready.set()  # exited: let start() report it
 
     def wait_event(self, name: str, timeout: float = 10.0, count: int = 1,
                    **fields: Any) -> dict[str, Any]:

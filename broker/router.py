@@ -35,7 +35,8 @@ In a cluster the router also asks a ``ClusterView`` (cluster/link.py) for the
 other nodes that provide a name. The chance of a target is its provider count
 over the cluster-wide count: each local provider counts 1, a node counts its
 number of providers (with a weights file, ``set_weights``: a local provider
-counts its weight, a node the sum of its providers' weights). A call for a name whose providers elsewhere are being
+counts its weight, a node the sum of its providers' weights). A call for a name whose providers
+elsewhere are being
 discovered waits, with its deadline, until ``resume(name)``. A node attempt
 is first acknowledged (``ack``: the node has it) within the ack timeout;
 after that it waits for the node's ACCEPT, answer or REJECT until the
@@ -53,9 +54,10 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, cast
 
 from rpcbus import errors
+from rpcbus.broker.rpcstats import OTHER, SAMPLE, RpcStatsTable
 from rpcbus.deadlines import Deadlines
 from rpcbus.protocol import (
     ACCEPT,
@@ -68,13 +70,11 @@ from rpcbus.protocol import (
     RESPONSE,
     valid_name,
 )
-
 from rpcbus.schema import Outcome
 
-from .rpcstats import OTHER, SAMPLE, RpcStatsTable
-
 if TYPE_CHECKING:
-    from .history import Row
+    from rpcbus.broker.history import History, Row
+    from rpcbus.broker.weights import Weights
 
 HISTORY_SAMPLE = 16  # the load history measures latency and sizes of 1 attempt in 16
 _HISTORY_MASK = HISTORY_SAMPLE - 1
@@ -84,21 +84,31 @@ class Peer(Protocol):
     """A client session, another node (as a provider) or another node's INVOKE (as a
     caller): everything the router reads or keeps on one."""
 
-    closed: bool
-    label: str              # how providers see it as a caller (and logs name it)
-    user_name: str | None   # the caller's authenticated user, passed on to providers
     inflight: int           # its calls in flight as a caller (kept here)
-    provides: AbstractSet[str]  # names it provides (a provider's own set, kept here)
-    is_node: bool           # another node (or its INVOKE), not a client
-    provider_name: str      # how the load history names it as a provider
-    origin: str             # the node a call came from (INVOKEs; "" for clients)
-    hrows: dict[Any, Row]   # its load-history rows (providers on this node; history.py)
+
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def label(self) -> str: ...             # how providers see it as a caller (and logs)
+    @property
+    def user_name(self) -> str | None: ...  # the caller's authenticated user, for providers
+    @property
+    def provides(self) -> AbstractSet[str]: ...  # names it provides (kept here)
+    @property
+    def is_node(self) -> bool: ...          # another node (or its INVOKE), not a client
+    @property
+    def provider_name(self) -> str: ...     # how the load history names it as a provider
+    @property
+    def origin(self) -> str: ...            # the node a call came from ("" for clients)
+    @property
+    def hrows(self) -> dict[Any, Row]: ...  # its load-history rows (providers on this node)
 
     def send(self, msg: list[Any]) -> None: ...
 
 
 class Provider(Peer, Protocol):
-    provides: set[str]
+    @property
+    def provides(self) -> set[str]: ...
 
 
 class ClusterView(Protocol):
@@ -132,6 +142,12 @@ class Call:
     __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
                  "accepted", "acked", "checked", "tried", "local_only", "started",
                  "traceparent", "hrow", "hstart")
+    # set by each dispatch (see the end of __init__)
+    id: int
+    provider: Peer | None
+    accepted: bool
+    acked: bool
+    checked: float
 
     def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float) -> None:
         self.caller = caller
@@ -143,7 +159,7 @@ class Call:
         self.local_only = caller.is_node     # an INVOKE: never forwarded to a third node
         self.started = 0.0                   # the router's clock, when metrics are on
         self.traceparent: str | None = None
-        self.hrow: Any = None                # the current attempt's load-history row
+        self.hrow: Row | None = None         # the current attempt's load-history row
         self.hstart = 0.0
         # id (the current attempt's), provider, accepted, acked and checked (when the
         # node was asked whether it started the attempt; 0.0: not) are set by each dispatch.
@@ -158,6 +174,22 @@ class RouterStats:
                  "ack_timeouts", "rejects", "provider_gone", "retries", "late", "foreign",
                  "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled",
                  "ack_checks")
+    ok: int
+    provider_errors: int
+    no_provider: int
+    response_timeouts: int
+    ack_timeouts: int
+    rejects: int
+    provider_gone: int
+    retries: int
+    late: int
+    foreign: int
+    discarded: int
+    invalid_names: int
+    parked: int
+    cluster_unavailable: int
+    cancelled: int
+    ack_checks: int
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -191,14 +223,14 @@ class Router:
         self._clock = clock                  # None: no per-rpc metrics
         self.rpc_stats = RpcStatsTable()
         self._arrivals = 0                   # picks the calls whose latency is sampled
-        self.history: Any = None             # cluster.history.History, when recording
-        self.weights: Any = None             # broker.weights.Weights, when a file is loaded
+        self.history: History | None = None  # the load history, when recording
+        self.weights: Weights | None = None  # provider weights, when a file is loaded
         self._parked: dict[str, list[Call]] = {}
         self.count_changed: Callable[[str, float], None] | None = None  # (name, advertised)
         self._providers: dict[str, list[Peer]] = {}
         self._calls: dict[int, Call] = {}
         self._provider_peers: set[Peer] = set()  # peers that ever provided: only they hold attempts
-        self._deadlines = Deadlines(granularity, now)
+        self._deadlines = Deadlines[int](granularity, now)
         self._seq = 0
         self.stats = RouterStats()
 
@@ -238,7 +270,7 @@ class Router:
         weight = self.weights.of
         return sum(weight(name, p.provider_name) for p in peers)
 
-    def set_weights(self, weights: Any) -> None:
+    def set_weights(self, weights: Weights | None) -> None:
         """Use ``weights`` (broker.weights.Weights, or None: all 1) from the next call on;
         what this node advertises for each name changes with them."""
         self.weights = weights
@@ -284,7 +316,8 @@ class Router:
         if peer not in self._provider_peers and not peer.is_node:
             return
         self._provider_peers.discard(peer)
-        self.unprovide(peer, list(peer.provides))
+        if peer.provides:  # one that provides keeps a set of its own (a Provider)
+            self.unprovide(cast(Provider, peer), list(peer.provides))
         if self.history is not None and not peer.is_node:
             self.history.forget(peer)
         for call in [c for c in self._calls.values() if c.provider is peer]:
@@ -408,6 +441,7 @@ class Router:
             self._stray(peer, attempt, call)
             return
         if call.hstart:  # a measured attempt of the load history (answers are derived)
+            assert self.history is not None and call.hrow is not None
             self.history.answered(call.hrow, call.hstart, data)
         self.stats.ok += 1
         self._conclude(call, [RESPONSE, call.cid, data])
@@ -452,7 +486,8 @@ class Router:
             if call.caller is caller and call.cid == cid:
                 self._end_attempt(call)
                 if call.hrow is not None:
-                    self._history_end(call, Outcome.RESPONSE_TIMEOUTS)  # the origin's deadline passed
+                    # the origin's deadline passed
+                    self._history_end(call, Outcome.RESPONSE_TIMEOUTS)
                 self.stats.cancelled += 1
                 if call.provider is not None and not call.provider.closed:
                     call.provider.send([CANCEL, call.id])
@@ -498,13 +533,14 @@ class Router:
             del calls[attempt]
             if call.hrow is not None:
                 self._history_end(
-                    call, Outcome.RESPONSE_TIMEOUTS if msg is not None else Outcome.ACK_TIMEOUTS)  # response / ack timeout
+                    call, Outcome.RESPONSE_TIMEOUTS if msg is not None else Outcome.ACK_TIMEOUTS)
             provider = call.provider
             if provider is not None and not provider.closed:
                 provider.send([CANCEL, attempt])
             if msg is not None:
                 self._conclude(call, msg)
                 continue
+            assert provider is not None  # parked calls (no provider) never come here
             if provider.is_node and self.cluster is not None:
                 self.cluster.silent(call.name, provider)
             self._retry(call, now)
@@ -531,13 +567,13 @@ class Router:
         """Find the targets of a call (a call out of every table) and dispatch it."""
         local = self._providers.get(call.name, ())
         cluster = self.cluster
-        if cluster is None or call.local_only or (local and self.prefer_local):
-            remote: list[tuple[Peer, int]] | tuple[()] = ()
-        else:
-            remote = cluster.targets(call.name, now, discover)
-            if remote is None:
+        remote: Sequence[tuple[Peer, float]] = ()
+        if not (cluster is None or call.local_only or (local and self.prefer_local)):
+            found = cluster.targets(call.name, now, discover)
+            if found is None:
                 self._park(call)
                 return
+            remote = found
         self._dispatch(call, local, remote, now)
 
     def _park(self, call: Call) -> None:
@@ -551,13 +587,14 @@ class Router:
         self._deadlines.add(attempt, call.deadline)
         self._parked.setdefault(call.name, []).append(call)
 
-    def _dispatch(self, call: Call, local: list[Peer] | tuple[()],
-                  remote: list[tuple[Peer, int]] | tuple[()], now: float) -> None:
+    def _dispatch(self, call: Call, local: Sequence[Peer],
+                  remote: Sequence[tuple[Peer, float]], now: float) -> None:
         tried = call.tried
         if self.weights is not None:   # weights loaded: a local provider counts its weight
             provider = self._weighted(call.name, local, remote, tried)
         elif remote and tried is None:  # weighted: a local provider counts 1, a node its count
-            n_local = total = len(local)
+            n_local = len(local)
+            total: float = n_local
             for _, n in remote:
                 total += n
             pick = self._rand() * total
@@ -565,7 +602,7 @@ class Router:
                 provider = local[int(pick)]
             else:
                 pick -= n_local
-                for provider, n in remote:
+                for provider, n in remote:  # noqa: B007 (the loop leaves the pick in it)
                     pick -= n
                     if pick < 0:
                         break
@@ -616,8 +653,8 @@ class Router:
             provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
                            caller.label, int(now * 1000), call.traceparent, caller.user_name])
 
-    def _weighted(self, name: str, local: list[Peer] | tuple[()],
-                  remote: list[tuple[Peer, float]] | tuple[()],
+    def _weighted(self, name: str, local: Sequence[Peer],
+                  remote: Sequence[tuple[Peer, float]],
                   tried: set[Peer] | None) -> Peer | None:
         """A target not in ``tried``, chosen by weight: a local provider's from the weights
         file (1 without one), a node's the sum it advertises."""
@@ -657,15 +694,18 @@ class Router:
     def _retry(self, call: Call, now: float) -> None:
         """Move a call (already out of the tables) to another untried target."""
         self.stats.retries += 1
+        provider = call.provider
+        assert provider is not None  # a call is retried from an attempt at a provider
         if call.tried is None:
-            call.tried = {call.provider}
+            call.tried = {provider}
         else:
-            call.tried.add(call.provider)
+            call.tried.add(provider)
         self._route(call, now, discover=False)
 
     def _history_end(self, call: Call, outcome: Outcome) -> None:
         """History.end, inlined (hot): the attempt's outcome goes into its row."""
         row, call.hrow = call.hrow, None
+        assert row is not None and self.history is not None  # callers check call.hrow
         row.outcomes[outcome] += 1
         if call.hstart:
             self.history.observe(row, call.hstart)

@@ -31,6 +31,7 @@ from websockets.frames import CloseCode
 from websockets.protocol import OPEN
 
 from rpcbus import errors
+from rpcbus.broker.gate import BUSY
 from rpcbus.protocol import (
     ACCEPT,
     AUTH,
@@ -52,14 +53,12 @@ from rpcbus.protocol import (
     is_id,
     valid_name,
 )
-from rpcbus.transport import FrameIO
-
-from .gate import BUSY
+from rpcbus.transport import FrameData, FrameIO
 
 if TYPE_CHECKING:
-    from .auth import Permissions, User
-    from .limits import WindowLimiter
-    from .node import Node
+    from rpcbus.broker.auth import Permissions, User
+    from rpcbus.broker.limits import WindowLimiter
+    from rpcbus.broker.node import Node
 
 log = structlog.get_logger(module="rpcbus.session")
 
@@ -161,7 +160,7 @@ class Session(FrameIO, ServerConnection):
     def text_received(self) -> None:
         self.invalid(None, "text frames are not supported; send binary msgpack frames")
 
-    def frame_received(self, data: bytes) -> None:
+    def frame_received(self, data: FrameData) -> None:
         try:
             msgs = decode(data, self._max_frame_messages)
         except ProtocolError as exc:

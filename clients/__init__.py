@@ -11,8 +11,8 @@ The node is ``rpcbus.broker``, its Redis side ``rpcbus.cluster``, the offline an
 
 __version__ = "0.2.0"  # the one place: setup.cfg and ``rpcbus --version`` read it
 
-from .client import CallContext, Client, connect
-from .errors import (
+from rpcbus.client import CallContext, Client, connect
+from rpcbus.errors import (
     CODES,
     BusyError,
     ClusterUnavailableError,

@@ -11,11 +11,13 @@ class Backoff:
 
     def __init__(self, minimum: float = 0.1, maximum: float = 5.0,
                  rand: Callable[[], float] = random.random) -> None:
-        self.minimum, self.maximum, self._rand = minimum, maximum, rand
+        self.minimum = minimum
+        self.maximum = maximum
+        self._rand = rand
         self._attempt = 0
 
     def next(self) -> float:
-        ceiling = min(self.maximum, self.minimum * (2 ** self._attempt))
+        ceiling = min(self.maximum, self.minimum * 2.0 ** min(self._attempt, 60))
         self._attempt += 1
         return self.minimum / 2 + self._rand() * (ceiling - self.minimum / 2)
 

@@ -15,7 +15,8 @@ connection (they were not sent, so they cannot have run) until their
 deadline. A node that is shutting down tells its clients: the client moves to
 another URL at once, while calls and handlers already on the old connection
 finish there; a call the node refused with SHUTTING_DOWN never ran, so it is
-sent again on the next connection (not failed). ``on_state`` hears "connected", "reconnecting" and "closed".
+sent again on the next connection (not failed). ``on_state`` hears "connected", "reconnecting" and
+"closed".
 
 Providing: a handler gets the request's data (and, if it takes a second
 positional argument, a ``CallContext``). A plain function is answered as soon
@@ -32,24 +33,42 @@ dropped. Cancelling ``provide()`` may leave the name provided on the node.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import itertools
 import ssl
 from typing import Any, Callable, Sequence
 
 import structlog
-from websockets.asyncio.client import ClientConnection, connect as ws_connect
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import WebSocketException
 
-from . import errors
-from .backoff import Backoff
-from .deadlines import Deadlines
-from .handlers import CallContext, Handler, awaited, describe, failure, outcome
-from .protocol import (
-    ACCEPT, AUTH, AUTH_FAIL, AUTH_OK, CANCEL, ERROR, OK, PING, PONG, PROTOCOL_VERSION,
-    PROVIDE, REJECT, REQUEST, RESPONSE, UNPROVIDE, ProtocolError, decode, valid_name,
+from rpcbus import errors
+from rpcbus.backoff import Backoff
+from rpcbus.deadlines import Deadlines
+from rpcbus.handlers import CallContext, Handler, awaited, describe, failure, outcome
+from rpcbus.protocol import (
+    ACCEPT,
+    AUTH,
+    AUTH_FAIL,
+    AUTH_OK,
+    CANCEL,
+    ERROR,
+    OK,
+    PING,
+    PONG,
+    PROTOCOL_VERSION,
+    PROVIDE,
+    REJECT,
+    REQUEST,
+    RESPONSE,
+    UNPROVIDE,
+    ProtocolError,
+    decode,
+    valid_name,
 )
-from .transport import FrameIO
+from rpcbus.transport import FrameData, FrameIO
 
 __all__ = ["CallContext", "Client", "connect"]
 
@@ -63,9 +82,10 @@ class _NotRun(Exception):
 class _Wire(FrameIO, ClientConnection):
     """One websockets connection of a Client; frames go to the Client as they arrive."""
 
-    owner: "Client"
+    owner: Client
     url: str
     auth: asyncio.Future[dict[str, Any]]
+    session: dict[str, Any]                # the node's AUTH_OK
     draining = False                       # its node is shutting down: no new calls here
     # Staleness of REQUESTs: the node moves an attempt on after its ack timeout, so one
     # read later than that (this process was stalled or starved) may run elsewhere too.
@@ -80,7 +100,7 @@ class _Wire(FrameIO, ClientConnection):
     _skew_until = 0.0
     SKEW_WINDOW = 30.0
 
-    def frame_received(self, data: bytes) -> None:
+    def frame_received(self, data: FrameData) -> None:
         self._read_ms = self.loop.time() * 1000
         self.owner._on_frame(self, data)
 
@@ -115,7 +135,9 @@ class _Wire(FrameIO, ClientConnection):
 
 
 class Client:
-    """Connections to one or several nodes. Build it with ``clients.connect(...)``."""
+    """Connections to one or several nodes. Build it with ``rpcbus.connect(...)``."""
+
+    _deadlines: Deadlines[int]   # made by connect(), on the running loop's clock
 
     def __init__(self, urls: str | Sequence[str], *, name: str | None = None,
                  user: str | None = None, password: str | None = None,
@@ -152,11 +174,11 @@ class Client:
         self._new_tasks: list[tuple[_Wire, int]] = []
         self._sweeper: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
-        self._deadlines: Deadlines | None = None
         self._closed = False
         self.session: dict[str, Any] = {}     # the current node's AUTH_OK fields
         self._default_timeout = 10.0
-        self._last_error, self._last_exc = "", None
+        self._last_error = ""
+        self._last_exc: Exception | None = None
         self.stale_requests = 0               # REQUESTs refused unrun: read too late
 
     @property
@@ -172,7 +194,7 @@ class Client:
 
     async def _open(self) -> "Client":
         loop = asyncio.get_running_loop()
-        self._deadlines = Deadlines(0.05, loop.time())
+        self._deadlines = Deadlines[int](0.05, loop.time())
         wire = await self._connect_any(avoid=None)
         if wire is None:
             self._set_state("closed")
@@ -205,11 +227,15 @@ class Client:
         wire: _Wire | None = None
         try:
             async with asyncio.timeout(self._open_timeout):
-                tls = {"ssl": self._ssl or True} if url.startswith("wss:") else {}
-                wire = await ws_connect(url, create_connection=_Wire, compression=None, **tls,
-                                        max_size=self._max_size,
-                                        ping_interval=self._ping_interval,
-                                        open_timeout=self._open_timeout)
+                tls: ssl.SSLContext | bool | None = None
+                if url.startswith("wss:"):
+                    tls = self._ssl or True
+                connection = await ws_connect(url, create_connection=_Wire, compression=None,
+                                              ssl=tls, max_size=self._max_size,
+                                              ping_interval=self._ping_interval,
+                                              open_timeout=self._open_timeout)
+                assert isinstance(connection, _Wire)  # create_connection made it
+                wire = connection
                 wire.owner, wire.url = self, url
                 params: dict[str, Any] = {"protocol": PROTOCOL_VERSION, **self._credentials}
                 if self.name:
@@ -381,11 +407,14 @@ class Client:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._open_timeout):
             await self._connected.wait()
+        wire = self._wire
+        if wire is None:  # lost again since it connected
+            raise errors.ConnectionLostError(None, "the connection was lost")
         ref = next(self._ids)
         fut = loop.create_future()
         self._deadlines.add(ref, loop.time() + self._open_timeout)
         self._pending[ref] = fut
-        wire = self._where[ref] = self._wire
+        self._where[ref] = wire
         wire.send([kind, ref] if names is None else [kind, ref, names])
         try:
             return await fut
@@ -395,7 +424,7 @@ class Client:
 
     # -- frames in -----------------------------------------------------------------------
 
-    def _on_frame(self, wire: _Wire, data: bytes) -> None:
+    def _on_frame(self, wire: _Wire, data: FrameData) -> None:
         try:
             msgs = decode(data)
         except ProtocolError as exc:
@@ -487,7 +516,7 @@ class Client:
         task = wire.loop.create_task(awaited(result))
         self._running[key] = task
         self._new_tasks.append(key)
-        task.add_done_callback(lambda t, k=key, n=name: self._task_done(k, n, t))
+        task.add_done_callback(functools.partial(self._task_done, key, name))
 
     def _ack_new_tasks(self) -> None:
         """End of the tick that started handler tasks: answer the finished, ACCEPT the rest."""

@@ -18,10 +18,12 @@ filing costs one list append, not a heap push or a removal.
 from __future__ import annotations
 
 import math
-from typing import Hashable
+from typing import Generic, Hashable, Iterable, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
-class Deadlines:
+class Deadlines(Generic[K]):
     """Buckets of keys by due slot; see the module docstring for the lazy removal."""
 
     __slots__ = ("_granularity", "_buckets", "_next", "_last_slot", "_last_bucket")
@@ -30,16 +32,16 @@ class Deadlines:
         if granularity <= 0:
             raise ValueError("granularity must be positive")
         self._granularity = granularity
-        self._buckets: dict[int, list[Hashable]] = {}
+        self._buckets: dict[int, list[K]] = {}
         self._next = math.floor(now / granularity)  # lowest slot not yet swept
         self._last_slot = -1                         # cache: most deadlines share a slot
-        self._last_bucket: list[Hashable] = []
+        self._last_bucket: list[K] = []
 
     def __len__(self) -> int:
         """Keys filed and not yet swept (including ones their owner has since forgotten)."""
         return sum(len(b) for b in self._buckets.values())
 
-    def add(self, key: Hashable, deadline: float) -> None:
+    def add(self, key: K, deadline: float) -> None:
         """File ``key``, due at ``deadline``; one already in the past is due at the next sweep."""
         slot = math.ceil(deadline / self._granularity)
         if slot == self._last_slot:
@@ -54,13 +56,14 @@ class Deadlines:
         self._last_slot = slot
         self._last_bucket = bucket
 
-    def expire(self, now: float) -> list[Hashable]:
+    def expire(self, now: float) -> list[K]:
         """Remove and return every key due at or before ``now``, oldest slot first."""
         last = math.floor(now / self._granularity)
         if last < self._next:
             return []
-        due: list[Hashable] = []
+        due: list[K] = []
         buckets = self._buckets
+        slots: Iterable[int]
         if last - self._next > len(buckets):
             # Long idle gap: walk the (few) filled slots rather than every empty one.
             slots = sorted(s for s in buckets if s <= last)

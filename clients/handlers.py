@@ -9,8 +9,8 @@ from typing import Any, Awaitable, Callable
 
 import structlog
 
-from . import errors
-from .protocol import ERROR, REJECT, RESPONSE
+from rpcbus import errors
+from rpcbus.protocol import ERROR, REJECT, RESPONSE
 
 log = structlog.get_logger(module="rpcbus.client")
 
@@ -36,7 +36,7 @@ def describe(handler: Handler) -> tuple[Handler, bool, bool]:
     if not callable(handler):
         raise TypeError("handler must be callable")
     is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        getattr(handler, "__call__", None))
+        getattr(handler, "__call__", None))  # noqa: B004 (a callable object's method)
     return handler, is_async, _wants_context(handler)
 
 

@@ -29,7 +29,7 @@ Shapes (c = client, n = node, p = a client acting as provider)::
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 
@@ -86,7 +86,7 @@ class ProtocolError(ValueError):
     """A frame or message that does not follow the protocol; the text says why."""
 
 
-_packb = msgpack.packb
+_packb: Callable[[Any], bytes] = msgpack.packb  # (msgpack has no type hints)
 _unpackb = msgpack.unpackb
 
 
@@ -101,7 +101,7 @@ def encode(messages: list[list[Any]]) -> bytes:
     return _packb(messages)
 
 
-def decode(frame: bytes, max_messages: int = 0) -> list[list[Any]]:
+def decode(frame: bytes | bytearray | memoryview, max_messages: int = 0) -> list[list[Any]]:
     """The messages of one frame, as lists; raises ProtocolError on anything else.
 
     Only the outer shape is checked here (a message is a non-empty array

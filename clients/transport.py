@@ -19,7 +19,8 @@ maximum frame size.
 Writes: ``send(msg)`` appends to an outbox; the first message of a tick
 schedules one ``flush`` with ``call_soon``, which encodes the whole outbox as
 one frame (split only where it would exceed ``max_out_frame``; one message
-over that goes to ``oversized``) and writes it with one ``transport.write``. A peer that stops reading makes its transport
+over that goes to ``oversized``) and writes it with one ``transport.write``. A peer that stops
+reading makes its transport
 buffer grow; past ``max_write_buffer`` bytes the connection is closed
 (``on_slow_consumer``) rather than growing memory without bound. Messages
 sent after the connection closed are dropped and counted in ``dropped_out``.
@@ -27,9 +28,8 @@ sent after the connection closed are dropped and counted in ``dropped_out``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import os
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
@@ -40,9 +40,17 @@ try:
 except ImportError:  # pragma: no cover - websockets built without its C extension
     from websockets.utils import apply_mask
 
-from .protocol import MAX_FRAME_MESSAGES, encode
+from rpcbus.protocol import MAX_FRAME_MESSAGES, encode
 
 _packb = msgpack.packb
+
+#: One binary WebSocket message as the read path hands it over (no copy made).
+FrameData = bytes | bytearray | memoryview
+
+if TYPE_CHECKING:  # what the mixin is mixed into (it calls up to its methods)
+    from websockets.asyncio.connection import Connection as _Connection
+else:
+    _Connection = object
 
 
 def _array_header(n: int) -> bytes:
@@ -75,7 +83,8 @@ def pack_in_frames(parts: list[bytes], max_frame: int,
     size = 0
     for part in parts:
         if group and (size + len(part) + 5 > max_frame or len(group) >= max_messages):
-            frames.append(group[0] if len(group) == 1 else _array_header(len(group)) + b"".join(group))
+            frames.append(group[0] if len(group) == 1
+                          else _array_header(len(group)) + b"".join(group))
             group, size = [], 0
         group.append(part)
         size += len(part)
@@ -93,15 +102,15 @@ def _at_frame_boundary(protocol: Any) -> bool:
     and the connection simply stays on websockets' parser.
     """
     reader = getattr(protocol, "reader", None)
-    if reader is None or getattr(reader, "buffer", b"x"):
+    if reader is None or getattr(reader, "buffer", True):
         return False
     gen = getattr(protocol, "parser", None)
-    while getattr(gen, "gi_yieldfrom", None) is not None:
-        gen = gen.gi_yieldfrom
+    while (inner := getattr(gen, "gi_yieldfrom", None)) is not None:
+        gen = inner
     return getattr(getattr(gen, "gi_code", None), "co_name", "") == "at_eof"
 
 
-class FrameIO:
+class FrameIO(_Connection):
     """Mixin for a websockets asyncio connection; see the module docstring.
 
     List it first: ``class Session(FrameIO, ServerConnection)``. Subclasses
@@ -226,7 +235,7 @@ class FrameIO:
         else:  # control frames: websockets answers pings, matches pongs, closes
             super().process_event(event)
 
-    def frame_received(self, data: bytes) -> None:
+    def frame_received(self, data: FrameData) -> None:
         raise NotImplementedError
 
     def text_received(self) -> None:
@@ -234,7 +243,9 @@ class FrameIO:
 
     # -- out -------------------------------------------------------------------------
 
-    def send(self, msg: list[Any]) -> None:
+    # The connection's send is the message outbox; websockets' own (a coroutine sending
+    # one WebSocket message) is never used on these connections.
+    def send(self, msg: list[Any]) -> None:  # type: ignore[override]
         """Queue a message; it leaves with everything else queued in this loop tick."""
         out = self._out
         out.append(msg)

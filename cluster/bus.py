@@ -42,10 +42,9 @@ import structlog
 from redis.exceptions import RedisError
 
 from rpcbus.backoff import Backoff
-
-from . import redisconn
-from .messages import BadBatch, Batch, decode_batch, encode_batch
-from .seal import ReplayGuard, Sealer, SealError, SkewError
+from rpcbus.cluster import redisconn
+from rpcbus.cluster.messages import BadBatch, Batch, decode_batch, encode_batch
+from rpcbus.cluster.seal import ReplayGuard, Sealer, SealError, SkewError
 
 log = structlog.get_logger(module="rpcbus.bus")
 
@@ -185,7 +184,8 @@ class Bus:
                 await self._session
                 reason = "closed"
             except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():  # run() itself was cancelled
+                me = asyncio.current_task()
+                if me is not None and me.cancelling():  # run() itself was cancelled
                     self._session.cancel()
                     raise
                 reason = "stale"
@@ -227,13 +227,13 @@ class Bus:
             self._on_up()
             self._send_held()
             writer = asyncio.create_task(self._write(pub))
-            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait((reader, writer), return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()  # raise what ended it
         finally:
-            for task in (reader, writer):  # a session ended by stale() leaves both running
-                if task is not None:
-                    task.cancel()
+            for running in (reader, writer):  # a session ended by stale() leaves both running
+                if running is not None:
+                    running.cancel()
                     task.add_done_callback(_retrieve)
             for closer in (pubsub.aclose(), pub.aclose(), sub.aclose()):
                 try:

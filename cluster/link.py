@@ -38,15 +38,14 @@ from typing import Any
 import structlog
 
 from rpcbus import errors
-
-from . import messages as m
-from .bus import Bus
-from .membership import Membership
-from .peers import RecentIds, RemoteCaller, RemoteNode
-from .providers import ProviderCache
-from .routing import Routing
-from .seal import Sealer
-from .settings import ClusterSection
+from rpcbus.cluster import messages as m
+from rpcbus.cluster.bus import Bus
+from rpcbus.cluster.membership import Membership
+from rpcbus.cluster.peers import RecentIds, RemoteCaller, RemoteNode
+from rpcbus.cluster.providers import ProviderCache
+from rpcbus.cluster.routing import Routing
+from rpcbus.cluster.seal import Sealer
+from rpcbus.cluster.settings import ClusterSection
 
 log = structlog.get_logger(module="rpcbus.cluster")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .messages import READY
+from rpcbus.cluster.messages import READY
 
 
 @dataclass

@@ -91,7 +91,8 @@ def encode_batch(sender: str, incarnation: int, to: int, sent_at: float,
                  messages: list[list[Any]]) -> bytes:
     """Raises ValueError or TypeError when msgpack cannot carry a message (too deep a
     nesting, an object it does not know): the caller drops what it could not send."""
-    return msgpack.packb([sender, incarnation, to, sent_at, messages])
+    packed: bytes = msgpack.packb([sender, incarnation, to, sent_at, messages])
+    return packed
 
 
 def decode_batch(payload: bytes) -> Batch:

@@ -14,13 +14,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rpcbus import errors
-from rpcbus.protocol import ACCEPT, ACK_CHECK, CANCEL as C_CANCEL, ERROR as C_ERROR, REQUEST, RESPONSE as C_RESPONSE
-
-from . import messages as m
-from .bus import Bus
+from rpcbus.cluster import messages as m
+from rpcbus.cluster.bus import Bus
+from rpcbus.protocol import ACCEPT, ACK_CHECK, REQUEST
+from rpcbus.protocol import CANCEL as C_CANCEL
+from rpcbus.protocol import ERROR as C_ERROR
+from rpcbus.protocol import RESPONSE as C_RESPONSE
 
 if TYPE_CHECKING:
-    from .link import ClusterLink
+    from rpcbus.cluster.link import ClusterLink
 
 
 class RemoteNode:
@@ -76,7 +78,7 @@ class RemoteCaller:
         self.id, self.label = attempt, label
         self.user_name = invoke[8] if len(invoke) > 8 else None  # checked at the origin
         self.inflight = 0
-        self.invoke = invoke      # the INVOKE, until it starts
+        self.invoke: list[Any] | None = invoke  # the INVOKE, until it starts
         self.late_at = late_at    # starting after this, the origin may have moved it on
         self.deadline = invoke[4]  # the call's, on this node's clock
 
@@ -88,6 +90,8 @@ class RemoteCaller:
         if link.invoked.get(key) is not self:  # cancelled meanwhile
             return
         msg, self.invoke = self.invoke, None
+        if msg is None:  # started already
+            return
         t = link.loop.time()
         if t > self.late_at:
             # This process stalled before Redis took the ACK (a SIGSTOP, a starved

@@ -21,7 +21,7 @@ Concurrent misses for one name share one query.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from cachetools import TTLCache
 
@@ -38,7 +38,7 @@ class Entry:
     def __init__(self, counts: dict[str, float]) -> None:
         self.counts = {n: c for n, c in counts.items() if c > 0}
         self.targets = list(self.counts.items())
-        self.peers: list | None = None  # the owner's memo of targets as its peer objects
+        self.peers: list[Any] | None = None  # the owner's memo of targets as its peer objects
 
     def set(self, node: str, count: float) -> None:
         if count > 0:

@@ -11,14 +11,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
-    from .link import ClusterLink
-    from .peers import RemoteCaller, RemoteNode
+    from rpcbus.cluster.link import ClusterLink
+    from rpcbus.cluster.peers import RemoteCaller, RemoteNode
 
 
 class Routing(Protocol):
     ack_timeout: float
-    cluster: ClusterLink | None
     count_changed: Callable[[str, float], None] | None
+
+    # the link hands itself to the router (which sees it as its view of the cluster)
+    @property
+    def cluster(self) -> object: ...
+    @cluster.setter
+    def cluster(self, link: ClusterLink) -> None: ...
 
     # answers of other nodes to this node's attempts
     def ack(self, peer: RemoteNode, attempt: int) -> None: ...

@@ -7,11 +7,9 @@ from typing import Any
 
 import msgpack
 
-
-from . import messages as m
-from . import redisconn
-from .seal import Sealer, SealError, SkewError
-
+from rpcbus.cluster import messages as m
+from rpcbus.cluster import redisconn
+from rpcbus.cluster.seal import Sealer, SealError, SkewError
 
 CLOCK_WARN_S = 1.0  # a node's clock this far off this machine's gets a line of its own
 

@@ -1,7 +1,20 @@
-"""Suite-wide: no test may leave a process behind (nodes, redis-server, workers)."""
+"""Suite-wide: no test may leave a process behind (nodes, redis-server, workers), nor a
+raw protocol connection open (warnings are errors: an unclosed socket fails a later test)."""
 
 import psutil
 import pytest
+
+from .integration.raw import RawPeer
+
+
+@pytest.fixture(autouse=True)
+async def raw_peers_dropped():
+    """After each test, the raw peers it left open are dropped (as a crashed process's)."""
+    yield
+    peers, RawPeer.opened[:] = list(RawPeer.opened), []
+    for peer in peers:
+        if peer.ws.transport is not None and not peer.ws.transport.is_closing():
+            peer.abort()
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -8,22 +8,30 @@ import json
 import math
 import statistics
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
-from rpcbus.broker.rpcstats import BOUNDS
-from rpcbus.broker.weights import load as load_weights
 from rpcbus.analytics import analysis, findings
 from rpcbus.analytics.historygen import generate
+from rpcbus.broker.rpcstats import BOUNDS
+from rpcbus.broker.weights import load as load_weights
 
 COUNTS = analysis.COUNTS
 HALF_LIFE = 1800.0
+
+# PySpark starts its JVM with a stdin pipe it never closes (the JVM watches it to exit with
+# the driver): that pipe's ResourceWarning is PySpark's, at garbage collection.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:unclosed file <_io.BufferedWriter:ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
 
 
 def history_rows(history):
     rows = []
     for path in glob.glob(f"{history}/**/*.jsonl", recursive=True):
-        for line in open(path):
+        for line in Path(path).read_text().splitlines():
             try:
                 rows.append(json.loads(line))
             except ValueError:
@@ -47,13 +55,13 @@ def aggregate(rows, key):
     for r in rows:
         g = groups.setdefault(key(r), {"counts": [0] * len(COUNTS), "peak": 0, "bytes": [0, 0],
                                        "buckets": [0] * (len(BOUNDS) + 1)})
-        g["counts"] = [a + r[c] for a, c in zip(g["counts"], COUNTS)]
-        g["buckets"] = [a + b for a, b in zip(g["buckets"], r["latency_buckets"])]
+        g["counts"] = [a + r[c] for a, c in zip(g["counts"], COUNTS, strict=True)]
+        g["buckets"] = [a + b for a, b in zip(g["buckets"], r["latency_buckets"], strict=True)]
         g["peak"] = max(g["peak"], r["peak_in_flight"])
         g["bytes"] = [g["bytes"][0] + r["bytes_in"], g["bytes"][1] + r["bytes_out"]]
     out = {}
     for k, g in groups.items():
-        c = dict(zip(COUNTS, g["counts"]))
+        c = dict(zip(COUNTS, g["counts"], strict=True))
         out[k] = {**c, "peak_in_flight": g["peak"], "bytes_in": g["bytes"][0],
                   "bytes_out": g["bytes"][1], **quantiles(g["buckets"]),
                   "failure_rate": (c["errors"] + c["ack_timeouts"] + c["response_timeouts"])
@@ -171,8 +179,8 @@ def test_period_and_provider_tables_equal_the_reference(job):
     rows, written, table, _ = job
     assert written["rows_read"] == len(rows) + 2 and written["rows_skipped"] == 2
     for name, seconds in analysis.PERIODS.items():
-        want = aggregate(rows, lambda r: (r["provider"], r["rpc"], r["served_by"],
-                                          int(math.floor(r["window_start"] / seconds) * seconds)))
+        want = aggregate(rows, lambda r, s=seconds: (r["provider"], r["rpc"], r["served_by"],
+                                                    int(math.floor(r["window_start"] / s) * s)))
         got = {(r["provider"], r["rpc"], r["served_by"], r["period_start"]): r
                for r in table(name)}
         assert written[name] == len(want) == len(got)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 import rpcbus
+
+
 async def test_cluster_up_status_and_a_clean_stop():
     up = subprocess.Popen([sys.executable, "-m", "rpcbus.broker", "cluster", "up", "--nodes", "2",
                            "--base-port", "0"], stdout=subprocess.PIPE, text=True)
@@ -26,14 +28,16 @@ async def test_cluster_up_status_and_a_clean_stop():
         async with rpcbus.connect(urls[0]) as prov:
             await prov.provide("billing.charge", lambda d: d)
             status = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--redis", redis_url,
+                subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--redis",
+                                 redis_url,
                                  "--listen", "2.5"], capture_output=True, text=True, timeout=30)
             assert status.returncode == 0, status.stderr
             assert re.search(r"^n1\s+ready\s+ws://", status.stdout, re.M), status.stdout
             assert re.search(r"^n2\s+ready\s+ws://", status.stdout, re.M), status.stdout
             assert re.search(r"^billing\.charge\s+n1: 1$", status.stdout, re.M), status.stdout
             as_json = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--redis", redis_url,
+                subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--redis",
+                                 redis_url,
                                  "--listen", "1.5", "--json"], capture_output=True, text=True,
                 timeout=30)
             nodes = json.loads(as_json.stdout)
@@ -52,6 +56,7 @@ async def test_cluster_up_status_and_a_clean_stop():
                 if watch.poll() is None:
                     watch.kill()
                     watch.wait()
+                watch.stdout.close()
         up.send_signal(signal.SIGINT)
         rest = await asyncio.to_thread(up.communicate, timeout=30)
         assert up.returncode == 0 and "n1 exit 0, n2 exit 0" in rest[0]
@@ -65,3 +70,4 @@ async def test_cluster_up_status_and_a_clean_stop():
         if up.poll() is None:
             up.kill()
             up.wait()
+        up.stdout.close()

@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 import rpcbus
+
 CALLS = 600
 SLOW_S = 0.3     # the slow provider's handler; the others answer at once
 

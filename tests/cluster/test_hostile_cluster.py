@@ -7,14 +7,15 @@ import asyncio
 import glob
 import json
 import time
+from pathlib import Path
 
 import msgpack
 import pytest
 import redis.asyncio as aioredis
 
 import rpcbus
-from rpcbus.broker.auth import hash_password, token_digest
 from rpcbus import protocol as p
+from rpcbus.broker.auth import hash_password, token_digest
 from rpcbus.cluster.seal import new_key
 from tests.integration.raw import RawPeer
 from tests.integration.test_operations import get
@@ -96,9 +97,11 @@ class Healthy:
 
     async def __aexit__(self, *exc):
         self.stop.set()
-        await self.task
-        await self.caller.close()
-        await self.prov.close()
+        try:
+            await self.task
+        finally:
+            await self.caller.close()
+            await self.prov.close()
 
 
 async def test_data_nested_too_deeply_for_the_bus_is_refused_to_its_sender(guarded):
@@ -321,6 +324,6 @@ async def test_a_client_cannot_pass_for_another_user(guarded, tmp_path):
     for node in (n1, n2):
         assert node.stop() == 0
     rows = [json.loads(line) for path in glob.glob(f"{tmp_path}/*/*/node=*/*.jsonl")
-            for line in open(path)]
+            for line in Path(path).read_text().splitlines()]
     assert {r["provider"] for r in rows if r["rpc"] == "pub.who"} == \
         {"mallory/worker", "worker"}

@@ -4,8 +4,10 @@ nodes; metrics count the bus."""
 import asyncio
 import glob
 import json
+from pathlib import Path
 
 import rpcbus
+
 from ..integration.test_operations import TRACE, get, samples
 
 
@@ -72,7 +74,7 @@ async def test_history_names_the_routing_and_the_serving_node(make_cluster, tmp_
     for node in (n1, n2):
         assert node.stop() == 0                             # the last window is flushed
     rows = [json.loads(line) for path in glob.glob(f"{tmp_path}/*/*/node=*/*.jsonl")
-            for line in open(path)]
+            for line in Path(path).read_text().splitlines()]
     far = [r for r in rows if r["rpc"] == "h.far"]
     assert {(r["served_by"], r["routed_by"], r["provider"]) for r in far} == \
         {("n2", "n1", "far-worker")}

@@ -5,7 +5,6 @@ import math
 import signal
 from collections import Counter
 
-
 import rpcbus
 from rpcbus import protocol as p
 
@@ -98,7 +97,7 @@ async def test_reject_and_silent_providers_fail_over_across_nodes(cluster3):
         runs[("good", data)] += 1
         return data
 
-    async with rpcbus.connect(n1.url) as a, rpcbus.connect(n1.url) as b, \
+    async with rpcbus.connect(n1.url) as a, rpcbus.connect(n1.url) as _b, \
             rpcbus.connect(n2.url) as g, rpcbus.connect(n3.url) as c:
         await a.provide("failover", refuse)
         await g.provide("failover", good)

@@ -7,6 +7,8 @@ import signal
 import pytest
 
 import rpcbus
+
+
 class States:
     """An ``on_state`` callback that tests can await."""
 

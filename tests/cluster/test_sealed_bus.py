@@ -13,9 +13,9 @@ import pytest
 import redis.asyncio as aioredis
 
 import rpcbus
+from rpcbus.broker.local import LocalCluster, RedisSentinel, RedisServer
 from rpcbus.broker.process import NodeProcess
 from rpcbus.cluster import messages as m
-from rpcbus.broker.local import LocalCluster, RedisSentinel, RedisServer
 from rpcbus.cluster.seal import Sealer, new_key
 
 from .conftest import FAST, stats

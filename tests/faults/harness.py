@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import rpcbus
-from rpcbus.errors import CODES
 from rpcbus.broker.local import LocalCluster
+from rpcbus.errors import CODES
 
 from ..quiet import no_gc_pauses
 from .proxy import Proxy
@@ -231,6 +231,7 @@ class Scenario:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+            proc.stdout.close()
         self.cluster.stop()
         if self.proxy is not None:
             self.proxy.stop()

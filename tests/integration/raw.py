@@ -9,7 +9,10 @@ from rpcbus import protocol as p
 
 
 class RawPeer:
+    opened: "list[RawPeer]" = []   # every peer opened, for the suite to drop after each test
+
     def __init__(self, ws):
+        RawPeer.opened.append(self)
         self.ws = ws
         self.backlog = []
         self.session = None

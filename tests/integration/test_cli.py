@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 
-
 import rpcbus
 from rpcbus import protocol as p
 

@@ -82,7 +82,8 @@ async def test_frames_split_at_any_byte_are_reassembled(node, step):
     data = peer.take_bytes(lambda: peer.proto.send_binary(p.encode([[p.AUTH, {}]])))
     sizes = [10, 200, 70_000]                 # 7-bit, 16-bit and 64-bit length encodings
     for size in sizes:
-        data += peer.take_bytes(lambda: peer.proto.send_binary(p.encode([[p.PING, b"x" * size]])))
+        data += peer.take_bytes(
+            lambda size=size: peer.proto.send_binary(p.encode([[p.PING, b"x" * size]])))
     data += peer.take_bytes(lambda: peer.proto.send_binary(p.encode([[p.PING, 1], [p.PING, 2]])))
     await peer.dribble(data, step)
     assert (await peer.message(p.AUTH_OK))[1]["protocol"] == 1

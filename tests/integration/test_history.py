@@ -4,10 +4,11 @@ import asyncio
 import glob
 import json
 import os
+from pathlib import Path
 
 import rpcbus
-from rpcbus.broker.process import NodeProcess
 from rpcbus.broker.history import SCHEMA_VERSION
+from rpcbus.broker.process import NodeProcess
 
 from .conftest import FAST
 
@@ -24,7 +25,7 @@ async def test_history_counts_every_attempt_per_provider_and_window(tmp_path):
 
             await good.provide("h.echo", echo)
             await bad.provide("h.fail", lambda d: 1 / 0)
-            for burst in range(4):                         # spread over several windows
+            for _ in range(4):                              # spread over several windows
                 sent = [{"i": i, "pad": "x" * 200} for i in range(100)]  # 210 bytes each
                 assert await asyncio.gather(*(caller.call("h.echo", d, timeout=5)
                                               for d in sent)) == sent
@@ -38,7 +39,7 @@ async def test_history_counts_every_attempt_per_provider_and_window(tmp_path):
     finally:
         assert node.stop() == 0
     rows = [json.loads(line) for path in glob.glob(f"{tmp_path}/date=*/hour=*/node=*/*.jsonl")
-            for line in open(path)]
+            for line in Path(path).read_text().splitlines()]
     assert rows and all(r["schema_version"] == SCHEMA_VERSION for r in rows)
     assert {os.path.basename(os.path.dirname(p)) for p in
             glob.glob(f"{tmp_path}/date=*/hour=*/node=*/*.jsonl")} == {f"node={node.name}"}

@@ -159,7 +159,8 @@ def _mutate(rng, frame):
 
 async def test_fuzzed_frames_from_many_connections_leave_the_node_serving(node, healthy):
     """Mutated valid frames and random msgpack shapes over 60 connections (some never
-    authenticated; most are closed for garbage after a few dozen frames): the node answers or closes them, keeps serving the healthy
+    authenticated; most are closed for garbage after a few dozen frames): the node answers or
+    closes them, keeps serving the healthy
     client correctly, raises nothing, and its memory stays bounded."""
     rng = random.Random(11)
     corpus = [p.encode([m]) for m in (

@@ -173,6 +173,7 @@ async def test_a_stalled_provider_refuses_the_requests_the_node_moved_on_meanwhi
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
 
 
 async def test_response_timeout_fails_the_call_and_cancels_the_handler(node):

@@ -14,9 +14,9 @@ from cryptography.x509.oid import NameOID
 from websockets.exceptions import ConnectionClosed
 
 import rpcbus
+from rpcbus import protocol as p
 from rpcbus.broker.auth import hash_password, token_digest
 from rpcbus.broker.process import NodeProcess
-from rpcbus import protocol as p
 
 from .conftest import FAST, stats
 from .raw import RawPeer

@@ -7,12 +7,12 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpcbus.broker.router import ACK_CHECK, Router
 from rpcbus import errors
-from rpcbus.protocol import ACCEPT, CANCEL, ERROR, REQUEST, RESPONSE
+from rpcbus.broker.router import ACK_CHECK, Router
 from rpcbus.cluster import messages as m
 from rpcbus.cluster.membership import Membership
 from rpcbus.cluster.providers import ProviderCache
+from rpcbus.protocol import ACCEPT, CANCEL, ERROR, REQUEST, RESPONSE
 
 from .test_router import Peer
 

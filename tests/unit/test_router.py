@@ -5,8 +5,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpcbus.broker.router import Router
 from rpcbus import errors
+from rpcbus.broker.router import Router
 from rpcbus.protocol import CANCEL, ERROR, REQUEST, RESPONSE
 
 

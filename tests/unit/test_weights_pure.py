@@ -5,8 +5,8 @@ import json
 import pytest
 
 from rpcbus.broker.weights import Weights, WeightsError, WeightsFile, load
-from rpcbus.protocol import REQUEST
 from rpcbus.cluster import messages as m
+from rpcbus.protocol import REQUEST
 
 from .test_cluster_pure import Node, View, router
 from .test_router import Peer

@@ -1,0 +1,60 @@
+"""The house rules of the package: imports run one way; the SDK imports nothing of the node."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+# folder -> (package, layer): SDK and wire core < cluster < broker < analytics < benchmarks
+# (the benchmarks measure the analytics too)
+FOLDERS = {"clients": ("rpcbus", 0), "conf": ("rpcbus.conf", 0),
+           "cluster": ("rpcbus.cluster", 1), "broker": ("rpcbus.broker", 2),
+           "analytics": ("rpcbus.analytics", 3), "benchmarks": ("rpcbus.benchmarks", 4)}
+LAYER_OF = sorted(((pkg, layer) for pkg, layer in FOLDERS.values() if pkg != "rpcbus"),
+                  key=lambda p: -len(p[0]))
+
+
+def layer(module: str) -> int | None:
+    if module != "rpcbus" and not module.startswith("rpcbus."):
+        return None
+    for pkg, n in LAYER_OF:
+        if module == pkg or module.startswith(pkg + "."):
+            return n
+    return 0
+
+
+def imports(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):  # lazy ones too
+        if isinstance(node, ast.Import):
+            yield from ((a.name, node.lineno) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: a relative import"
+            yield node.module, node.lineno
+            yield from ((f"{node.module}.{a.name}", node.lineno) for a in node.names)
+
+
+def test_imports_run_one_way():
+    upward = []
+    for folder, (_, mine) in FOLDERS.items():
+        for path in sorted((ROOT / folder).glob("*.py")):
+            for module, line in imports(path):
+                theirs = layer(module)
+                if theirs is not None and theirs > mine:
+                    upward.append(f"{folder}/{path.name}:{line} imports {module}")
+                if module.split(".")[0] in FOLDERS:
+                    upward.append(f"{folder}/{path.name}:{line} imports {module} by its folder")
+    assert not upward, "\n".join(upward)
+
+
+def test_importing_the_sdk_imports_nothing_of_the_node(tmp_path):
+    code = "import json, sys, rpcbus; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, check=True).stdout
+    loaded = set(json.loads(out))
+    node_only = {"redis", "hiredis", "cryptography", "prometheus_client", "pyspark", "click",
+                 "cachetools", "uvloop", "rpcbus.broker", "rpcbus.cluster", "rpcbus.analytics",
+                 "rpcbus.benchmarks"}
+    assert "rpcbus.client" in loaded          # it did import the SDK
+    assert not loaded & node_only, loaded & node_only

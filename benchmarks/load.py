@@ -32,7 +32,8 @@ from rpcbus.broker.local import LocalCluster
 from rpcbus.broker.process import NodeProcess
 
 
-def _spawn(role: str, *args: str, module: str = "benchmarks.workers") -> subprocess.Popen[str]:
+def _spawn(role: str, *args: str,
+           module: str = "rpcbus.benchmarks.workers") -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", module, role, *args],
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
 
@@ -61,7 +62,7 @@ def _histogram(latencies_us: list[int]) -> Any:
 
 def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
                 stats_urls: list[str] = (), redis_cpu: Any = None,
-                role: str = "caller", module: str = "benchmarks.workers") -> dict[str, Any]:
+                role: str = "caller", module: str = "rpcbus.benchmarks.workers") -> dict[str, Any]:
     """Run the callers (round-robin over ``urls``); sample CPU and /stats over the window.
 
     ``role``/``module``: another caller with the same flags and output (benchmarks/peers.py).

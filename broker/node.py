@@ -162,8 +162,9 @@ class Node:
             await self._shutdown(server)
         finally:
             ticker.cancel()
-            if bus is not None:
+            if bus is not None:  # its Redis links closed before this returns
                 bus.cancel()
+                await asyncio.wait((bus,), timeout=5.0)
             server.close(close_connections=True)
             await server.wait_closed()
             self.gate.close()

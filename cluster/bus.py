@@ -177,7 +177,8 @@ class Bus:
             self._session.cancel()
 
     async def run(self) -> None:
-        """Connect, serve, reconnect with backoff, for ever (until cancelled)."""
+        """Connect, serve, reconnect with backoff, for ever. Cancelling it ends the session
+        and waits (at most 5 s) for its Redis links to close."""
         while True:
             self._session = asyncio.create_task(self._serve_once())
             try:
@@ -186,7 +187,8 @@ class Bus:
             except asyncio.CancelledError:
                 me = asyncio.current_task()
                 if me is not None and me.cancelling():  # run() itself was cancelled
-                    self._session.cancel()
+                    self._session.cancel()  # and it closes its Redis links (at most ~3 s)
+                    await asyncio.wait((self._session,), timeout=5.0)
                     raise
                 reason = "stale"
             except (RedisError, OSError) as exc:
@@ -234,7 +236,7 @@ class Bus:
             for running in (reader, writer):  # a session ended by stale() leaves both running
                 if running is not None:
                     running.cancel()
-                    task.add_done_callback(_retrieve)
+                    running.add_done_callback(_retrieve)
             for closer in (pubsub.aclose(), pub.aclose(), sub.aclose()):
                 try:
                     async with asyncio.timeout(1.0):

@@ -157,15 +157,19 @@ class Proxy:
         self._send("reset")
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """EOF on its stdin: the child closes and exits (killed after 5 s); pipes closed."""
+        proc = self.proc
+        if proc is None:
             return
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()                   # EOF: the child closes and exits
+        assert proc.stdin is not None and proc.stdout is not None
+        if not proc.stdin.closed:
+            proc.stdin.close()
         try:
-            self.proc.wait(5)
+            proc.wait(5)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
 
 
 if __name__ == "__main__":

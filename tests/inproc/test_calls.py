@@ -1,0 +1,163 @@
+"""RPC semantics on one node: an in-process node (sessions, router, WebSocket server on
+this test's loop) and real WebSocket clients. The node runs with ack_timeout 0.3 s and
+response_timeout 2 s (tests/inproc/conftest.FAST). What needs a node process of its own
+(a stalled worker, signals, HTTP from this thread, load) is in tests/integration/test_rpc.py.
+"""
+
+import asyncio
+import time
+from collections import Counter
+
+import pytest
+
+import rpcbus
+from rpcbus import protocol as p
+
+from ..integration.raw import RawPeer
+from .conftest import stats
+
+
+async def test_provide_and_call_with_sync_async_and_context_handlers(node):
+    def add(data):
+        return data["a"] + data["b"]
+
+    async def slow_upper(data):
+        await asyncio.sleep(0.01)
+        return data.upper()
+
+    def whoami(data, ctx):
+        return {"rpc": ctx.rpc, "caller": ctx.caller, "left": ctx.time_left, "id": ctx.call_id}
+
+    async with rpcbus.connect(node.url, name="prov") as prov, \
+            rpcbus.connect(node.url, name="alice") as caller:
+        await prov.provide("math.add", add)
+        await prov.provide("text.upper", slow_upper)
+        await prov.provide("who", whoami)
+        assert await caller.call("math.add", {"a": 1, "b": 2}, timeout=5.0) == 3
+        assert await caller.call("text.upper", "abc") == "ABC"
+        ctx = await caller.call("who", None, timeout=3.0)
+        assert ctx["rpc"] == "who" and ctx["caller"].startswith("alice@")
+        assert 2.0 < ctx["left"] <= 3.0 and isinstance(ctx["id"], int)
+        assert caller.session["node"] == node.name
+
+
+async def test_unknown_rpc_is_no_provider_and_errors_carry_stable_codes(node):
+    async with rpcbus.connect(node.url) as c:
+        with pytest.raises(rpcbus.NoProviderError) as err:
+            await c.call("nobody.home", 1)
+        assert err.value.code == "NO_PROVIDER"
+        with pytest.raises(rpcbus.InvalidMessageError):
+            await c.call("bad name", 1)
+
+
+async def test_handler_exception_answers_provider_error_with_the_message_only(node):
+    def broken(data):
+        raise KeyError("missing field 'x'")
+
+    async def broken_later(data):
+        await asyncio.sleep(0)
+        raise RuntimeError("database down")
+
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as c:
+        await prov.provide("broken", broken)
+        await prov.provide("broken.later", broken_later)
+        with pytest.raises(rpcbus.ProviderError) as err:
+            await c.call("broken")
+        assert err.value.message == "\"missing field 'x'\"" and "Traceback" not in str(err.value)
+        with pytest.raises(rpcbus.ProviderError, match="database down"):
+            await c.call("broken.later")
+
+
+async def test_values_msgpack_cannot_carry_fail_that_call_only(node):
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as c:
+        await prov.provide("odd", lambda d: object() if d == "object" else d)
+        results = await asyncio.gather(c.call("odd", "object"), c.call("odd", "fine"),
+                                       return_exceptions=True)
+        assert isinstance(results[0], rpcbus.ProviderError)
+        assert "not serializable" in results[0].message and results[1] == "fine"
+        with pytest.raises(TypeError, match="not serializable"):
+            await c.call("odd", {1, 2})
+        assert await c.call("odd", "still fine") == "still fine"
+
+
+async def test_unreachable_node_is_connection_lost():
+    with pytest.raises(rpcbus.ConnectionLostError, match="cannot connect"):
+        await rpcbus.connect("ws://127.0.0.1:9", open_timeout=2)
+
+
+async def test_reject_hands_the_call_to_another_provider(node):
+    seen = Counter()
+
+    def refuse(data):
+        seen["refuse"] += 1
+        raise rpcbus.Reject()
+
+    def serve(data):
+        seen["serve"] += 1
+        return data * 2
+
+    async with rpcbus.connect(node.url) as a, rpcbus.connect(node.url) as b, \
+            rpcbus.connect(node.url) as c:
+        await a.provide("double", refuse)
+        await b.provide("double", serve)
+        results = await asyncio.gather(*(c.call("double", i) for i in range(60)))
+        assert results == [i * 2 for i in range(60)]
+        assert seen["serve"] == 60
+        assert seen["refuse"] > 0  # uniform first choice: all 60 avoiding it has chance 2**-60
+        with pytest.raises(rpcbus.NoProviderError):
+            await b.unprovide("double")
+            await c.call("double", 1)
+
+
+async def test_ack_timeout_moves_the_call_and_the_silent_providers_late_answer_is_dropped(node):
+    silent = await RawPeer.open(node.url)
+    await silent.provide("work")
+    async with rpcbus.connect(node.url) as good, rpcbus.connect(node.url) as c:
+        call = asyncio.create_task(c.call("work", 21, timeout=5))
+        req = await silent.expect(p.REQUEST)         # the only provider so far: it gets it
+        await good.provide("work", lambda d: d * 2)
+        cancel = await silent.expect(p.CANCEL)        # after ack_timeout (0.3 s)
+        assert cancel[1] == req[1]
+        assert await call == 42                       # served by the good provider
+        late_before = stats(node)["router"]["late"]
+        await silent.send([p.RESPONSE, req[1], "too late"])
+        await silent.send([p.PING, 1])
+        await silent.expect(p.PONG)                   # the node has read the late answer
+        assert stats(node)["router"]["late"] == late_before + 1
+    await silent.close()
+
+
+async def test_response_timeout_fails_the_call_and_cancels_the_handler(node):
+    cancelled = asyncio.Event()
+
+    async def forever(data):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as c:
+        await prov.provide("forever", forever)
+        t0 = time.monotonic()
+        with pytest.raises(rpcbus.ResponseTimeoutError):
+            await c.call("forever", None, timeout=0.5)
+        elapsed = time.monotonic() - t0
+        assert 0.5 <= elapsed < 1.5, elapsed       # the node's deadline, not the client's guard
+        async with asyncio.timeout(5):
+            await cancelled.wait()                  # CANCEL reached the provider's task
+
+
+async def test_provider_lost_after_accepting_fails_the_call_with_provider_gone(node):
+    doomed = await RawPeer.open(node.url)
+    await doomed.provide("work")
+    async with rpcbus.connect(node.url) as c:
+        call = asyncio.create_task(c.call("work", 1, timeout=30))
+        req = await doomed.expect(p.REQUEST)
+        await doomed.send([p.ACCEPT, req[1]])
+        await doomed.send([p.PING, 1])
+        await doomed.expect(p.PONG)
+        doomed.abort()
+        with pytest.raises(rpcbus.ProviderGoneError):
+            async with asyncio.timeout(10):            # not the 30 s response timeout
+                await call

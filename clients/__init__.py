@@ -1,6 +1,7 @@
 """rpcbus Python SDK: ``connect`` to a node, ``provide`` RPCs, ``call`` them.
 
     import rpcbus
+
     async with rpcbus.connect("ws://127.0.0.1:6020") as c:
         await c.provide("math.add", lambda d: d["a"] + d["b"])
         print(await c.call("math.add", {"a": 1, "b": 2}, timeout=5.0))
@@ -9,7 +10,7 @@ The node is ``rpcbus.broker``, its Redis side ``rpcbus.cluster``, the offline an
 ``rpcbus.analytics``; importing this package imports none of them (docs/architecture.md).
 """
 
-__version__ = "0.2.0"  # the one place: setup.cfg and ``rpcbus --version`` read it
+import logging as _logging
 
 from rpcbus.client import CallContext, Client, connect
 from rpcbus.errors import (
@@ -32,6 +33,12 @@ from rpcbus.errors import (
     ShuttingDownError,
     error_from_code,
 )
+
+__version__ = "0.2.0"  # the one place: setup.cfg and ``rpcbus --version`` read it
+
+# The SDK is a guest in the application: it logs through the standard ``logging`` module
+# under ``rpcbus.*`` and prints nothing unless the application configures logging.
+_logging.getLogger("rpcbus").addHandler(_logging.NullHandler())
 
 __all__ = [
     "__version__", "BusyError", "CODES", "CallContext", "Client", "ClusterUnavailableError",

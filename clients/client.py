@@ -36,10 +36,10 @@ import asyncio
 import functools
 import inspect
 import itertools
+import logging
 import ssl
 from typing import Any, Callable, Sequence
 
-import structlog
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import WebSocketException
@@ -72,7 +72,7 @@ from rpcbus.transport import FrameData, FrameIO
 
 __all__ = ["CallContext", "Client", "connect"]
 
-log = structlog.get_logger(module="rpcbus.client")
+log = logging.getLogger("rpcbus.client")  # no handler of ours: the application decides
 
 
 class _NotRun(Exception):
@@ -295,12 +295,12 @@ class Client:
     def _set_state(self, state: str) -> None:
         if state != self.state:
             self.state = state
-            log.info("client_" + state, url=self._wire.url if self._wire else None)
+            log.info("client_%s url=%s", state, self._wire.url if self._wire else None)
             if self._on_state is not None:
                 try:
                     self._on_state(state)
                 except Exception:  # an application callback must not break the client
-                    log.exception("on_state_failed", state=state)
+                    log.exception("on_state_failed state=%s", state)
 
     async def close(self) -> None:
         """Close the connection(s); pending calls fail with CONNECTION_LOST. Idempotent.
@@ -428,13 +428,13 @@ class Client:
         try:
             msgs = decode(data)
         except ProtocolError as exc:
-            log.warning("bad_frame_from_node", url=wire.url, error=str(exc))
+            log.warning("bad_frame_from_node url=%s error=%s", wire.url, exc)
             return
         for msg in msgs:
             try:
                 self._on_message(wire, msg)
             except Exception:  # a malformed message from the node must not kill the client
-                log.exception("bad_message_from_node", url=wire.url, kind=msg[0])
+                log.exception("bad_message_from_node url=%s kind=%s", wire.url, msg[0])
         if self._new_tasks:
             wire.loop.call_soon(self._ack_new_tasks)
 
@@ -447,8 +447,8 @@ class Client:
                 wire.send([REJECT, msg[1]])  # the node has moved it on (or is about to)
                 self.stale_requests += 1
                 if self.stale_requests & (self.stale_requests - 1) == 0:  # 1, 2, 4, 8, ...
-                    log.warning("stale_requests_refused", url=wire.url,
-                                total=self.stale_requests)
+                    log.warning("stale_requests_refused url=%s total=%d", wire.url,
+                                self.stale_requests)
                 return
             self._serve(wire, msg[1], msg[2], msg[3], msg[4], msg[5],
                         msg[7] if len(msg) > 7 else None, msg[8] if len(msg) > 8 else None)
@@ -462,7 +462,8 @@ class Client:
                 if ref is None:
                     return
             if ref is None or ref not in self._pending:
-                log.warning("node_error", url=wire.url, code=code, error=message, ref=ref)
+                log.warning("node_error url=%s code=%s error=%s ref=%s", wire.url, code,
+                            message, ref)
             else:
                 self._settle(ref, None, errors.error_from_code(code, message))
         elif kind == CANCEL:
@@ -559,7 +560,7 @@ class Client:
                           f"limit of {limit} bytes (max_frame); nothing was sent"))
             return None
         if kind == RESPONSE:
-            log.warning("answer_too_large", call_id=msg[1], size=size, limit=limit)
+            log.warning("answer_too_large call_id=%s size=%d limit=%d", msg[1], size, limit)
             return [ERROR, msg[1], errors.PAYLOAD_TOO_LARGE,
                     f"the answer makes a {size}-byte message, over the node's limit of "
                     f"{limit} bytes (max_frame)"]
@@ -584,7 +585,7 @@ class Client:
         if wire.draining:
             return
         wire.draining = True
-        log.info("node_draining", url=wire.url)
+        log.info("node_draining url=%s", wire.url)
         if wire is self._wire and not self._closed:
             self._wire = None
             self._connected.clear()
@@ -633,7 +634,7 @@ class Client:
             if wire is not None and not self._closed:
                 self._use(wire)
                 return
-            log.info("client_reconnect_failed", error=self._last_error)
+            log.info("client_reconnect_failed error=%s", self._last_error)
 
     def _fail_all(self, exc: errors.RpcError) -> None:
         if self._sweeper is not None:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
-
-import structlog
 
 from rpcbus import errors
 from rpcbus.protocol import ERROR, REJECT, RESPONSE
 
-log = structlog.get_logger(module="rpcbus.client")
+log = logging.getLogger("rpcbus.handlers")
 
 Handler = Callable[..., Any]
 
@@ -59,7 +58,7 @@ def failure(attempt: int, name: str, exc: BaseException) -> list[Any]:
         return [REJECT, attempt]
     if isinstance(exc, asyncio.CancelledError):
         return [ERROR, attempt, errors.PROVIDER_ERROR, "the handler was cancelled"]
-    log.warning("handler_failed", rpc=name, error=f"{type(exc).__name__}: {exc}")
+    log.warning("handler_failed rpc=%s error=%s: %s", name, type(exc).__name__, exc)
     return [ERROR, attempt, errors.PROVIDER_ERROR, str(exc) or type(exc).__name__]
 
 

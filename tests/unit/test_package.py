@@ -54,6 +54,7 @@ def test_importing_the_sdk_imports_nothing_of_the_node(tmp_path):
                          text=True, check=True).stdout
     loaded = set(json.loads(out))
     node_only = {"redis", "hiredis", "cryptography", "prometheus_client", "pyspark", "click",
+                 "structlog",
                  "cachetools", "uvloop", "rpcbus.broker", "rpcbus.cluster", "rpcbus.analytics",
                  "rpcbus.benchmarks"}
     assert "rpcbus.client" in loaded          # it did import the SDK

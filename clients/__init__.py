@@ -17,6 +17,7 @@ from rpcbus.errors import (
     CODES,
     BusyError,
     ClusterUnavailableError,
+    ConnectFailedError,
     ConnectionLostError,
     InvalidMessageError,
     LimitExceededError,
@@ -42,8 +43,8 @@ _logging.getLogger("rpcbus").addHandler(_logging.NullHandler())
 
 __all__ = [
     "__version__", "BusyError", "CODES", "CallContext", "Client", "ClusterUnavailableError",
-    "ConnectionLostError", "InvalidMessageError", "LimitExceededError", "NoProviderError",
-    "NotAuthenticatedError", "PayloadTooLargeError", "PermissionDeniedError", "ProviderError",
-    "ProviderGoneError", "RateLimitedError", "Reject", "ResponseTimeoutError", "RpcError",
-    "ShuttingDownError", "connect", "error_from_code",
+    "ConnectFailedError", "ConnectionLostError", "InvalidMessageError", "LimitExceededError",
+    "NoProviderError", "NotAuthenticatedError", "PayloadTooLargeError", "PermissionDeniedError",
+    "ProviderError", "ProviderGoneError", "RateLimitedError", "Reject", "ResponseTimeoutError",
+    "RpcError", "ShuttingDownError", "connect", "error_from_code",
 ]

@@ -149,6 +149,9 @@ class Client:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ValueError("connect needs at least one URL")
+        for url in self.urls:
+            if not isinstance(url, str) or not url.startswith(("ws://", "wss://")):
+                raise ValueError(f"not a WebSocket URL (ws:// or wss://): {url!r}")
         self.name = name
         self.state = "connecting"
         self._credentials = {k: v for k, v in
@@ -201,8 +204,7 @@ class Client:
             self._closed = True
             if isinstance(self._last_exc, errors.RpcError):  # e.g. refused credentials
                 raise self._last_exc
-            raise errors.ConnectionLostError(
-                None, f"cannot connect to {', '.join(self.urls)}: {self._last_error}")
+            raise errors.ConnectFailedError(None, f"cannot connect to {self._last_error}")
         self._use(wire)
         self._sweeper = loop.create_task(self._sweep_forever(), name="rpcbus-client-sweeper")
         return self

@@ -5,6 +5,7 @@ The tree::
     RpcError                      code: any string; the root, catch it to catch them all
     ├── NoProviderError           NO_PROVIDER        nobody provides the name (or all refused)
     ├── ResponseTimeoutError      RESPONSE_TIMEOUT   no answer within the call's deadline
+    │                                                (also a TimeoutError)
     ├── ProviderError             PROVIDER_ERROR     the provider's handler raised
     ├── ProviderGoneError         PROVIDER_GONE      the provider left after accepting the call
     ├── InvalidMessageError       INVALID_MESSAGE    the node refused what we sent
@@ -17,7 +18,13 @@ The tree::
     │                                                the node's frame limit (never sent)
     ├── LimitExceededError        LIMIT_EXCEEDED     more names provided than the node allows
     ├── BusyError                 BUSY               the node cannot check a login now: retry
-    └── ConnectionLostError       CONNECTION_LOST    raised by the SDK itself
+    ├── ConnectFailedError        CONNECT_FAILED     no URL could be connected to (the SDK;
+    │                                                also a ConnectionError)
+    └── ConnectionLostError       CONNECTION_LOST    the connection dropped or the client was
+                                                     closed (the SDK; also a ConnectionError)
+
+So ``except TimeoutError`` and ``except ConnectionError`` catch what they would for any
+other network library.
 
 ``Reject`` is not an error a caller sees: a provider's handler raises it to hand
 the call to another provider.
@@ -36,6 +43,7 @@ RATE_LIMITED = "RATE_LIMITED"
 CLUSTER_UNAVAILABLE = "CLUSTER_UNAVAILABLE"
 SHUTTING_DOWN = "SHUTTING_DOWN"
 CONNECTION_LOST = "CONNECTION_LOST"
+CONNECT_FAILED = "CONNECT_FAILED"
 PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
 BUSY = "BUSY"
@@ -57,7 +65,7 @@ class NoProviderError(RpcError):
     code = NO_PROVIDER
 
 
-class ResponseTimeoutError(RpcError):
+class ResponseTimeoutError(RpcError, TimeoutError):
     code = RESPONSE_TIMEOUT
 
 
@@ -93,8 +101,12 @@ class ShuttingDownError(RpcError):
     code = SHUTTING_DOWN
 
 
-class ConnectionLostError(RpcError):
+class ConnectionLostError(RpcError, ConnectionError):
     code = CONNECTION_LOST
+
+
+class ConnectFailedError(RpcError, ConnectionError):
+    code = CONNECT_FAILED
 
 
 class PayloadTooLargeError(RpcError):
@@ -124,6 +136,7 @@ _BY_CODE: dict[str, type[RpcError]] = {
         ClusterUnavailableError,
         ShuttingDownError,
         ConnectionLostError,
+        ConnectFailedError,
         PayloadTooLargeError,
         LimitExceededError,
         BusyError,

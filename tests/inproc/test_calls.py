@@ -80,9 +80,18 @@ async def test_values_msgpack_cannot_carry_fail_that_call_only(node):
         assert await c.call("odd", "still fine") == "still fine"
 
 
-async def test_unreachable_node_is_connection_lost():
-    with pytest.raises(rpcbus.ConnectionLostError, match="cannot connect"):
+async def test_errors_are_caught_the_usual_way():
+    """A node nobody can reach is CONNECT_FAILED (a ConnectionError, its URL said once), a
+    URL of another scheme a ValueError, a call that times out a TimeoutError."""
+    with pytest.raises(ConnectionError) as failed:
         await rpcbus.connect("ws://127.0.0.1:9", open_timeout=2)
+    assert failed.value.code == "CONNECT_FAILED"
+    assert str(failed.value).count("ws://127.0.0.1:9") == 1
+    for bad in ("http://127.0.0.1:9", "127.0.0.1:9"):
+        with pytest.raises(ValueError, match="WebSocket URL"):
+            await rpcbus.connect(bad)
+    assert issubclass(rpcbus.ResponseTimeoutError, TimeoutError)
+    assert issubclass(rpcbus.ConnectionLostError, ConnectionError)
 
 
 async def test_reject_hands_the_call_to_another_provider(node):

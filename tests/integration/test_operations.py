@@ -92,7 +92,7 @@ async def test_readyz_is_503_while_draining_and_healthz_follows(start_node):
         await asyncio.to_thread(node.wait_event, "node_draining")
         assert get(node, "/readyz") == (503, "draining\n")       # load balancers: away
         assert get(node, "/healthz")[0] == 503
-        with pytest.raises(rpcbus.ConnectionLostError, match="503"):
+        with pytest.raises(rpcbus.ConnectFailedError, match="503"):
             await rpcbus.connect(node.url, reconnect=False)       # no new clients
         release.set()
         assert await call == 1

@@ -160,9 +160,9 @@ async def test_tls_node_is_verified_by_the_sdk(tmp_path):
                 rpcbus.connect(node.url, ca_file=str(cert)) as caller:
             await prov.provide("echo", lambda d: d)
             assert await caller.call("echo", "over tls", timeout=5) == "over tls"
-        with pytest.raises(rpcbus.ConnectionLostError, match="CERTIFICATE_VERIFY_FAILED"):
+        with pytest.raises(rpcbus.ConnectFailedError, match="CERTIFICATE_VERIFY_FAILED"):
             await rpcbus.connect(node.url, reconnect=False)      # not trusted by default
-        with pytest.raises(rpcbus.ConnectionLostError):
+        with pytest.raises(rpcbus.ConnectFailedError):
             await rpcbus.connect(node.url.replace("wss:", "ws:"), reconnect=False)
 
 

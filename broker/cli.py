@@ -122,12 +122,14 @@ def node(host: str | None, port: int | None, name: str | None, redis_url: str | 
 @main.command()
 @click.argument("rpc")
 @click.argument("data", default="null")
-@click.option("--url", default="ws://127.0.0.1:6020", show_default=True,
-              help="Node to connect to.")
-@click.option("--timeout", type=float, default=None, help="Seconds the call may take.")
+@click.option("--url", default="ws://127.0.0.1:6020", show_default=True, envvar="RPCBUS_URL",
+              show_envvar=True, help="Node to connect to.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds the call may take (more than 0).")
 @click.option("--user", default=None, help="User name (auth mode users).")
 @click.option("--password", default=None, help="Password of --user (prompted when omitted).")
-@click.option("--token", default=None, help="A static token instead of user and password.")
+@click.option("--token", default=None, envvar="RPCBUS_TOKEN", show_envvar=True,
+              help="A static token instead of user and password.")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="CA certificate to verify a wss:// node with.")
 def call(rpc: str, data: str, url: str, timeout: float | None, user: str | None,
@@ -146,6 +148,8 @@ def call(rpc: str, data: str, url: str, timeout: float | None, user: str | None,
                                    ca_file=ca_file, reconnect=False) as c:
             return await c.call(rpc, payload, timeout=timeout)
 
+    if not url.startswith(("ws://", "wss://")):
+        raise click.BadParameter(f"{url!r} is not a ws:// or wss:// URL", param_hint="--url")
     logs.configure("warning", "auto")
     try:
         result = asyncio.run(run())

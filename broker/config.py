@@ -8,6 +8,7 @@ errors that name the key; so are values of the wrong type or out of range.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import tomllib
@@ -178,7 +179,13 @@ def _apply(config: Config, values: Mapping[str, Mapping[str, Any]], origin: str)
         types = _field_types(section)
         for key, value in entries.items():
             if key not in types:
-                raise ConfigError(f"{origin}: unknown key {section_name}.{key}")
+                near = difflib.get_close_matches(key, types, n=1)
+                hint = ""
+                if near and origin == "environment":
+                    hint = f" (did you mean {ENV_PREFIX}{section_name.upper()}_{near[0].upper()}?)"
+                elif near:
+                    hint = f" (did you mean {section_name}.{near[0]}?)"
+                raise ConfigError(f"{origin}: unknown key {section_name}.{key}{hint}")
             setattr(section, key, _coerce(f"{origin}: {section_name}.{key}", types[key], value))
 
 
@@ -197,8 +204,8 @@ def _env_values(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
             if rest.startswith(section + "_"):
                 out.setdefault(section, {})[rest[len(section) + 1:]] = value
                 break
-        else:
-            raise ConfigError(f"environment: unknown variable {var}")
+        # else: not a node setting (RPCBUS_URL for rpcbus call, a tool's own RPCBUS_*):
+        # not ours to refuse. A misspelt key inside a section is refused by _apply.
     return out
 
 

@@ -12,9 +12,9 @@ from rpcbus import protocol as p
 from .raw import RawPeer
 
 
-def run_cli(*args, timeout=30):
+def run_cli(*args, timeout=30, env=None):
     return subprocess.run([sys.executable, "-m", "rpcbus.broker", *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 async def test_call_prints_the_answer_as_json_and_fails_with_the_code(node):
@@ -28,6 +28,22 @@ async def test_call_prints_the_answer_as_json_and_fails_with_the_code(node):
         assert missing.returncode == 1 and missing.stderr.startswith("NO_PROVIDER")
         bad = await asyncio.to_thread(run_cli, "call", "math.add", "{nope", "--url", node.url)
         assert bad.returncode == 2 and "not JSON" in bad.stderr
+        # the node from RPCBUS_URL, as the nats CLI reads NATS_URL; mistakes in one line
+        via_env = await asyncio.to_thread(run_cli, "call", "math.add", '{"a": 2, "b": 2}',
+                                          env={"RPCBUS_URL": node.url})
+        assert via_env.returncode == 0 and via_env.stdout.strip() == '{"sum": 4}'
+        for args in (("--timeout", "0"), ("--url", "127.0.0.1:6020")):
+            wrong = await asyncio.to_thread(run_cli, "call", "math.add", "{}", *args)
+            assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
+
+
+def test_variables_that_name_no_setting_do_not_stop_a_node(start_node):
+    """RPCBUS_URL and RPCBUS_TOKEN are rpcbus call's; RPCBUS_PROJECT some tool's own."""
+    node = start_node(RPCBUS_URL="ws://elsewhere:1", RPCBUS_TOKEN="t", RPCBUS_PROJECT="p")
+    assert node.url
+    typo = run_cli("node", "--port", "0", "--auth", "none",
+                   env={"RPCBUS_RPC_ACK_TIMOUT": "1"})
+    assert typo.returncode == 2 and "did you mean RPCBUS_RPC_ACK_TIMEOUT" in typo.stderr
 
 
 def test_a_node_needs_users_or_auth_none_set_explicitly(tmp_path):

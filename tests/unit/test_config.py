@@ -27,14 +27,21 @@ def test_file_then_env_then_flags(tmp_path):
     assert cfg.server.uvloop is True
 
 
+def test_variables_that_name_no_section_are_not_the_nodes_to_refuse():
+    """RPCBUS_URL (rpcbus call's), a tool's own RPCBUS_PROJECT: not node settings."""
+    cfg = config.load(None, env={"RPCBUS_URL": "ws://x", "RPCBUS_TOKEN": "t",
+                                 "RPCBUS_PROJECT": "p", "RPCBUS_NODE_NAME": "n"})
+    assert cfg.node.name == "n"
+
+
 @pytest.mark.parametrize("text, env, why", [
-    ("[rpc]\nack_timout = 1\n", {}, "unknown key rpc.ack_timout"),
+    ("[rpc]\nack_timout = 1\n", {}, r"unknown key rpc.ack_timout \(did you mean rpc.ack_timeout"),
     ("[nodes]\nport = 1\n", {}, r"unknown section \[nodes\]"),
     ('[node]\nport = "x"\n', {}, "node.port: expected an integer"),
     ("[rpc]\nack_timeout = -1\n", {}, "rpc.ack_timeout: must be positive"),
     ('[log]\nlevel = "loud"\n', {}, "log.level: must be one of"),
     ("", {"RPCBUS_LIMITS_MAX_FRAME": "1"}, "unknown key limits.max_frame"),
-    ("", {"RPCBUS_NOPE": "1"}, "unknown variable RPCBUS_NOPE"),
+    ("", {"RPCBUS_RPC_ACK_TIMOUT": "1"}, "did you mean RPCBUS_RPC_ACK_TIMEOUT"),
     ("", {"RPCBUS_SERVER_UVLOOP": "perhaps"}, "server.uvloop: expected true or false"),
     ("[rpc]\nresponse_timeout = 900.0\n", {}, "must not exceed rpc.max_timeout"),
     ("[rpc\n", {}, "n.toml"),

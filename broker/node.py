@@ -357,6 +357,14 @@ class Node:
             response = connection.respond(200, render(self).decode())
             response.headers["Content-Type"] = CONTENT_TYPE
             return response
+        if "websocket" not in request.headers.get("Upgrade", "").lower():  # a browser, curl
+            if path == "/":
+                response = connection.respond(302, "see /dashboard\n")
+                response.headers["Location"] = "/dashboard"
+                return response
+            return connection.respond(404, "not found: this port serves WebSocket clients "
+                                           "and /healthz /readyz /metrics /stats /cluster "
+                                           "/dashboard\n")
         if self.draining:  # still listening, so that /readyz can say so; no new clients
             return connection.respond(503, "draining: connect to another node\n")
         if not self.ready:  # waiting for the cluster bus (the SDK tries again)

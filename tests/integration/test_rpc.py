@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 
@@ -147,7 +148,15 @@ async def test_connection_lost_fails_pending_calls_at_once(start_node):
             await c.call("hold", 1)
 
 
-def test_healthz_answers_on_the_websocket_port(node):
+def test_http_on_the_websocket_port_healthz_404_and_the_dashboard(node):
+    """HTTP and WebSocket share the port: /healthz answers, a path the node does not serve
+    is 404 (not websockets' 426 for a browser), / leads to the dashboard."""
     http = node.url.replace("ws://", "http://")
     with urllib.request.urlopen(f"{http}/healthz", timeout=5) as r:
         assert r.status == 200 and r.read() == b"ok\n"
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(f"{http}/nope", timeout=5)
+    assert missing.value.code == 404
+    missing.value.close()
+    with urllib.request.urlopen(f"{http}/", timeout=5) as r:   # the redirect, followed
+        assert r.status == 200 and r.url.endswith("/dashboard") and b"<html" in r.read()

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -18,6 +24,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from rpcbus import __version__
 from rpcbus.broker.rpcstats import BOUNDS, SAMPLE
 
 if TYPE_CHECKING:
@@ -79,7 +86,7 @@ class _NodeCollector:
                                     labels=["rpc", "outcome"])
         latency = HistogramMetricFamily("rpcbus_call_duration_seconds",
                                         f"Time from REQUEST to outcome, on the caller's node "
-                                        f"(sampled: 1 call in {SAMPLE}).", labels=["rpc"])
+                                        f"(sampled at random: 1 call in {SAMPLE}).", labels=["rpc"])
         for rpc, stats in list(node.router.rpc_stats.by_name.items()):
             for code, n in list(stats.outcomes.items()):
                 calls.add_metric([rpc, code], n)
@@ -165,4 +172,20 @@ def render(node: "Node") -> bytes:
     """The node's metrics now, in the Prometheus text format."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_NodeCollector(node))  # type: ignore[arg-type]
+    # the process (CPU, memory, open files), the interpreter and its GC, and the build
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    build = GaugeMetricFamily("rpcbus_build_info", "The running rpcbus: 1, by version.",
+                              labels=["version"])
+    build.add_metric([__version__], 1)
+    registry.register(_Fixed([build]))  # type: ignore[arg-type]
     return generate_latest(registry)
+
+
+class _Fixed:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)

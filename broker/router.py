@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from rpcbus.broker.history import History, Row
     from rpcbus.broker.weights import Weights
 
+_SAMPLE_P = 1.0 / SAMPLE  # per-rpc latency: the share of calls measured
 HISTORY_SAMPLE = 16  # the load history measures latency and sizes of 1 attempt in 16
 _HISTORY_MASK = HISTORY_SAMPLE - 1
 
@@ -222,7 +223,9 @@ class Router:
         self.prefer_local = prefer_local
         self._clock = clock                  # None: no per-rpc metrics
         self.rpc_stats = RpcStatsTable()
-        self._arrivals = 0                   # picks the calls whose latency is sampled
+        # picks the calls whose latency is sampled: at random (a generator of its own), so
+        # no workload whose calls come round in a fixed order can leave an rpc unsampled
+        self._sample = random.Random().random
         self.history: History | None = None  # the load history, when recording
         self.weights: Weights | None = None  # provider weights, when a file is loaded
         self._parked: dict[str, list[Call]] = {}
@@ -393,10 +396,8 @@ class Router:
             if timeout > self.max_timeout:
                 timeout = self.max_timeout
         call = Call(caller, cid, name, data, now + timeout)
-        if self._clock is not None:
-            self._arrivals = arrivals = self._arrivals + 1
-            if not arrivals & (SAMPLE - 1):
-                call.started = self._clock()
+        if self._clock is not None and self._sample() < _SAMPLE_P:
+            call.started = self._clock()
         if traceparent is not None:
             call.traceparent = traceparent
         local = self._providers.get(name)

@@ -2,8 +2,10 @@
 
 Recorded at each call's one outcome, on the node the caller is connected to
 (calls served for other nodes are counted there, not twice). Outcome counts are
-exact; latency is observed for one call in ``SAMPLE`` (chosen by arrival order,
-so every rpc is sampled alike), which keeps the per-call cost to a dict lookup
+exact; latency is observed for one call in ``SAMPLE`` on average, each call
+chosen at random (by arrival order, a workload whose calls come round in a
+multiple of ``SAMPLE`` left some rpcs never sampled), which keeps the per-call
+cost to a dict lookup
 and an increment for most calls. Names are bounded: past ``MAX_NAMES`` distinct
 names (a client calling random names, say) the rest are counted under
 ``OTHER``, so memory and the metrics' label sets stay bounded.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from rpcbus.schema import BOUNDS, bucket_of
 
-SAMPLE = 8          # latency observed for 1 call in SAMPLE (a power of two)
+SAMPLE = 8          # latency observed for 1 call in SAMPLE, on average
 
 MAX_NAMES = 1000
 OTHER = "_other"

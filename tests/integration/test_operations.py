@@ -39,7 +39,12 @@ async def test_metrics_count_calls_by_rpc_and_outcome_with_latency_histograms(no
     async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as caller:
         await prov.provide("ops.echo", lambda d: d)
         await prov.provide("ops.fail", lambda d: 1 / 0)
-        await asyncio.gather(*(caller.call("ops.echo", i, timeout=5) for i in range(30)))
+        await prov.provide("ops.other", lambda d: d)
+        # the two rpcs alternate in a round of 8 calls (7 + 1): sampling by arrival order
+        # once measured one rpc 1 call in 8 and the other never
+        for _ in range(100):
+            await asyncio.gather(*(caller.call("ops.echo", i, timeout=5) for i in range(7)),
+                                 caller.call("ops.other", 0, timeout=5))
         for _ in range(3):
             try:
                 await caller.call("ops.fail", timeout=5)
@@ -53,16 +58,25 @@ async def test_metrics_count_calls_by_rpc_and_outcome_with_latency_histograms(no
         assert value(after, "rpcbus_providers", rpc="ops.echo") == 1
     ok = value(after, "rpcbus_calls_total", rpc="ops.echo", outcome="ok") - \
         value(before, "rpcbus_calls_total", rpc="ops.echo", outcome="ok")
-    assert ok == 30
+    assert ok == 700
     assert value(after, "rpcbus_calls_total", rpc="ops.fail", outcome="PROVIDER_ERROR") >= 3
     # a name nobody provides gets no row of its own (junk names must not push real ones out)
     assert value(after, "rpcbus_calls_total", rpc="_other", outcome="NO_PROVIDER") >= 1
     assert value(after, "rpcbus_calls_total", rpc="ops.nobody", outcome="NO_PROVIDER") == 0
     count = value(after, "rpcbus_call_duration_seconds_count", rpc="ops.echo")
     assert count == value(after, "rpcbus_call_duration_seconds_bucket", rpc="ops.echo",
-                          le="+Inf") in (3, 4)          # 30 calls in a row, 1 in 8 sampled
+                          le="+Inf")
+    # 1 in 8 at random: 700 calls give 87.5 on average (outside 40..140: p < 1e-7)
+    assert 40 <= count <= 140
+    other = value(after, "rpcbus_call_duration_seconds_count", rpc="ops.other")
+    assert 1 <= other <= 40                         # 100 calls: 12.5 on average (0: 2e-6)
     assert 0 < value(after, "rpcbus_call_duration_seconds_sum", rpc="ops.echo") < count * 5
     assert value(after, "rpcbus_up") == 1 and value(after, "rpcbus_connections") >= 0
+    # the process, the interpreter and the build, beside the node's own
+    assert value(after, "rpcbus_build_info", version=rpcbus.__version__) == 1
+    assert value(after, "process_cpu_seconds_total") > 0
+    assert value(after, "process_resident_memory_bytes") > 0
+    assert value(after, "process_open_fds") > 0
 
 
 async def test_traceparent_reaches_the_handler(node):

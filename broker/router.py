@@ -482,7 +482,10 @@ class Router:
         self._retry(call, now)
 
     def cancel_from(self, caller: Peer, cid: int) -> None:
-        """The origin node gave up the INVOKE ``cid``: stop it here, answer nobody."""
+        """The caller gave call ``cid`` up (a client's CANCEL, or the origin node's for an
+        INVOKE): it leaves every table, its provider (a client, or the node it was sent
+        to, which cancels it there) gets CANCEL, nobody is answered. A scan of the calls
+        in flight: rare, and a client's CANCELs count against its rate limit."""
         for call in self._calls.values():
             if call.caller is caller and call.cid == cid:
                 self._end_attempt(call)

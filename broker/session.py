@@ -37,6 +37,7 @@ from rpcbus.protocol import (
     AUTH,
     AUTH_FAIL,
     AUTH_OK,
+    CANCEL,
     ERROR,
     OK,
     PING,
@@ -252,6 +253,9 @@ class Session(FrameIO, ServerConnection):
                 if self.user is not None:
                     self.node.gate.provided[self.user.name] -= gone - len(self.provides)
                 self.send([OK, msg[1]])
+        elif kind == CANCEL:  # the caller gave a call up (counted as a request: it costs)
+            if self.inflight and (self._limiter is None or self._take(msg[1], now)):
+                router.cancel_from(self, msg[1])
         elif kind == PING:
             if self._limiter is None or self._take(None, now, ping=True):
                 self.send([PONG, msg[1] if len(msg) > 1 else None])

@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import WebSocketException
+from websockets.protocol import OPEN
 
 from rpcbus import errors
 from rpcbus.backoff import Backoff
@@ -336,8 +337,10 @@ class Client:
         """Call ``name`` with ``data``; returns the provider's answer or raises RpcError.
 
         ``timeout`` (seconds) bounds the whole call; default: the node's
-        response timeout. ``idempotent=True`` lets the client send the call
-        again on a new connection if the one it went out on is lost.
+        response timeout. Cancelling the call (``task.cancel()``, ``asyncio.timeout``,
+        ``wait_for``) tells the node, which cancels the provider's handler if it runs.
+        ``idempotent=True`` lets the client send the call again on a new connection if
+        the one it went out on is lost.
         ``traceparent`` (W3C trace context, e.g. from OpenTelemetry) reaches the
         provider's handler as ``CallContext.traceparent``, through any nodes.
         """
@@ -375,6 +378,15 @@ class Client:
                     self._queued.append(cid)
                     if self._wire is not None:
                         self._use_queued(self._wire)
+        except asyncio.CancelledError:
+            # The caller gave up (task.cancel, asyncio.timeout, wait_for): tell the node,
+            # which cancels the provider's handler, on this node or another.
+            # (Cancelling this task cancelled ``fut``; one with an outcome set has ended.)
+            sent_on = self._where.get(cid)
+            unanswered = fut.cancelled() or not fut.done()
+            if sent_on is not None and unanswered and sent_on.protocol.state is OPEN:
+                sent_on.send([CANCEL, cid])
+            raise
         finally:
             self._pending.pop(cid, None)
             self._where.pop(cid, None)

@@ -22,6 +22,7 @@ Shapes (c = client, n = node, p = a client acting as provider)::
     ERROR     p→n  [20, id, code, message]
               n→c  [20, ref | nil, code, message]
     CANCEL    n→p  [21, id]               the node gave up on this attempt
+              c→n  [21, cid]              the caller gave the call up: stop it, answer nothing
     PING      any  [30, payload]          answered by PONG with the same payload
     PONG      any  [31, payload]
 """
@@ -184,7 +185,7 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
         if n != 3 or not is_id(msg[1]):
             return "RESPONSE takes [18, id, data]"
         return None
-    if kind == ACCEPT or kind == REJECT:
+    if kind == ACCEPT or kind == REJECT or kind == CANCEL:
         if n != 2 or not is_id(msg[1]):
             return f"{KIND_NAMES[kind]} takes [{kind}, id]"
         return None

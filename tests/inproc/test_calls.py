@@ -170,3 +170,35 @@ async def test_provider_lost_after_accepting_fails_the_call_with_provider_gone(n
         with pytest.raises(rpcbus.ProviderGoneError):
             async with asyncio.timeout(10):            # not the 30 s response timeout
                 await call
+
+
+async def test_a_cancelled_call_cancels_the_providers_handler(node):
+    """task.cancel(), asyncio.timeout or wait_for on a call reach the provider: its
+    handler is cancelled (not left running until the call's own deadline)."""
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def slow(data):
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as caller:
+        await prov.provide("slow", slow)
+        for how in ("cancel", "timeout"):
+            started.clear(), cancelled.clear()
+            if how == "cancel":
+                call = asyncio.create_task(caller.call("slow", 1, timeout=30))
+                await started.wait()
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+            else:
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.2):
+                        await caller.call("slow", 2, timeout=30)
+            async with asyncio.timeout(5):
+                await cancelled.wait()                     # the handler, not just the caller
+        assert stats(node)["router"]["cancelled"] == 2 and stats(node)["pending"] == 0

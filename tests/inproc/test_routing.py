@@ -121,3 +121,29 @@ async def test_reject_and_silent_providers_fail_over_across_nodes(cluster3):
         cancel = await silent.expect(p.CANCEL)        # n1 told its silent provider
         assert cancel[1] > 0
     await silent.close()
+
+
+async def test_a_cancelled_call_cancels_its_handler_on_another_node(cluster3):
+    n1, n2, _ = cluster3.nodes
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def slow(data):
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with rpcbus.connect(n2.url) as prov, rpcbus.connect(n1.url) as caller:
+        await prov.provide("far.slow", slow)
+        call = asyncio.create_task(caller.call("far.slow", 1, timeout=30))
+        async with asyncio.timeout(5):
+            await started.wait()
+        call.cancel()
+        async with asyncio.timeout(5):
+            await cancelled.wait()                    # on n2, through n1 and the bus
+        assert stats(n1)["pending"] == 0
+        async with asyncio.timeout(5):
+            while stats(n2)["pending"]:
+                await asyncio.sleep(0.01)

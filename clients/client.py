@@ -324,6 +324,29 @@ class Client:
         self._fail_all(errors.ConnectionLostError(None, "the client was closed"))
         self._set_state("closed")
 
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop taking calls, let the handlers running finish, then close.
+
+        The names this client provides are withdrawn first (the node sends new calls to
+        other providers; a REQUEST already on its way is refused unrun, REJECT, and goes
+        elsewhere too), then the handlers running finish. Those still running after
+        ``timeout`` seconds are cancelled as by ``close()`` (their callers get
+        PROVIDER_GONE). Cancelling ``drain`` leaves the client open, its names withdrawn.
+        """
+        if self._closed:
+            return
+        names = list(self._handlers)
+        self._handlers.clear()  # from now on every REQUEST is refused unrun
+        if names and self._wire is not None:
+            try:
+                await self._control(UNPROVIDE, names)
+            except errors.RpcError:
+                pass  # the connection is gone: nothing is routed here any more
+        running = [task for task in self._running.values() if not task.done()]
+        if running:
+            await asyncio.wait(running, timeout=timeout)
+        await self.close()
+
     async def __aenter__(self) -> "Client":
         return self
 

@@ -202,3 +202,36 @@ async def test_a_cancelled_call_cancels_the_providers_handler(node):
             async with asyncio.timeout(5):
                 await cancelled.wait()                     # the handler, not just the caller
         assert stats(node)["router"]["cancelled"] == 2 and stats(node)["pending"] == 0
+
+
+async def test_drain_finishes_the_calls_in_flight_and_sends_new_ones_elsewhere(node):
+    """close() with calls in flight gives their callers PROVIDER_GONE; drain() lets them
+    finish, while calls made meanwhile go to the other provider."""
+    release = asyncio.Event()
+    started = 0
+
+    async def held(data):
+        nonlocal started
+        started += 1
+        await release.wait()
+        return ["draining", data]
+
+    leaving = await rpcbus.connect(node.url)
+    async with rpcbus.connect(node.url) as staying, rpcbus.connect(node.url) as caller:
+        await leaving.provide("svc", held)
+        first = [asyncio.create_task(caller.call("svc", i, timeout=10)) for i in range(3)]
+        async with asyncio.timeout(5):
+            while started < 3:
+                await asyncio.sleep(0.01)
+        await staying.provide("svc", lambda d: ["staying", d])
+        drain = asyncio.create_task(leaving.drain(timeout=10))
+        async with asyncio.timeout(5):                 # until its name is withdrawn
+            while stats(node)["providers"].get("svc") != 1:
+                await asyncio.sleep(0.01)
+        later = [await caller.call("svc", i, timeout=5) for i in range(10, 15)]
+        assert later == [["staying", i] for i in range(10, 15)]   # nothing new for it
+        assert not drain.done()                        # still waiting for its 3 calls
+        release.set()
+        assert await asyncio.gather(*first) == [["draining", i] for i in range(3)]
+        await drain
+        assert leaving.state == "closed"

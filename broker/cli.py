@@ -185,6 +185,7 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None) -> None:
     import threading
 
     from rpcbus.broker.local import LocalCluster
+    from rpcbus.broker.process import NodeStartError
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -193,7 +194,10 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None) -> None:
     click.echo(f"starting {nodes} node(s) on {local.redis_url} "
                f"({'embedded redis-server' if local.redis else 'given Redis'}) ...")
     try:
-        local.start()
+        try:
+            local.start()
+        except (NodeStartError, RuntimeError) as exc:  # a node or redis-server did not start
+            raise click.ClickException(str(exc)) from None
         for node in local.nodes:
             click.echo(f"  {node.name:<4} {node.url}   (pid {node.pid})")
         click.echo(f"status: rpcbus status --redis {local.redis_url}    stop: Ctrl-C")

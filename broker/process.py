@@ -18,6 +18,10 @@ import threading
 from typing import Any
 
 
+class NodeStartError(RuntimeError):
+    """A node process did not become ready; the message is the node's own reason."""
+
+
 class NodeProcess:
     """One ``rpcbus node`` child; ``start()`` returns once it serves, ``stop()`` drains it."""
 
@@ -43,10 +47,26 @@ class NodeProcess:
             env=self.env)
         threading.Thread(target=self._read, daemon=True, name="node-log-reader").start()
         if not self._ready.wait(timeout) or not self.url:
+            code = self.proc.poll()
             self.kill()
-            tail = "\n".join(json.dumps(line) for line in list(self.lines)[-20:])
-            raise RuntimeError(f"node did not become ready within {timeout}s:\n{tail}")
+            if code is not None:
+                raise NodeStartError(f"the node exited with code {code} before it was ready: "
+                                     f"{self.last_error()}")
+            raise NodeStartError(f"the node was not ready within {timeout:g} s: "
+                                 f"{self.last_error()}")
         return self
+
+    def last_error(self) -> str:
+        """The node's own words for what went wrong: its last error line (a log line at
+        error level, or the CLI's one-line ``Error: ...``), else its last line."""
+        lines = list(self.lines)
+        for line in reversed(lines):
+            if line.get("event") == "raw" and line.get("text", "").startswith("Error:"):
+                return line["text"][len("Error:"):].strip()
+            if line.get("level") in ("error", "critical"):
+                detail = line.get("error") or line.get("hint") or ""
+                return f"{line.get('event')}: {detail}".rstrip(": ")
+        return json.dumps(lines[-1]) if lines else "it printed nothing"
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None

@@ -71,3 +71,20 @@ async def test_cluster_up_status_and_a_clean_stop():
             up.kill()
             up.wait()
         up.stdout.close()
+
+
+def test_cluster_up_says_at_once_why_a_node_did_not_start():
+    """A node that dies on start (its port taken) is reported in one line, in its own
+    words, when it dies (not after the 30 s ready timeout, not as a traceback)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        up = subprocess.run([sys.executable, "-m", "rpcbus.broker", "cluster", "up",
+                             "--nodes", "1", "--base-port", str(port)],
+                            capture_output=True, text=True, timeout=20)
+    assert up.returncode == 1 and "Traceback" not in up.stderr, up.stderr
+    assert up.stderr.startswith("Error: the node exited with code 1 before it was ready: "
+                                f"cannot listen on 127.0.0.1:{port}"), up.stderr

@@ -4,6 +4,7 @@ like ours, running the README's SDK example against a node and a local cluster."
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -16,11 +17,26 @@ ROOT = Path(__file__).parents[2]
 URL = re.compile(r"ws://127\.0\.0\.1:\d+")
 
 
-def readme_example(url: str) -> str:
-    """The README's SDK example (its first python block), aimed at ``url``."""
-    block = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert block and "rpcbus.connect" in block.group(1)
-    return block.group(1).replace("ws://127.0.0.1:6020", url)
+def readme_quickstart() -> tuple[list[list[str]], str]:
+    """The README's Quickstart: its shell commands (comments cut) and its program."""
+    text = (ROOT / "README.md").read_text()
+    quick = text[text.index("## Quickstart"):]
+    shell = re.search(r"```sh\n(.*?)```", quick, re.S)
+    program = re.search(r"```python\n(.*?)```", quick, re.S)
+    assert shell and program and "rpcbus.connect" in program.group(1)
+    commands = [shlex.split(line.split("  #")[0]) for line in shell.group(1).splitlines()]
+    return commands, program.group(1)
+
+
+def as_here(argv: list[str], rpcbus_cmd: str, python: str, ports: dict[str, str]) -> list[str]:
+    """A README command for this venv, its ws:// URLs moved to the ports used here."""
+    exe = {".venv/bin/rpcbus": rpcbus_cmd, ".venv/bin/python": python}
+    out = [exe.get(argv[0], argv[0])]
+    for arg in argv[1:]:
+        for readme_url, url in ports.items():
+            arg = arg.replace(readme_url, url)
+        out.append(arg)
+    return out
 
 
 def build_wheel(tmp: Path) -> Path:
@@ -81,12 +97,33 @@ def test_the_wheel_is_rpcbus_alone_and_its_readme_runs_beside_same_named_folders
     python, rpcbus_cmd = str(venv / "bin" / "python"), str(venv / "bin" / "rpcbus")
     project = user_project(tmp_path)
 
-    def run_example(url):
-        (project / "example.py").write_text(readme_example(url))
-        done = subprocess.run([python, "example.py"], cwd=project, capture_output=True,
-                              text=True, timeout=60)
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert (done.stdout, done.stderr) == ("3\n", "")  # the SDK prints nothing of its own
+    commands, program = readme_quickstart()
+    assert [c[:3] for c in commands] == [[".venv/bin/rpcbus", "cluster", "up"],
+                                         [".venv/bin/python", "adder.py"],
+                                         [".venv/bin/rpcbus", "call", "math.add"]]
+
+    def quickstart(ports: dict[str, str]) -> None:
+        """Steps 2 and 3 of the Quickstart: the program provides and calls once, then
+        serves; `rpcbus call` through another node gets its answer; Ctrl-C ends it."""
+        source = program
+        for readme_url, url in ports.items():
+            source = source.replace(readme_url, url)
+        (project / "adder.py").write_text(source)
+        adder = subprocess.Popen(as_here(commands[1], rpcbus_cmd, python, ports), cwd=project,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert adder.stdout.readline() == "3\n"
+            called = subprocess.run(as_here(commands[2], rpcbus_cmd, python, ports),
+                                    cwd=project, capture_output=True, text=True, timeout=60)
+            assert (called.returncode, called.stdout) == (0, "3\n"), called.stderr
+            adder.send_signal(signal.SIGINT)
+            rest, errors = adder.communicate(timeout=30)
+            # the SDK prints nothing of its own, on stdout or stderr
+            assert (adder.returncode, rest, errors) == (0, "", "")
+        finally:
+            if adder.poll() is None:
+                adder.kill()
+                adder.communicate()
 
     version = subprocess.run([rpcbus_cmd, "--version"], cwd=project, capture_output=True,
                              text=True, check=True).stdout
@@ -116,15 +153,15 @@ def test_the_wheel_is_rpcbus_alone_and_its_readme_runs_beside_same_named_folders
                 break
         else:
             raise AssertionError("the node exited before it was ready")
-        run_example(event["url"])
+        quickstart({"ws://127.0.0.1:6021": event["url"], "ws://127.0.0.1:6023": event["url"]})
     finally:
         node.send_signal(signal.SIGTERM)
         assert node.wait(30) == 0
         node.stderr.close()
 
-    # a local cluster: an embedded redis-server and two nodes started as python -m, from a
-    # directory whose own broker/ would shadow a package of that name
-    up = subprocess.Popen([rpcbus_cmd, "cluster", "up", "--nodes", "2", "--base-port", "0"],
+    # the Quickstart's cluster (free ports for 6021..6023): an embedded redis-server and
+    # nodes started as python -m, from a directory whose broker/ would shadow a package
+    up = subprocess.Popen(as_here(commands[0], rpcbus_cmd, python, {}) + ["--base-port", "0"],
                           cwd=project, stdout=subprocess.PIPE, text=True)
     try:
         seen = ""
@@ -133,11 +170,11 @@ def test_the_wheel_is_rpcbus_alone_and_its_readme_runs_beside_same_named_folders
             assert line, "cluster up exited early: " + seen
             seen += line
         urls = URL.findall(seen)
-        assert len(urls) == 2
-        run_example(urls[1])
+        assert len(urls) == 3
+        quickstart({"ws://127.0.0.1:6021": urls[0], "ws://127.0.0.1:6023": urls[2]})
         up.send_signal(signal.SIGINT)
         rest = up.communicate(timeout=30)[0]
-        assert up.returncode == 0 and "n1 exit 0, n2 exit 0" in rest, rest
+        assert up.returncode == 0 and "n1 exit 0, n2 exit 0, n3 exit 0" in rest, rest
     finally:
         if up.poll() is None:
             up.kill()

@@ -199,7 +199,7 @@ def plot(result: dict[str, Any], out_dir: str) -> None:
     series = result.get("rpcbus", {}).get("throughput_series") or []
     ax.plot([t for t, _ in series], [v for _, v in series], marker=".")
     ax.set_xlabel("seconds into the measured window")
-    ax.set_ylabel("calls/s (sampled from the nodes)")
+    ax.set_ylabel("calls/s (the nodes' count, each call once)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"throughput — {result['scenario']}")
     ax.grid(True, alpha=0.3)

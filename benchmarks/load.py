@@ -139,16 +139,18 @@ def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
 
 
 def _ended(stats: dict[str, Any]) -> int:
-    """Calls a node has ended so far (answered or failed), from its /stats."""
-    return stats["router"]["ok"] + stats["router"]["failed"]
+    """Calls of a node's own callers ended so far (answered or failed), from its /stats:
+    summed over nodes, a call that crossed nodes counts once (on its caller's node)."""
+    router = stats["router"]
+    return router["calls_ok"] + router["calls_failed"]
 
 
 def _measure(duration: float, stats_urls: list[str] | tuple[()],
              first: list[dict[str, Any]]) -> list[list[float]]:
     """Wait out the window with a progress bar on stderr; with node URLs, sample the calls
     the nodes ended twice a second for the bar's current rate and the throughput series.
-    (Each call is ended by one node: summing over nodes counts it once per node that
-    routed it, so the series is "routed calls/s", the same as calls/s on one node.)"""
+    (Each node counts the calls of its own callers, so the sum counts a call that crossed
+    nodes once: the series is calls/s as the callers see them.)"""
     series: list[list[float]] = []
     t0 = time.perf_counter()
     last_t, last_n = t0, sum(_ended(s) for s in first) if first else 0

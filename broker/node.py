@@ -402,7 +402,8 @@ class Node:
 
     def _heartbeat_info(self) -> dict[str, Any]:
         """What this node tells the cluster in every heartbeat (``rpcbus status``, the
-        dashboard): its load, its calls so far (ended ok / ended with an error), and the
+        dashboard): its load, its callers' calls so far (ended ok / with an error: a call
+        that crosses nodes is counted once, on its caller's node), and the
         provider counts of at most HEARTBEAT_RPCS rpcs (the most provided) with the
         totals: a heartbeat stays small however many names are provided (routing
         never reads it: it learns counts from PROVIDER_UPDATE and RPC_QUERY)."""
@@ -414,7 +415,7 @@ class Node:
                 "uptime_s": round(time.time() - self._started, 1),
                 "providers": shown, "rpcs": len(counts),
                 "providers_total": sum(counts.values()),
-                "calls_ok": stats.ok, "calls_failed": stats.failed()}
+                "calls_ok": stats.calls_ok, "calls_failed": stats.calls_failed}
 
     def cluster_view(self) -> dict[str, Any]:
         """This node and every node it hears, with their last heartbeat (``/cluster``)."""

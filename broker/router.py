@@ -174,7 +174,7 @@ class RouterStats:
     __slots__ = ("ok", "provider_errors", "no_provider", "response_timeouts",
                  "ack_timeouts", "rejects", "provider_gone", "retries", "late", "foreign",
                  "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled",
-                 "ack_checks")
+                 "ack_checks", "calls_ok", "calls_failed")
     ok: int
     provider_errors: int
     no_provider: int
@@ -191,6 +191,11 @@ class RouterStats:
     cluster_unavailable: int
     cancelled: int
     ack_checks: int
+    # Calls of this node's own callers that ended (answered / failed). A call that crosses
+    # nodes also ends as an INVOKE on the node that served it, which the counters above
+    # count there too: sum these over nodes to count each call once.
+    calls_ok: int
+    calls_failed: int
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -728,6 +733,11 @@ class Router:
 
     def _conclude(self, call: Call, msg: list[Any]) -> None:
         """The call's one outcome; the call must already be out of every table."""
+        if not call.local_only:
+            if msg[0] == RESPONSE:
+                self.stats.calls_ok += 1
+            else:
+                self.stats.calls_failed += 1
         if self._clock is not None and not call.local_only:
             stats = self.rpc_stats.by_name.get(call.name)
             if stats is None:  # a row of its own only for a name somebody provides

@@ -6,6 +6,8 @@ import asyncio
 import math
 from collections import Counter
 
+import pytest
+
 import rpcbus
 from rpcbus import protocol as p
 
@@ -147,3 +149,22 @@ async def test_a_cancelled_call_cancels_its_handler_on_another_node(cluster3):
         async with asyncio.timeout(5):
             while stats(n2)["pending"]:
                 await asyncio.sleep(0.01)
+
+
+async def test_a_call_that_crosses_nodes_is_counted_once_in_the_nodes_call_counts(cluster3):
+    """calls_ok / calls_failed (the heartbeat's, the dashboard's and rpcbus bench's live
+    rate) count a call on its caller's node only; the router's other counters also count
+    it as an INVOKE on the node that served it."""
+    n1, n2, n3 = cluster3.nodes
+    async with rpcbus.connect(n2.url) as prov, rpcbus.connect(n1.url) as caller:
+        await prov.provide("count.once", lambda d: d)
+        await prov.provide("count.fail", lambda d: 1 / 0)
+        assert await asyncio.gather(*(caller.call("count.once", i, timeout=5)
+                                      for i in range(40))) == list(range(40))
+        for _ in range(3):
+            with pytest.raises(rpcbus.ProviderError):
+                await caller.call("count.fail", timeout=5)
+    routers = [stats(n)["router"] for n in (n1, n2, n3)]
+    assert [r["calls_ok"] for r in routers] == [40, 0, 0]
+    assert [r["calls_failed"] for r in routers] == [3, 0, 0]
+    assert routers[1]["ok"] == 40                     # n2 served them: INVOKEs ended there

@@ -73,7 +73,8 @@ def test_bad_frames_say_what_is_wrong(frame, why):
     ([p.PROVIDE, 1, ["bad name"]], "invalid rpc name"),
     ([p.PROVIDE, 1, ["ok", 3]], "invalid rpc name"),
     ([p.AUTH, "me"], "AUTH takes"),
-    ([p.CANCEL, 1], "not sent by clients"),
+    ([p.CANCEL, "x"], "CANCEL takes"),
+    ([p.AUTH_OK, {}], "not sent by clients"),
     ([99], "unknown message kind 99"),
 ])
 def test_malformed_messages_are_named(msg, why):

@@ -551,7 +551,9 @@ class Client:
             wire.send([RESPONSE, attempt, result])
             return
         key = (wire, attempt)
-        task = wire.loop.create_task(awaited(result))
+        # a coroutine is its own task: one cancelled before it starts then ends there
+        # (wrapped, the handler's coroutine would be left never awaited)
+        task = wire.loop.create_task(result if inspect.iscoroutine(result) else awaited(result))
         self._running[key] = task
         self._new_tasks.append(key)
         task.add_done_callback(functools.partial(self._task_done, key, name))

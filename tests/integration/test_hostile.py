@@ -68,7 +68,8 @@ async def test_random_bytes_are_answered_with_invalid_message(node, healthy):
     ([p.PROVIDE, 7, ["has space"]], 7, "invalid rpc name"),
     ([p.PROVIDE, 8, "echo"], 8, "names must be a non-empty array"),
     ([77, 9], 9, "unknown message kind 77"),
-    ([p.CANCEL, 3], 3, "CANCEL is not sent by clients"),
+    ([p.CANCEL, 3, "x"], 3, "CANCEL takes"),
+    ([p.AUTH_OK, 4], 4, "AUTH_OK is not sent by clients"),
     ([p.AUTH, {}], None, "already authenticated"),
 ])
 async def test_wrong_fields_are_named_and_answered_with_the_ref(node, healthy, msg, ref, why):

@@ -32,7 +32,6 @@ The same job runs on a Spark cluster (docs/history.md): ship the packages with
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import threading
@@ -40,7 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rpcbus.broker.rpcstats import BOUNDS
+from rpcbus.schema import BOUNDS
 
 QUANTILES = (0.5, 0.95, 0.99)
 BUCKETS = len(BOUNDS) + 1
@@ -324,43 +323,28 @@ class _Progress:
         print()
 
 
-def main(argv: list[str] | None = None) -> dict[str, int]:
-    ap = argparse.ArgumentParser(prog="rpcbus analyze", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--history", required=True, help="the nodes' history directory (or URL)")
-    ap.add_argument("--out", required=True, help="where the Parquet tables go")
-    ap.add_argument("--since", help="first window to include (ISO date/time, UTC)")
-    ap.add_argument("--until", help="end of the windows to include (ISO, UTC, exclusive)")
-    ap.add_argument("--master", default=None,
-                    help="Spark master [local[*]; under spark-submit: its --master]")
-    ap.add_argument("--half-life", type=float, default=3600.0,
-                    help="s: half-life of old minutes in the recommended weights [3600]")
-    ap.add_argument("--format", choices=("auto", "json", "parquet"), default="auto",
-                    help="history files: JSON lines (the nodes') or Parquet [auto]")
-    ap.add_argument("--report-dir", help="where report.html and the PNGs go (a local "
-                    "directory) [OUT/report; required when OUT is not local]")
-    ap.add_argument("--no-report", action="store_true", help="tables and weights only")
-    args = ap.parse_args(argv)
-    remote = "://" in args.out and not args.out.startswith("file://")
-    if remote and not args.report_dir and not args.no_report:
-        ap.error("--out is not a local path: give --report-dir (local) or --no-report")
+def run(history: str, out: str, since: str | None = None, until: str | None = None,
+        master: str | None = None, half_life: float = 3600.0, fmt: str = "auto",
+        report: bool = True, report_dir: str | None = None) -> dict[str, int]:
+    """The whole job (``rpcbus analyze``, analytics/commands.py, says what each argument
+    means): a Spark session, the tables, weights and report, a summary on stdout; returns
+    the rows written per table. Spark's errors propagate after the session is stopped."""
     started = time.monotonic()
-    spark = session(args.master)
+    spark = session(master)
     spark.sparkContext.setLogLevel("ERROR")
     try:
         with _Progress(spark):
-            written = analyze(spark, args.history, args.out, _instant(args.since),
-                              _instant(args.until), args.half_life, args.format,
-                              not args.no_report, args.report_dir)
+            written = analyze(spark, history, out, _instant(since), _instant(until),
+                              half_life, fmt, report, report_dir)
     finally:
         stop(spark)
     print(f"  {written.pop('rows_read'):,} history rows read, "
           f"{written.pop('rows_skipped'):,} skipped (other schema version or unreadable)")
     for name, n in written.items():
-        print(f"  {name}: {n:,} rows -> {args.out}/{name}")
-    print(f"  weights for rpc.weights_file -> {args.out}/weights.json")
-    if not args.no_report:
-        print(f"  report -> {args.report_dir or os.path.join(args.out, 'report')}/report.html")
+        print(f"  {name}: {n:,} rows -> {out}/{name}")
+    print(f"  weights for rpc.weights_file -> {out}/weights.json")
+    if report:
+        print(f"  report -> {report_dir or os.path.join(out, 'report')}/report.html")
     print(f"done in {time.monotonic() - started:.1f} s")
     return written
 
@@ -376,5 +360,7 @@ def _instant(text: str | None) -> float | None:
     return moment.timestamp()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":     # under spark-submit (the module docstring)
+    from rpcbus.analytics.commands import analyze as command
+
+    command(prog_name="analysis.py")

@@ -4,24 +4,80 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import zipfile
+from datetime import datetime
 
 import click
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def analyze(args: tuple[str, ...]) -> None:
-    """PySpark job over the load history: rpcbus analyze --history DIR --out DIR (--help)."""
+def _iso(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            datetime.fromisoformat(value)
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is no ISO date/time "
+                                     "(2026-11-23 or 2026-11-23T10:00)") from None
+    return value
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--history", required=True,
+              help="The nodes' history directory (or any path Spark reads: hdfs://, s3a://).")
+@click.option("--out", required=True, help="The directory the tables and weights.json go to.")
+@click.option("--since", callback=_iso, help="First window to include (ISO date/time, UTC).")
+@click.option("--until", callback=_iso,
+              help="End of the windows to include (ISO date/time, UTC, exclusive).")
+@click.option("--master", default=None,
+              help="Spark master [local[*]; under spark-submit, its --master].")
+@click.option("--half-life", type=click.FloatRange(min=0, min_open=True), default=3600.0,
+              show_default=True, help="Seconds: half-life of old minutes in the weights.")
+@click.option("--format", "fmt", type=click.Choice(["auto", "json", "parquet"]),
+              default="auto", show_default=True,
+              help="History files: JSON lines (the nodes') or Parquet.")
+@click.option("--report-dir", default=None, help="A local directory for report.html and the "
+              "charts [OUT/report; needed when OUT is not local].")
+@click.option("--no-report", is_flag=True, help="Tables and weights only.")
+def analyze(history: str, out: str, since: str | None, until: str | None, master: str | None,
+            half_life: float, fmt: str, report_dir: str | None, no_report: bool) -> None:
+    """PySpark job over the nodes' provider load history.
+
+    \b
+    Writes under --out:
+      per_minute, per_hour  Parquet: per provider, rpc and node: calls, outcomes,
+                            rates, peak in flight, bytes, latency p50/p95/p99
+      per_provider          the same over the whole span
+      fairness, outliers, hot_rpcs, peak_minutes, weights
+                            Parquet: the findings
+      weights.json          recommended weights (the node's rpc.weights_file)
+      report/report.html    the findings in words, with charts
+
+    On a Spark cluster: rpcbus analyze-bundle prints the spark-submit line.
+    """
     try:
         import pyspark  # noqa: F401  (only to say what is missing, in one line)
     except ImportError:
         raise click.ClickException(
             "rpcbus analyze needs PySpark: pip install 'rpcbus[spark]'") from None
-    from rpcbus.analytics.analysis import main as analyze_main
+    if "://" in out and not out.startswith("file://") and not report_dir and not no_report:
+        raise click.UsageError("--out is not a local path: give --report-dir (local) "
+                               "or --no-report")
+    if not _java():
+        raise click.ClickException(
+            "rpcbus analyze needs Java for Spark (17 or newer): install a JRE (Debian/Ubuntu: "
+            "apt install default-jre-headless) or set JAVA_HOME")
+    from rpcbus.analytics.analysis import run
 
-    analyze_main(list(args))
+    run(history, out, since, until, master, half_life, fmt, not no_report, report_dir)
+
+
+def _java() -> bool:
+    """Whether Spark will find a java executable (JAVA_HOME first, as PySpark looks)."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        return os.access(os.path.join(home, "bin", "java"), os.X_OK)
+    return shutil.which("java") is not None
 
 
 @click.command("analyze-bundle")

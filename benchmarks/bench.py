@@ -1,35 +1,35 @@
-"""``rpcbus bench SCENARIO``: a load benchmark that starts what it needs and writes a report.
+"""Load benchmark: starts what it needs and writes a report.
 
-Scenarios (benchmarks/load.py does the running):
-
-- ``local``: one node; providers and callers on it.
-- ``cross``: two nodes; providers on n1, callers on n2 (every call crosses Redis).
-- ``cluster``: ``--nodes`` nodes (default 3); providers and callers spread over all.
+\b
+Scenarios:
+  local    one node; providers and callers on it
+  cross    two nodes; providers on n1, callers on n2 (every call crosses Redis)
+  cluster  --nodes nodes (3); providers and callers spread over all
 
 Everything runs in its own process (nodes, an embedded redis-server, provider
-and caller processes), on loopback, and stops by itself (``--duration`` and
-``--max-calls``); ``--url`` aims at running nodes instead. Each run writes to
-``--out`` (default ``bench-results/SCENARIO-YYYYmmdd-HHMMSS``):
+and caller processes), on loopback, and stops by itself (--duration and
+--max-calls); --url aims at running nodes instead. Calls/s count each call once,
+on its caller's node. Each run writes to --out:
 
-- ``result.json``: calls/s; latency p50/p90/p99/p99.9/max (HDR histogram);
-  errors by code; node CPU µs per call (all nodes, and each), Redis CPU µs per
-  call; messages per frame and per PUBLISH; node memory (RSS); the throughput
-  series; the same for the baseline (a direct echo server on the same I/O
-  stack, same callers and shape) and ``rpcbus ÷ direct``;
-- ``latency.png`` (latency by percentile, log scale) and ``throughput.png``
-  (calls/s over the measured window);
-- ``summary.md``: a Markdown table of the above.
-
-``--smoke`` is a tiny run for the test suite; real runs are manual.
+\b
+  result.json     calls/s; latency p50/p90/p99/p99.9/max (HDR histogram); errors
+                  by code; node CPU µs per call (all nodes, and each); Redis CPU
+                  µs per call; messages per frame and per PUBLISH; node memory;
+                  the throughput series; the same for the baseline (a direct echo
+                  server on the same I/O stack and shape) and rpcbus ÷ direct
+  latency.png     latency by percentile
+  throughput.png  calls/s over the measured window
+  summary.md      a Markdown table of the above
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import json
 import os
 import sys
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import click
@@ -45,31 +45,36 @@ SCENARIOS = {
 }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = load.parser("rpcbus bench")
-    ap.description = __doc__
-    ap.add_argument("scenario", choices=sorted(SCENARIOS), nargs="?", default="local")
-    ap.add_argument("--smoke", action="store_true", help="a tiny run (the test suite's)")
-    ap.add_argument("--out-dir", default=None, help="where the report goes")
-    ap.add_argument("--compare", action="store_true",
-                    help="also run raw Redis pub/sub and NATS request/reply (nats-py) with "
-                    "the same callers, payload and calls in flight")
-    ap.set_defaults(nodes=None, layout=None)
-    args = ap.parse_args(argv)
-    preset = SCENARIOS[args.scenario]
+@click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
+@click.argument("scenario", type=click.Choice(sorted(SCENARIOS)), default="local")
+@load.options
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="Nodes [the scenario's: local 1, cross 2, cluster 3].")
+@click.option("--layout", type=click.Choice(["cross", "spread"]), default=None,
+              help="cross = providers on n1, callers on the others; spread = both round-robin "
+              "over all nodes [the scenario's: cluster spreads].")
+@click.option("--smoke", is_flag=True, help="A tiny run (the test suite's).")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="The directory the report goes to [bench-results/SCENARIO-TIME].")
+@click.option("--compare", is_flag=True, help="Also run raw Redis pub/sub and NATS "
+              "request/reply (nats-py) with the same callers, payload and calls in flight.")
+def command(scenario: str, **opts: Any) -> dict[str, Any]:
+    _needs("psutil", "hdrh", "matplotlib")
+    args = SimpleNamespace(**opts)
+    preset = SCENARIOS[scenario]
     if args.nodes is None:
         args.nodes = preset["nodes"]
     args.layout = args.layout or preset["layout"]
-    if args.scenario == "cluster" and args.providers < args.nodes:
+    if scenario == "cluster" and args.providers < args.nodes:
         args.providers = args.nodes
     if args.smoke:
         args.duration, args.warmup, args.callers, args.inflight = 0.6, 0.2, 1, 20
-    out_dir = args.out_dir or os.path.join(
-        "bench-results", f"{args.scenario}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir = args.out or os.path.join(
+        "bench-results", f"{scenario}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(out_dir, exist_ok=True)
 
     result = load.run(args)
-    result["scenario"] = args.scenario
+    result["scenario"] = scenario
     if args.compare:
         for kind in ("redis", "nats"):
             result[kind] = compare(kind, args)
@@ -78,11 +83,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 peer["rpcbus_ratio_calls_per_s"] = (result["rpcbus"]["calls_per_s"]
                                                     / peer["calls_per_s"])
                 peer["rpcbus_ratio_p99"] = result["rpcbus"]["p99_us"] / peer["p99_us"]
-    print(load._summary(result))
+    click.echo(load._summary(result))
     for kind in ("redis", "nats"):
         peer = result.get(kind)
         if peer is not None:
-            print(f"rpcbus ÷ {NAMES[kind]}: " + (
+            click.echo(f"rpcbus ÷ {NAMES[kind]}: " + (
                 f"throughput {peer['rpcbus_ratio_calls_per_s']:.2f}, p99 "
                 f"{peer['rpcbus_ratio_p99']:.2f}  ({peer['calls_per_s']:,.0f} calls/s, p99 "
                 f"{peer['p99_us']:,.0f} µs)" if "skipped" not in peer
@@ -92,11 +97,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(markdown(result))
     plot(result, out_dir)
-    print(f"report: {out_dir}/ (result.json, summary.md, latency.png, throughput.png)")
+    click.echo(f"report: {out_dir}/ (result.json, summary.md, latency.png, throughput.png)")
     return result
 
 
-def compare(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+def _needs(*modules: str) -> None:
+    """One line naming the extra when a module the benchmark uses is missing."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise click.ClickException(
+                f"rpcbus bench needs {module}: pip install 'rpcbus[bench]'")
+
+
+def compare(kind: str, args: SimpleNamespace) -> dict[str, Any]:
     """One peer run (benchmarks/peers.py): its figures, or why it was skipped."""
     from rpcbus.benchmarks.peers import Peer
 
@@ -209,12 +222,5 @@ def plot(result: dict[str, Any], out_dir: str) -> None:
 
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
-    """Load benchmark: rpcbus bench {local,cross,cluster} [options] (rpcbus bench --help)."""
-    main(list(args))
-
-
 if __name__ == "__main__":
-    main()
+    command(prog_name="rpcbus bench")

@@ -1,5 +1,7 @@
-"""One-node load benchmark: calls/s, latency, node CPU per call, messages per frame.
+"""One-node or cluster load benchmark: calls/s, latency, node CPU per call, messages
+per frame (rpcbus bench adds scenarios and a report).
 
+\b
     # deepstream's shape: 1 provider, 4 callers, 200 in flight
     python -m rpcbus.benchmarks.load
     # 200 connections x 1 in flight
@@ -12,21 +14,24 @@
     python -m rpcbus.benchmarks.load --nodes 3 --layout spread
 
 Providers and callers run in their own processes (benchmarks/workers.py). The
-baseline, measured in the same run with the same callers and shape, is a
-direct echo server on the same I/O stack with no routing hop and no provider:
-``rpcbus ÷ direct`` is the cost of being a broker. Every run is bounded by
-``--duration`` and ``--max-calls``; traffic stays on loopback.
+baseline, measured in the same run with the same callers and shape, is a direct
+echo server on the same I/O stack with no routing hop and no provider: rpcbus ÷
+direct is the cost of being a broker. Every run is bounded by --duration and
+--max-calls; traffic stays on loopback.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 import urllib.request
+from types import SimpleNamespace
 from typing import Any
+
+import click
 
 from rpcbus.broker.local import LocalCluster
 from rpcbus.broker.process import NodeProcess
@@ -60,7 +65,7 @@ def _histogram(latencies_us: list[int]) -> Any:
     return hist
 
 
-def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
+def run_callers(urls: list[str], args: SimpleNamespace, cpu_of: Any = None,
                 stats_urls: list[str] = (), redis_cpu: Any = None,
                 role: str = "caller", module: str = "rpcbus.benchmarks.workers") -> dict[str, Any]:
     """Run the callers (round-robin over ``urls``); sample CPU and /stats over the window.
@@ -68,6 +73,7 @@ def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
     ``role``/``module``: another caller with the same flags and output (benchmarks/peers.py).
     """
     per_caller = max(1, args.max_calls // args.callers)
+    counted_before = sum(_ended(_stats(u)) for u in stats_urls)
     start_at = time.time() + 1.5 + args.callers * args.conns * 0.004
     callers = [_spawn(role, "--url", urls[i % len(urls)], "--conns", str(args.conns),
                       "--inflight", str(args.inflight), "--payload", str(args.payload),
@@ -85,6 +91,10 @@ def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
     s1 = [_stats(u) for u in stats_urls]
     results = [json.loads(c.communicate(timeout=args.duration + 60)[0].strip().splitlines()[-1])
                for c in callers]
+    # Every caller has its answers now, so the nodes have counted them: each call once,
+    # on its caller's node, however many nodes it crossed (the live rate is read so).
+    counted = (sum(_ended(_stats(u)) for u in stats_urls) - counted_before
+               if stats_urls else None)
     measured = sum(r["measured"] for r in results)
     latencies = [v for r in results for v in r["latencies_us"]]
     hist = _histogram(latencies)
@@ -112,6 +122,8 @@ def run_callers(urls: list[str], args: argparse.Namespace, cpu_of: Any = None,
         "throughput_series": series,       # [seconds into the window, calls/s]
         "_histogram": hist,                # for plots; not written to JSON
     }
+    if counted is not None:
+        out["calls_counted_by_nodes"] = counted
     if cpu0 is not None and measured:
         used = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
         out["node_cpu_us_per_call"] = sum(used) * 1e6 / measured  # all nodes together
@@ -176,40 +188,63 @@ def _measure(duration: float, stats_urls: list[str] | tuple[()],
     return series
 
 
-def parser(prog: str = "python -m rpcbus.benchmarks.load") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", help="existing node(s), comma-separated (default: start them); "
-                    "no CPU figures then")
-    ap.add_argument("--providers", type=int, default=1, help="provider processes")
-    ap.add_argument("--callers", type=int, default=4, help="caller processes")
-    ap.add_argument("--conns", type=int, default=1, help="connections per caller process")
-    ap.add_argument("--inflight", type=int, default=50, help="calls in flight per connection")
-    ap.add_argument("--payload", type=int, default=16, help="bytes of data per call")
-    ap.add_argument("--duration", type=float, default=5.0, help="measured seconds")
-    ap.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
-    ap.add_argument("--max-calls", type=int, default=5_000_000, help="hard cap on calls")
-    ap.add_argument("--rpc", default="bench.echo",
-                    help="rpc name(s), comma-separated: every provider provides all, callers "
-                    "call them in turn")
-    ap.add_argument("--nodes", type=int, default=1, help="nodes (more than 1: a cluster on "
-                    "an embedded redis-server)")
-    ap.add_argument("--layout", choices=["cross", "spread"], default="cross",
-                    help="with --nodes > 1: cross = providers on n1, callers on the others; "
-                    "spread = providers and callers round-robin over all nodes")
-    ap.add_argument("--seal", choices=["none", "sign", "encrypt"], default="none",
-                    help="with --nodes > 1: how the cluster bus is sealed (a fresh key)")
-    ap.add_argument("--no-baseline", action="store_true", help="skip the direct echo baseline")
-    ap.add_argument("--out", help="write the JSON result here too")
-    return ap
+def options(command: Any) -> Any:
+    """The load's shape as click options (shared by ``rpcbus bench``)."""
+    for decorator in reversed((
+        click.option("--url", default=None, help="Existing node(s), comma-separated, instead "
+                     "of starting them (no CPU figures then)."),
+        click.option("--providers", type=click.IntRange(min=1), default=1,
+                     show_default=True, help="Provider processes."),
+        click.option("--callers", type=click.IntRange(min=1), default=4, show_default=True,
+                     help="Caller processes."),
+        click.option("--conns", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Connections per caller process."),
+        click.option("--inflight", type=click.IntRange(min=1), default=50, show_default=True,
+                     help="Calls in flight per connection."),
+        click.option("--payload", type=click.IntRange(min=0), default=16, show_default=True,
+                     help="Bytes of data per call."),
+        click.option("--duration", type=click.FloatRange(min=0, min_open=True),
+                     default=5.0, show_default=True, help="Measured seconds."),
+        click.option("--warmup", type=click.FloatRange(min=0), default=1.0, show_default=True,
+                     help="Seconds before measuring."),
+        click.option("--max-calls", type=click.IntRange(min=1), default=5_000_000,
+                     show_default=True, help="Hard cap on calls."),
+        click.option("--rpc", default="bench.echo", show_default=True,
+                     help="Rpc name(s), comma-separated: every provider provides all, "
+                     "callers call them in turn."),
+        click.option("--seal", type=click.Choice(["none", "sign", "encrypt"]), default="none",
+                     show_default=True, help="With several nodes: how the cluster bus is "
+                     "sealed (a fresh key)."),
+        click.option("--no-baseline", is_flag=True, help="Skip the direct echo baseline."),
+    )):
+        command = decorator(command)
+    return command
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
+@options
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Nodes (more than 1: a cluster on an embedded redis-server).")
+@click.option("--layout", type=click.Choice(["cross", "spread"]), default="cross",
+              show_default=True, help="With several nodes: cross = providers on n1, callers "
+              "on the others; spread = providers and callers round-robin over all nodes.")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="A directory to write result.json into.")
+def command(**opts: Any) -> dict[str, Any]:
+    args = SimpleNamespace(**opts)
+    result = run(args)
+    click.echo(_summary(result))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "result.json"), "w") as f:
+            json.dump(jsonable(result), f, indent=2)
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    result = run(parser().parse_args(argv))
-    print(_summary(result))
-    if result["args"].get("out"):
-        with open(result["args"]["out"], "w") as f:
-            json.dump(jsonable(result), f, indent=2)
+    """Run as ``python -m rpcbus.benchmarks.load ARGV``; returns the result."""
+    result: dict[str, Any] = command.main(argv, prog_name="python -m rpcbus.benchmarks.load",
+                                          standalone_mode=False)
     return result
 
 
@@ -219,7 +254,7 @@ def jsonable(result: dict[str, Any]) -> dict[str, Any]:
             for k, v in result.items() if not k.startswith("_")}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: SimpleNamespace) -> dict[str, Any]:
     """One benchmark run as ``args`` say; returns the figures (see ``_summary``)."""
     shape = (f"{args.nodes} node(s) {args.layout if args.nodes > 1 else ''}; "
              f"{args.providers} provider(s), {args.callers} caller process(es) x {args.conns} "
@@ -330,4 +365,4 @@ def _summary(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    command(prog_name="python -m rpcbus.benchmarks.load")

@@ -91,3 +91,32 @@ async def test_sigterm_drains_calls_in_flight_refuses_new_ones_and_exits_0(start
         assert await asyncio.gather(*calls) == list(range(20))
         code = await asyncio.to_thread(node.proc.wait, 20)
         assert code == 0
+
+
+def _without(module, *args, env=None):
+    """rpcbus ARGS in a process where ``module`` cannot be imported (as if not installed)."""
+    code = (f"import sys; sys.modules[{module!r}] = None; sys.argv[0] = 'rpcbus'; "
+            "from rpcbus.broker import run; run()")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, **(env or {})})
+
+
+def _one_line_error(result, code=1):
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code and len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_a_missing_part_or_a_bad_value_is_one_line_saying_what_to_do(tmp_path):
+    history = ("analyze", "--history", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert "pip install 'rpcbus[spark]'" in _one_line_error(_without("pyspark", *history))
+    assert "pip install 'rpcbus[bench]'" in _one_line_error(_without("psutil", "bench"))
+    no_java = {"PATH": str(tmp_path), "JAVA_HOME": ""}          # no java anywhere
+    assert "needs Java" in _one_line_error(run_cli(*history, env=no_java))
+    assert not (tmp_path / "out").exists()
+    for args in (("bench", "--duration", "0"), ("bench", "nowhere"),
+                 ("analyze", "--history", "h", "--out", "o", "--since", "yesterday")):
+        wrong = run_cli(*args)
+        assert wrong.returncode == 2 and "Error:" in wrong.stderr, wrong.stderr
+        assert "Traceback" not in wrong.stderr

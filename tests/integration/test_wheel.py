@@ -135,7 +135,7 @@ def test_the_wheel_is_rpcbus_alone_and_its_readme_runs_beside_same_named_folders
     assert defaults == (ROOT / "conf" / "rpcbus.toml").read_text()
 
     # rpcbus bench, a user feature, from the wheel (its workers start as python -m)
-    bench = subprocess.run([rpcbus_cmd, "bench", "local", "--smoke", "--out-dir",
+    bench = subprocess.run([rpcbus_cmd, "bench", "local", "--smoke", "--out",
                             str(tmp_path / "bench")], cwd=project, capture_output=True,
                            text=True, timeout=180)
     assert bench.returncode == 0, bench.stderr[-2000:]

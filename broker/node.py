@@ -50,6 +50,7 @@ from rpcbus.protocol import ERROR
 log = structlog.get_logger(module="rpcbus.node")
 ADMIN_PATHS = frozenset({"/metrics", "/stats", "/cluster", "/dashboard"})
 HEARTBEAT_RPCS = 100  # rpcs whose provider counts a heartbeat carries
+HEARTBEAT_RPC_CALLS = 20  # rpcs whose call counts and latency buckets it carries
 BUS_WAIT_S = 5.0  # how long a starting node waits for Redis before taking clients
 
 STALL = 0.25       # s without a tick: the process was stopped or starved
@@ -405,8 +406,10 @@ class Node:
         dashboard): its load, its callers' calls so far (ended ok / with an error: a call
         that crosses nodes is counted once, on its caller's node), and the
         provider counts of at most HEARTBEAT_RPCS rpcs (the most provided) with the
-        totals: a heartbeat stays small however many names are provided (routing
-        never reads it: it learns counts from PROVIDER_UPDATE and RPC_QUERY)."""
+        totals, and the call counts and latency buckets of its callers' HEARTBEAT_RPC_CALLS
+        busiest rpcs (the dashboard's per-rpc rates and percentiles): a heartbeat stays
+        small however many names are provided or called (routing never reads it: it
+        learns counts from PROVIDER_UPDATE and RPC_QUERY)."""
         stats = self.router.stats
         counts = self.router.provider_counts()
         shown = counts if len(counts) <= HEARTBEAT_RPCS else dict(
@@ -415,7 +418,8 @@ class Node:
                 "uptime_s": round(time.time() - self._started, 1),
                 "providers": shown, "rpcs": len(counts),
                 "providers_total": sum(counts.values()),
-                "calls_ok": stats.calls_ok, "calls_failed": stats.calls_failed}
+                "calls_ok": stats.calls_ok, "calls_failed": stats.calls_failed,
+                "calls_by_rpc": self.router.rpc_stats.busiest(HEARTBEAT_RPC_CALLS)}
 
     def cluster_view(self) -> dict[str, Any]:
         """This node and every node it hears, with their last heartbeat (``/cluster``)."""

@@ -42,6 +42,10 @@ class RpcStats:
         self.count += 1
 
     @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+    @property
     def outcomes(self) -> dict[str, int]:
         return {"ok": self.ok, **self.errors} if self.ok else dict(self.errors)
 
@@ -60,3 +64,11 @@ class RpcStatsTable:
             if stats is None:
                 stats = self.by_name[name] = RpcStats()
         return stats
+
+    def busiest(self, limit: int) -> dict[str, list[int]]:
+        """The ``limit`` rpcs with the most calls so far: name -> ``[ok, failed, *buckets]``,
+        all cumulative (a reader takes differences, so a lost reading loses nothing), the
+        buckets those of the sampled latency histogram (BOUNDS, then +Inf)."""
+        rows = sorted(((s.ok + s.failed, name, s) for name, s in self.by_name.items()),
+                      key=lambda row: (-row[0], row[1]))[:limit]
+        return {name: [s.ok, s.failed, *s.buckets] for _, name, s in rows}

@@ -96,9 +96,14 @@ ROWS = """Array.from(document.querySelectorAll('#nodes tbody tr'))
           .map(r => Array.from(r.cells).map(c => c.textContent))"""
 
 
-def rpc_row(rpc):
-    return f"""(() => {{ const r = document.querySelector('#rpcs tr[data-rpc="{rpc}"]');
+def rpc_row(rpc, table="rpcs"):
+    return f"""(() => {{ const r = document.querySelector('#{table} tr[data-rpc="{rpc}"]');
               return r && Array.from(r.cells).map(c => c.textContent); }})()"""
+
+
+def calls_row(rpc, ready):
+    """The rpc's row in 'Calls by rpc' once ``ready`` (JS over its cells ``c``) holds."""
+    return f"(() => {{ const c = {rpc_row(rpc, 'calls')}; return c && ({ready}) && c; }})()"
 
 
 async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser):
@@ -106,6 +111,11 @@ async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser)
     n1, n2 = c.nodes
     async with rpcbus.connect(n2.url) as p2, rpcbus.connect(n1.url) as caller:
         await p2.provide("dash.before", lambda d: d)
+
+        def fails(d):
+            raise ValueError("no")
+
+        await p2.provide("dash.fails", fails)
         await browser.send("Page.navigate", url=n1.url.replace("ws://", "http://") + "/dashboard")
         rows = await browser.wait_for(f"(() => {{ const rows = {ROWS};"
                                       " return rows.length == 2 && rows; })()")
@@ -126,13 +136,30 @@ async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser)
                 while not stop.is_set():
                     await asyncio.gather(*(caller.call("dash.before", i, timeout=5)
                                            for i in range(20)))
+                    with pytest.raises(rpcbus.ProviderError):
+                        await caller.call("dash.fails", None, timeout=5)
 
             task = asyncio.create_task(load())
-            try:                                          # calls/s of n1 (the callers' node)
-                rate = await browser.wait_for(
-                    f"(() => {{ const r = {ROWS}.find(r => r[0] == 'n1');"
-                    " return r && parseFloat(r[6]) > 0 && r[6]; })()")
-                assert float(rate) > 0
+            try:
+                # calls/s of n1, the callers' node; n2 served every call and counts none
+                rates = await browser.wait_for(
+                    f"(() => {{ const r = {ROWS}; return r.length == 2 && r[0][6] &&"
+                    " parseFloat(r[0][6]) > 0 && [r[0][6], r[1][6]]; })()")
+                assert float(rates[0]) > 0 and float(rates[1]) == 0
+                # per rpc, over both nodes: rate, errors, latency percentiles
+                ok = await browser.wait_for(calls_row(
+                    "dash.before", "parseFloat(c[1]) > 0 && c[3] && c[4]"))
+                assert ok[2] == "0.0 %" and ok[3].startswith("≤ ") and ok[4].startswith("≤ ")
+                failing = await browser.wait_for(calls_row("dash.fails", "parseFloat(c[1]) > 0"))
+                assert failing[2] == "100.0 %"
+                # the live chart: calls/s of the whole cluster, poll after poll
+                last = await browser.wait_for(
+                    "(() => { const s = document.getElementById('chart');"
+                    " return s.dataset.points >= 3 && parseFloat(s.dataset.last) > 0"
+                    " && s.dataset.last; })()")
+                assert float(last) > 0
+                assert await browser.value(
+                    "document.querySelectorAll('#chart polyline').length") == 2
             finally:
                 stop.set()
                 await task

@@ -34,6 +34,7 @@ from rpcbus.errors import (
     ShuttingDownError,
     error_from_code,
 )
+from rpcbus.sync import SyncClient, connect_sync
 
 __version__ = "0.2.0"  # the one place: setup.cfg and ``rpcbus --version`` read it
 
@@ -46,5 +47,5 @@ __all__ = [
     "ConnectFailedError", "ConnectionLostError", "InvalidMessageError", "LimitExceededError",
     "NoProviderError", "NotAuthenticatedError", "PayloadTooLargeError", "PermissionDeniedError",
     "ProviderError", "ProviderGoneError", "RateLimitedError", "Reject", "ResponseTimeoutError",
-    "RpcError", "ShuttingDownError", "connect", "error_from_code",
+    "RpcError", "ShuttingDownError", "SyncClient", "connect", "connect_sync", "error_from_code",
 ]

@@ -1,0 +1,155 @@
+"""A blocking client for scripts and notebooks: ``rpcbus.connect_sync(url)``.
+
+    import rpcbus
+
+    with rpcbus.connect_sync("ws://127.0.0.1:6020") as c:
+        print(c.call("math.add", {"a": 1, "b": 2}, timeout=5.0))
+
+It is the asyncio ``Client`` run on an event loop of its own, in a background thread
+(``rpcbus-sync``), so it works where a loop already runs in the calling thread (Jupyter)
+and where none does (a plain script). Each method blocks the calling thread until the
+client's coroutine ends and returns its result or raises its error (the same classes as
+the async client's: ``rpcbus.NoProviderError``, ``ResponseTimeoutError``, ...).
+
+Handlers: a plain function runs in a worker thread (``asyncio.to_thread``), so it may
+block (a database, ``requests``, ``time.sleep``) and may itself call through this client;
+a cancelled call (its caller gave up) cannot stop such a thread: its answer is dropped.
+An ``async def`` handler runs on the client's loop and is cancelled as usual.
+
+Interrupting a blocked method (Ctrl-C: ``KeyboardInterrupt`` in the calling thread)
+cancels its coroutine: an interrupted ``call`` tells the node, as a cancelled async call
+does. ``close()`` (or leaving ``with``) closes the client and ends its thread; a client
+never closed is stopped with the interpreter (its thread is a daemon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Coroutine, Sequence, TypeVar
+
+from rpcbus.client import Client, connect
+from rpcbus.handlers import Handler, describe
+
+T = TypeVar("T")
+
+
+class SyncClient:
+    """A ``Client`` driven from blocking code. Build it with ``rpcbus.connect_sync(...)``."""
+
+    def __init__(self, urls: str | Sequence[str], **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rpcbus-sync",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            self._client: Client = self._run(_open(urls, options))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @property
+    def client(self) -> Client:
+        """The asyncio client underneath (its methods run on this client's loop only)."""
+        return self._client
+
+    @property
+    def url(self) -> str:
+        return self._client.url
+
+    @property
+    def closed(self) -> bool:
+        return self._client.closed
+
+    def call(self, name: str, data: Any = None, *, timeout: float | None = None,
+             idempotent: bool = False, traceparent: str | None = None) -> Any:
+        """``Client.call``, blocking: the provider's answer, or its RpcError raised."""
+        return self._run(self._client.call(name, data, timeout=timeout, idempotent=idempotent,
+                                           traceparent=traceparent))
+
+    def provide(self, name: str, handler: Handler) -> None:
+        """``Client.provide``; a plain function runs in a worker thread (it may block)."""
+        self._run(self._client.provide(name, _threaded(handler)))
+
+    def unprovide(self, name: str) -> None:
+        self._run(self._client.unprovide(name))
+
+    def ping(self) -> None:
+        self._run(self._client.ping())
+
+    def drain(self, timeout: float | None = None) -> None:
+        """``Client.drain``: withdraw the names, let running handlers finish, close."""
+        try:
+            self._run(self._client.drain(timeout))
+        finally:
+            if self._client.closed:
+                self._stop_loop()
+
+    def close(self) -> None:
+        """Close the client (``Client.close``) and end its thread. Idempotent."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._client.close())
+        finally:
+            self._stop_loop()
+
+    def __enter__(self) -> "SyncClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a SyncClient method was called on its own loop (from an "
+                               "async handler?): use await on .client there")
+        if self._loop.is_closed():
+            coro.close()
+            raise RuntimeError("the client is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            # Ctrl-C (or any exception) in this thread: the coroutine stops too
+            future.cancel()
+            raise
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()  # worker threads still running a handler are not waited for
+
+
+async def _open(urls: str | Sequence[str], options: dict[str, Any]) -> Client:
+    client: Client = await connect(urls, **options)
+    return client
+
+
+def _threaded(handler: Handler) -> Handler:
+    """``handler`` as the async client runs it: a plain function in a worker thread (same
+    arguments: a CallContext second when it takes one), an async one unchanged."""
+    fn, is_async, wants_context = describe(handler)
+    if is_async:
+        return fn
+    if wants_context:
+        async def with_context(data: Any, context: Any) -> Any:
+            return await asyncio.to_thread(fn, data, context)
+        return with_context
+
+    async def plain(data: Any) -> Any:
+        return await asyncio.to_thread(fn, data)
+    return plain
+
+
+def connect_sync(urls: str | Sequence[str], **options: Any) -> SyncClient:
+    """Connect a blocking client to the first reachable node of ``urls``; the options are
+    ``rpcbus.connect``'s. Use it with ``with``, or call ``close()``. Raises as
+    ``connect`` does (``ConnectFailedError``, a node's AUTH_FAIL as an RpcError)."""
+    return SyncClient(urls, **options)
+
+
+__all__ = ["SyncClient", "connect_sync"]

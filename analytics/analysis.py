@@ -119,8 +119,10 @@ def _has_parquet(path: str) -> bool:
 def analyze(spark: Any, history: str, out: str, since: float | None = None,
             until: float | None = None, half_life: float = 3600.0, fmt: str = "auto",
             report: bool = True, report_dir: str | None = None) -> dict[str, int]:
-    """Run the job; returns the rows written per table (and ``rows_read`` / ``rows_skipped``:
-    rows of another schema version or that could not be parsed, which are left out).
+    """Run the job; returns the rows written per table (and ``rows_read``, ``rows_skipped``:
+    rows of another schema version or that could not be parsed, and ``rows_duplicate``:
+    exact copies of another row; both are left out). Raises NothingToAnalyse when no row
+    is left.
 
     The history is read once, into a per-minute rollup (provider, rpc, serving node,
     minute: counters, summed histograms, weights) kept in memory; every table comes
@@ -141,12 +143,25 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     rows = (rows.withColumn("_ok", F.coalesce(ok, F.lit(False)))
             .withColumn("minute", (F.floor(F.col("window_start") / 60) * 60).cast("long"))
             .withColumn("weight_sum", F.col("weight")).withColumn("nrows", F.lit(1)))
-    every = rollup(rows, [*KEYS, "minute", "_ok"]).persist(StorageLevel.MEMORY_AND_DISK)
-    counted = every.groupBy("_ok").agg(F.sum("nrows"), F.max("minute")).collect()
-    written = {"rows_read": sum(r[1] for r in counted),
-               "rows_skipped": sum(r[1] for r in counted if not r[0])}
+    # A row is one node's count of one window, rpc, provider and routing node; one whose
+    # every field equals another's is a copy (a file copied twice) and counts once. (Rows
+    # of one key that differ are kept: a node restarted inside a window writes two.)
+    rows = rows.groupBy(*rows.columns).agg(F.count(F.lit(1)).alias("copies"))
+    every = rollup(rows, [*KEYS, "minute", "_ok"], extra=[F.sum("copies").alias("copies")]
+                   ).persist(StorageLevel.MEMORY_AND_DISK)
+    counted = every.groupBy("_ok").agg(F.sum("nrows"), F.max("minute"),
+                                       F.sum("copies")).collect()
+    written = {"rows_read": sum(r[3] for r in counted),
+               "rows_skipped": sum(r[3] for r in counted if not r[0]),
+               "rows_duplicate": sum(r[3] - r[1] for r in counted if r[0])}
     newest = max([r[2] for r in counted if r[0]], default=0)
-    minutes = every.where(F.col("_ok")).drop("_ok")
+    if written["rows_read"] == written["rows_skipped"]:
+        every.unpersist()
+        raise NothingToAnalyse(
+            f"no usable history rows under {history}"
+            + (" in the span asked for" if since is not None or until is not None else "")
+            + f" ({written['rows_read']:,} read, {written['rows_skipped']:,} skipped)")
+    minutes = every.where(F.col("_ok")).drop("_ok", "copies")
     tables = {name: per_period(minutes, seconds) for name, seconds in PERIODS.items()}
     tables["per_provider"] = (
         aggregate(minutes, ["rpc", "provider"], extra=[
@@ -172,7 +187,8 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     if report:
         from rpcbus.analytics import report as report_mod
 
-        report_mod.write(spark, out, report_dir)
+        report_mod.write(spark, out, report_dir, history={
+            k: written[k] for k in ("rows_read", "rows_skipped", "rows_duplicate")})
     return written
 
 
@@ -329,6 +345,8 @@ def run(history: str, out: str, since: str | None = None, until: str | None = No
     """The whole job (``rpcbus analyze``, analytics/commands.py, says what each argument
     means): a Spark session, the tables, weights and report, a summary on stdout; returns
     the rows written per table. Spark's errors propagate after the session is stopped."""
+    from pyspark.errors import PySparkException
+
     started = time.monotonic()
     spark = session(master)
     spark.sparkContext.setLogLevel("ERROR")
@@ -336,10 +354,13 @@ def run(history: str, out: str, since: str | None = None, until: str | None = No
         with _Progress(spark):
             written = analyze(spark, history, out, _instant(since), _instant(until),
                               half_life, fmt, report, report_dir)
+    except PySparkException as exc:   # said while the JVM that holds its text still runs
+        raise Failed(_spark_error(exc, history)) from None
     finally:
         stop(spark)
     print(f"  {written.pop('rows_read'):,} history rows read, "
-          f"{written.pop('rows_skipped'):,} skipped (other schema version or unreadable)")
+          f"{written.pop('rows_skipped'):,} skipped (other schema version or unreadable), "
+          f"{written.pop('rows_duplicate'):,} duplicates left out")
     for name, n in written.items():
         print(f"  {name}: {n:,} rows -> {out}/{name}")
     print(f"  weights for rpc.weights_file -> {out}/weights.json")
@@ -347,6 +368,22 @@ def run(history: str, out: str, since: str | None = None, until: str | None = No
         print(f"  report -> {report_dir or os.path.join(out, 'report')}/report.html")
     print(f"done in {time.monotonic() - started:.1f} s")
     return written
+
+
+class Failed(Exception):
+    """The job could not run; the message says why in one line (and what to do)."""
+
+
+class NothingToAnalyse(Exception):
+    """The history (in the span asked for) holds no row the job can use."""
+
+
+def _spark_error(exc: Exception, history: str) -> str:
+    condition = getattr(exc, "getCondition", getattr(exc, "getErrorClass", lambda: None))()
+    if condition == "PATH_NOT_FOUND":
+        return f"no history at {history}: give the nodes' history directory (history.dir)"
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"Spark failed: {first}"
 
 
 def _instant(text: str | None) -> float | None:

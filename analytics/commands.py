@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 import zipfile
 from datetime import datetime
 
 import click
+
+NOTHING_TO_ANALYSE = 3  # exit status: no usable history row (in the span asked for)
 
 
 def _iso(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -54,6 +57,9 @@ def analyze(history: str, out: str, since: str | None, until: str | None, master
       report/report.html    the findings in words, with charts
 
     On a Spark cluster: rpcbus analyze-bundle prints the spark-submit line.
+
+    Exit status: 0 analysed; 1 Spark failed (the reason in one line); 2 a usage
+    mistake (no history at the path, say); 3 no usable row in the history or span.
     """
     try:
         import pyspark  # noqa: F401  (only to say what is missing, in one line)
@@ -63,13 +69,23 @@ def analyze(history: str, out: str, since: str | None, until: str | None, master
     if "://" in out and not out.startswith("file://") and not report_dir and not no_report:
         raise click.UsageError("--out is not a local path: give --report-dir (local) "
                                "or --no-report")
+    if ("://" not in history or history.startswith("file://")) and not os.path.exists(
+            history.removeprefix("file://")):
+        raise click.UsageError(f"no history at {history}: give the nodes' history "
+                               "directory (their history.dir)")
     if not _java():
         raise click.ClickException(
             "rpcbus analyze needs Java for Spark (17 or newer): install a JRE (Debian/Ubuntu: "
             "apt install default-jre-headless) or set JAVA_HOME")
-    from rpcbus.analytics.analysis import run
+    from rpcbus.analytics.analysis import Failed, NothingToAnalyse, run
 
-    run(history, out, since, until, master, half_life, fmt, not no_report, report_dir)
+    try:
+        run(history, out, since, until, master, half_life, fmt, not no_report, report_dir)
+    except Failed as exc:
+        raise click.ClickException(str(exc)) from None
+    except NothingToAnalyse as exc:
+        click.echo(f"rpcbus analyze: {exc}: nothing written", err=True)
+        sys.exit(NOTHING_TO_ANALYSE)
 
 
 def _java() -> bool:

@@ -8,13 +8,17 @@ minutes and recommended weights (PySpark; docs/history.md has every rule in word
   is ``expected_calls``. ``ratio`` = calls / expected; per rpc the spread of the
   ratios: ``cv`` (standard deviation over mean) and ``max_over_mean``. Flagged
   (``took`` "more" or "less") when the ratio is off by more than ``FAIR_TOLERANCE``
-  and by more than ``FAIR_Z`` standard deviations of a weighted random choice.
+  and by more than ``FAIR_Z`` standard deviations of a weighted random choice. A
+  provider that took less while others of its rpc took more names them (``because_of``):
+  the report names the cause once.
 - ``outliers``: a provider whose p99 is over ``SLOW_FACTOR`` times the median p99 of
   the rpc's other providers (``kind`` "slow"), or whose failure rate (errors and
   timeouts over calls) is at least ``FAIL_MARGIN`` above and ``FAIL_FACTOR`` times
   the others' median (``kind`` "failing").
 - ``hot_rpcs``: every rpc ranked by calls, with its share and its busiest minute;
-  ``hot`` when its share is at least twice an even share.
+  ``hot`` when its share is over an even share and at least ``HOT_FACTOR`` times the
+  median share of the other rpcs (with two rpcs at 97 % / 3 % the first is hot; an
+  even share alone never fires with two rpcs). An rpc alone is never hot.
 - ``peak_minutes``: the ``PEAKS`` busiest minutes of each rpc, and of all rpcs together
   (rpc ``*``).
 - ``weights``: a recommended weight per rpc and provider, from recent behaviour (each
@@ -38,6 +42,7 @@ SLOW_FACTOR = 3.0
 FAIL_MARGIN = 0.05
 FAIL_FACTOR = 3.0
 PEAKS = 3
+HOT_FACTOR = 3.0
 MIN_WEIGHT = 0.05
 FAILURE_POWER = 4
 
@@ -83,30 +88,34 @@ def fairness(minutes: Any) -> Any:
                .join(per_min.select("rpc", "provider", "minute", "w"),
                      ["rpc", "provider", "minute"], "left")
                .withColumn("w", F.coalesce("w", "w_avg")))
-    present = present.withColumn(
-        "expected", F.col("rpc_calls") * F.col("w")
-        / F.sum("w").over(Window.partitionBy("rpc", "minute")))
+    present = present.withColumn("expected", F.try_divide(
+        F.col("rpc_calls") * F.col("w"), F.sum("w").over(Window.partitionBy("rpc", "minute"))))
     expected = present.groupBy("rpc", "provider").agg(
         F.sum("expected").alias("expected_calls"))
     by_rpc = Window.partitionBy("rpc")
     table = (span.join(expected, ["rpc", "provider"])
              .withColumn("rpc_calls", F.sum("calls").over(by_rpc))
-             .withColumn("share", F.col("calls") / F.col("rpc_calls"))
-             .withColumn("expected_share", F.col("expected_calls") / F.col("rpc_calls"))
+             .withColumn("share", F.try_divide("calls", "rpc_calls"))
+             .withColumn("expected_share", F.try_divide("expected_calls", "rpc_calls"))
              .withColumn("ratio", F.when(F.col("expected_calls") > 0,
                                          F.col("calls") / F.col("expected_calls"))))
     mean = F.avg("ratio").over(by_rpc)
-    table = (table.withColumn("cv", F.stddev_pop("ratio").over(by_rpc) / mean)
-             .withColumn("max_over_mean", F.max("ratio").over(by_rpc) / mean)
+    table = (table.withColumn("cv", F.try_divide(F.stddev_pop("ratio").over(by_rpc), mean))
+             .withColumn("max_over_mean", F.try_divide(F.max("ratio").over(by_rpc), mean))
              .withColumn("providers", F.count("provider").over(by_rpc)))
     off = F.abs(F.col("calls") - F.col("expected_calls"))
     flagged = ((F.abs(F.col("ratio") - 1) > FAIR_TOLERANCE)
                & (off > FAIR_Z * F.sqrt(F.col("expected_calls"))))
+    took = F.when(flagged & (F.col("ratio") > 1), F.lit("more")).when(flagged, F.lit("less"))
+    table = table.withColumn("took", took)
+    # A provider that took less while another of the rpc took more lost its calls to it:
+    # the cause is named once (``because_of``: the providers that took more).
+    more = F.array_join(F.sort_array(F.collect_set(
+        F.when(F.col("took") == "more", F.col("provider"))).over(by_rpc)), ",")
     return table.select(
         "rpc", "provider", "calls", "rpc_calls", "expected_calls", "share", "expected_share",
-        "ratio", F.col("w_avg").alias("weight"), "providers", "cv", "max_over_mean",
-        F.when(flagged & (F.col("ratio") > 1), F.lit("more"))
-        .when(flagged, F.lit("less")).alias("took"))
+        "ratio", F.col("w_avg").alias("weight"), "providers", "cv", "max_over_mean", "took",
+        F.when((F.col("took") == "less") & (more != ""), more).alias("because_of"))
 
 
 def outliers(per_provider: Any) -> Any:
@@ -138,12 +147,19 @@ def hot_rpcs(minutes: Any, per_rpc_minute: Any) -> Any:
              .withColumnRenamed("window_end", "last_window"))
     busiest = per_rpc_minute.groupBy("rpc").agg(F.max("calls").alias("peak_minute_calls"))
     everything = Window.partitionBy()
-    return (table.join(busiest, "rpc")
-            .withColumn("share", F.col("calls") / F.sum("calls").over(everything))
-            .withColumn("rpcs", F.count("rpc").over(everything))
-            .withColumn("hot", F.col("share") >= 2.0 / F.col("rpcs"))
-            .withColumn("calls_per_s", F.col("calls")
-                        / (F.col("last_window") - F.col("first_window")))
+    table = (table.join(busiest, "rpc")
+             .withColumn("share", F.try_divide("calls", F.sum("calls").over(everything)))
+             .withColumn("rpcs", F.count("rpc").over(everything)))
+    shares = table.select(F.col("rpc").alias("_other"), F.col("share").alias("_share"))
+    others = (table.select("rpc").join(shares, F.col("rpc") != F.col("_other"))
+              .groupBy("rpc").agg(F.expr("percentile(_share, 0.5)")
+                                  .alias("others_median_share")))
+    hot = ((F.col("share") > 1.0 / F.col("rpcs"))
+           & (F.col("share") >= HOT_FACTOR * F.col("others_median_share")))
+    return (table.join(others, "rpc", "left")
+            .withColumn("hot", F.coalesce(hot, F.lit(False)))
+            .withColumn("calls_per_s", F.try_divide(
+                "calls", F.col("last_window") - F.col("first_window")))
             .withColumn("peak_minute_calls_per_s", F.col("peak_minute_calls") / 60.0)
             .withColumn("rank", F.row_number().over(everything.orderBy(F.desc("calls"),
                                                                        "rpc"))))

@@ -6,8 +6,8 @@ JSON for scripts.
 Reads the small tables the job wrote (``per_provider``, ``fairness``, ``outliers``,
 ``hot_rpcs``, ``peak_minutes``, ``weights``, and ``per_minute`` summed per node) back
 through Spark and
-draws with matplotlib (Agg: no screen needed). Charts show at most ``TOP`` rpcs or
-providers (the busiest); the tables hold everything.
+draws with matplotlib (Agg: no screen needed). Charts show every flagged provider and
+the busiest others up to ``TOP``; the tables hold everything.
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from typing import Any
 TOP = 24
 
 
-def write(spark: Any, out: str, directory: str | None = None) -> str:
+def write(spark: Any, out: str, directory: str | None = None,
+          history: dict[str, int] | None = None) -> str:
     """Write ``report.html`` and the PNGs into ``directory`` (default ``out/report``, which
-    must then be a local path); returns the HTML file's path."""
+    must then be a local path); returns the HTML file's path. ``history``: rows read,
+    skipped and left out as duplicates (said in the report and findings.json)."""
     directory = directory or os.path.join(out.removeprefix("file://"), "report")
     os.makedirs(directory, exist_ok=True)
     from pyspark.sql import functions as F
@@ -35,7 +37,7 @@ def write(spark: Any, out: str, directory: str | None = None) -> str:
          for name in ("per_provider", "fairness", "outliers", "hot_rpcs", "peak_minutes",
                       "weights")}
     with open(os.path.join(directory, "findings.json"), "w", encoding="utf-8") as f:
-        json.dump(t, f, indent=1)
+        json.dump({**t, "history": history or {}}, f, indent=1)
     t["per_minute"] = [r.asDict() for r in spark.read.parquet(f"{out}/per_minute")
                        .groupBy("served_by", "period_start").agg(F.sum("calls").alias("calls"))
                        .collect()]   # per node and minute: small even for a long history
@@ -45,15 +47,19 @@ def write(spark: Any, out: str, directory: str | None = None) -> str:
     charts = [("throughput", "Throughput per serving node (calls/s, per minute)",
                _throughput(t["per_minute"])),
               ("latency", "Latency percentiles per provider (merged histograms)",
-               _latency(t["per_provider"])),
+               _latency(t["per_provider"], {(o["rpc"], o["provider"]) for o in t["outliers"]})),
               ("fairness", "Share of calls against the share the weights should give",
                _fairness(t["fairness"])),
               ("heatmap", "Calls per rpc and provider", _heatmap(t["per_provider"]))]
     made = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
     parts = [f"<h1>rpcbus load history report</h1><p>Made {made}"
-             f" from <code>{html.escape(out)}</code>. {_span(t['per_provider'])}</p>",
+             f" from <code>{html.escape(out)}</code>. {_span(t['per_provider'])}"
+             f"{_rows(history)}</p>",
              "<h2>Findings</h2><ul>" + "".join(f"<li>{line}</li>" for line in findings(t))
-             + "</ul>"]
+             + "</ul>", "<p><small>Latency percentiles (p50, p95, p99) are the upper bounds "
+             "of the histogram buckets the nodes record (…, 10, 25, 50, 100, 250 ms, …): the "
+             "true value lies in the bucket below the bound, so a figure may overstate it "
+             "up to 2.5×. Mean latencies are exact over the sampled calls.</small></p>"]
     for name, title, fig in charts:
         if fig is None:
             continue
@@ -81,6 +87,20 @@ def write(spark: Any, out: str, directory: str | None = None) -> str:
     return path
 
 
+def _rows(history: dict[str, int] | None) -> str:
+    """What was read, and what was left out and why (a warning when anything was)."""
+    if not history:
+        return ""
+    text = f" {history['rows_read']:,} history rows read."
+    left = [f"{history[k]:,} {why}" for k, why in (
+        ("rows_skipped", "skipped (another schema version, or unreadable)"),
+        ("rows_duplicate", "left out as exact copies of another row (a file copied twice?)"))
+        if history.get(k)]
+    if left:
+        text += " <b>Left out: " + "; ".join(left) + ".</b>"
+    return text
+
+
 def findings(t: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The flagged findings of the tables, one sentence each (HTML-escaped)."""
     e = html.escape
@@ -95,11 +115,16 @@ def findings(t: dict[str, list[dict[str, Any]]]) -> list[str]:
                          f"{_pct(o['value'])} of its calls failed or timed out, against "
                          f"{_pct(o['peers_median'])} for its peers.")
     for f in sorted(t["fairness"], key=lambda f: (f["rpc"], f["provider"])):
-        if f["took"]:
+        if f["took"] and not f.get("because_of"):
+            lesser = sorted(g["provider"] for g in t["fairness"]
+                            if g["rpc"] == f["rpc"] and f["provider"] in (g.get("because_of")
+                                                                          or "").split(","))
+            also = (f" Its peers took less as a result: {e(', '.join(lesser))}."
+                    if lesser else "")
             lines.append(f"<b>{e(f['provider'])}</b> took {f['took']} than its share of "
                          f"<b>{e(f['rpc'])}</b>: {_pct(f['share'])} of the calls where its "
                          f"weight gives {_pct(f['expected_share'])} ({f['calls']:,} calls, "
-                         f"{f['expected_calls']:,.0f} expected).")
+                         f"{f['expected_calls']:,.0f} expected).{also}")
     for h in sorted(t["hot_rpcs"], key=lambda h: h["rank"]):
         if h["hot"]:
             lines.append(f"<b>{e(h['rpc'])}</b> is hot: {_pct(h['share'])} of all calls "
@@ -139,10 +164,10 @@ def _throughput(per_minute: list[dict[str, Any]]) -> Any:
     return fig
 
 
-def _latency(per_provider: list[dict[str, Any]]) -> Any:
+def _latency(per_provider: list[dict[str, Any]], flagged: set[tuple[str, str]]) -> Any:
     import matplotlib.pyplot as plt
 
-    rows = _busiest([r for r in per_provider if r["p99_s"]])
+    rows = _busiest([r for r in per_provider if r["p99_s"]], flagged)
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(10, 4))
@@ -160,7 +185,9 @@ def _latency(per_provider: list[dict[str, Any]]) -> Any:
 def _fairness(fairness: list[dict[str, Any]]) -> Any:
     import matplotlib.pyplot as plt
 
-    rows = _busiest(fairness)
+    rows = _busiest([r for r in fairness if r["share"] is not None
+                     and r["expected_share"] is not None],
+                    {(r["rpc"], r["provider"]) for r in fairness if r["took"]})
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(10, 4))
@@ -175,9 +202,15 @@ def _fairness(fairness: list[dict[str, Any]]) -> Any:
     return fig
 
 
-def _busiest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``TOP`` (rpc, provider) rows with the most calls, in rpc, provider order."""
-    top = sorted(rows, key=lambda r: -r["calls"])[:TOP]
+def _busiest(rows: list[dict[str, Any]],
+             flagged: set[tuple[str, str]] = frozenset()) -> list[dict[str, Any]]:
+    """The (rpc, provider) rows a chart shows, in rpc, provider order: every flagged one
+    (a slow or starved provider gets few calls, yet it is what the chart is for), then
+    the busiest others up to ``TOP`` in all."""
+    keep = [r for r in rows if (r["rpc"], r["provider"]) in flagged]
+    rest = sorted((r for r in rows if (r["rpc"], r["provider"]) not in flagged),
+                  key=lambda r: -r["calls"])
+    top = keep + rest[:max(0, TOP - len(keep))]
     return sorted(top, key=lambda r: (r["rpc"], r["provider"]))
 
 

@@ -108,6 +108,10 @@ def fairness(rows):
                              "ratio": ratio, "cv": statistics.pstdev(ratios.values()) / mean,
                              "max_over_mean": max(ratios.values()) / mean,
                              "took": ("more" if ratio > 1 else "less") if flagged else None}
+        more = ",".join(sorted(p for (r, p), v in out.items() if r == rpc and v["took"] == "more"))
+        for p in mine:
+            out[(rpc, p)]["because_of"] = (more or None) if out[(rpc, p)]["took"] == "less" \
+                else None
     return out
 
 
@@ -206,7 +210,8 @@ def test_findings_equal_the_reference_and_flag_what_was_injected(job):
     assert got.keys() == want.keys()
     for key, fields in want.items():
         for field, value in fields.items():
-            assert got[key][field] == pytest.approx(value), ("fairness", key, field)
+            assert got[key][field] == (pytest.approx(value) if field != "because_of"
+                                       else value), ("fairness", key, field)
     took = {k: v["took"] for k, v in want.items() if v["took"]}
     assert took and all(p == "p4" and t == "more" for (_, p), t in took.items() if t == "more")
 
@@ -226,10 +231,13 @@ def test_findings_equal_the_reference_and_flag_what_was_injected(job):
         per_minute[(r["rpc"], minute(r))] += r["calls"]
     got = {r["rpc"]: r for r in table("hot_rpcs")}
     ranked = sorted(calls, key=lambda k: (-calls[k], k))
+    shares = {rpc: n / sum(calls.values()) for rpc, n in calls.items()}
     for rpc, n in calls.items():
-        share = n / sum(calls.values())
+        share = shares[rpc]
+        others = statistics.median(v for r, v in shares.items() if r != rpc)
+        hot = share > 1 / len(calls) and share >= findings.HOT_FACTOR * others
         assert (got[rpc]["calls"], got[rpc]["rank"], got[rpc]["hot"]) == \
-            (n, ranked.index(rpc) + 1, share >= 2 / len(calls))
+            (n, ranked.index(rpc) + 1, hot)
         assert got[rpc]["share"] == pytest.approx(share)
         assert got[rpc]["peak_minute_calls"] == max(v for (r, _), v in per_minute.items()
                                                     if r == rpc)
@@ -262,6 +270,8 @@ def test_the_weights_file_loads_in_a_node_and_the_report_says_what_was_found(job
         assert f"alt='{chart}' src='data:image/png;base64," in report
     assert "<b>p2</b> is slow on" in report and "<b>p3</b> is failing on" in report
     assert "<b>p4</b> took more than its share" in report
+    assert "Its peers took less as a result: p" in report and "took less than" not in report
+    assert "2 skipped" in report
 
 
 def test_the_same_job_runs_under_spark_submit_as_docs_history_md_says(tmp_path):
@@ -297,3 +307,70 @@ def test_the_same_job_runs_under_spark_submit_as_docs_history_md_says(tmp_path):
     assert load_weights(str(out / "weights.json")).rpcs                 # a usable file
     for table in ("per_minute", "per_hour", "fairness", "weights"):
         assert any(p.suffix == ".parquet" for p in (out / table).iterdir())
+
+
+def _row(window, rpc, provider, calls, node="n1"):
+    buckets = [0] * (len(BOUNDS) + 1)
+    buckets[4] = (calls + 15) // 16
+    return {"schema_version": 1, "window_start": 1_795_000_000.0 + window * 10,
+            "window_end": 1_795_000_010.0 + window * 10, "rpc": rpc, "provider": provider,
+            "served_by": node, "routed_by": node, "calls": calls, "ok": calls, "rejected": 0,
+            "errors": 0, "ack_timeouts": 0, "response_timeouts": 0, "latency_buckets": buckets,
+            "latency_sampled": sum(buckets), "latency_sum_s": 0.002 * sum(buckets),
+            "latency_min_s": None, "latency_max_s": None, "peak_in_flight": 1 if calls else 0,
+            "bytes_in": 0, "bytes_out": 0, "weight": 1.0}
+
+
+def _write(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_histories_at_the_edges_run_and_say_what_they_hold(spark, tmp_path):
+    """An rpc with no finished call (rows of calls 0: calls still running), two rpcs at
+    97 % / 3 %, a node-hour file copied twice, a history with no usable row, no history."""
+    from pyspark.errors import PySparkException
+
+    history = tmp_path / "history"
+    part = history / "date=2026-11-19" / "hour=10"
+    rows = [_row(w, rpc, p, calls) for w in range(12) for p in ("p1", "p2")
+            for rpc, calls in (("busy", 485), ("rare", 15), ("idle", 0))]
+    _write(part / "node=n1" / "part-1.jsonl", rows)
+    _write(part / "node=n1" / "copy-of-part-1.jsonl", rows[:30])
+    written = analysis.analyze(spark, str(history), str(tmp_path / "out"), report=True)
+    assert (written["rows_read"], written["rows_duplicate"]) == (len(rows) + 30, 30)
+
+    def table(name):
+        return {(r["rpc"], r.asDict().get("provider")): r.asDict()
+                for r in spark.read.parquet(str(tmp_path / "out" / name)).collect()}
+    per_provider = table("per_provider")
+    assert per_provider[("busy", "p1")]["calls"] == 12 * 485        # the copy counted once
+    assert per_provider[("idle", "p1")]["calls"] == 0
+    fair = table("fairness")
+    assert fair[("idle", "p1")]["share"] is None and fair[("idle", "p1")]["took"] is None
+    hot = {rpc: r["hot"] for (rpc, _), r in table("hot_rpcs").items()}
+    assert hot == {"busy": True, "rare": False, "idle": False}
+    report = (tmp_path / "out" / "report" / "report.html").read_text()
+    assert "30 left out as exact copies" in report and "<b>busy</b> is hot" in report
+
+    junk = tmp_path / "junk"
+    _write(junk / "part.jsonl", [{"schema_version": 99, "rpc": "x"}])
+    with pytest.raises(analysis.NothingToAnalyse, match="no usable history rows"):
+        analysis.analyze(spark, str(junk), str(tmp_path / "out2"))
+    with pytest.raises(analysis.NothingToAnalyse, match="in the span asked for"):
+        analysis.analyze(spark, str(history), str(tmp_path / "out2"), since=2e9)
+    missing = f"file://{tmp_path}/nowhere"
+    with pytest.raises(PySparkException) as caught:
+        analysis.analyze(spark, missing, str(tmp_path / "out3"))
+    assert analysis._spark_error(caught.value, missing) == (
+        f"no history at {missing}: give the nodes' history directory (history.dir)")
+
+
+def test_a_chart_shows_every_flagged_provider_however_few_calls_it_got():
+    from rpcbus.analytics import report
+
+    rows = [{"rpc": "r", "provider": f"p{i:02}", "calls": 1000 - i} for i in range(60)]
+    shown = report._busiest(rows, {("r", "p59"), ("r", "p58")})
+    names = [r["provider"] for r in shown]
+    assert len(shown) == report.TOP and {"p59", "p58", "p00"} <= set(names)
+    assert names == sorted(names) and "p30" not in names

@@ -115,6 +115,9 @@ def test_a_missing_part_or_a_bad_value_is_one_line_saying_what_to_do(tmp_path):
     no_java = {"PATH": str(tmp_path), "JAVA_HOME": ""}          # no java anywhere
     assert "needs Java" in _one_line_error(run_cli(*history, env=no_java))
     assert not (tmp_path / "out").exists()
+    nowhere = _one_line_error(run_cli("analyze", "--history", str(tmp_path / "nowhere"),
+                                      "--out", str(tmp_path / "out")), code=2)
+    assert nowhere.endswith("give the nodes' history directory (their history.dir)")
     for args in (("bench", "--duration", "0"), ("bench", "nowhere"),
                  ("analyze", "--history", "h", "--out", "o", "--since", "yesterday")):
         wrong = run_cli(*args)

@@ -71,8 +71,8 @@ def analyze(history: str, out: str, since: str | None, until: str | None, master
                                "or --no-report")
     if ("://" not in history or history.startswith("file://")) and not os.path.exists(
             history.removeprefix("file://")):
-        raise click.UsageError(f"no history at {history}: give the nodes' history "
-                               "directory (their history.dir)")
+        raise _Mistake(f"no history at {history}: give the nodes' history directory "
+                       "(their history.dir)")
     if not _java():
         raise click.ClickException(
             "rpcbus analyze needs Java for Spark (17 or newer): install a JRE (Debian/Ubuntu: "
@@ -86,6 +86,12 @@ def analyze(history: str, out: str, since: str | None, until: str | None, master
     except NothingToAnalyse as exc:
         click.echo(f"rpcbus analyze: {exc}: nothing written", err=True)
         sys.exit(NOTHING_TO_ANALYSE)
+
+
+class _Mistake(click.ClickException):
+    """A user's mistake, said in one line (no usage text), exit status 2."""
+
+    exit_code = 2
 
 
 def _java() -> bool:

@@ -117,8 +117,8 @@ class SyncClient:
             raise
 
     def _stop_loop(self) -> None:
-        if self._loop.is_closed():
-            return
+        if self._loop.is_closed() or threading.current_thread() is self._thread:
+            return  # closed already, or misused from its own loop (``_run`` said so)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()  # worker threads still running a handler are not waited for

@@ -59,6 +59,15 @@ def test_calls_and_blocking_handlers_from_plain_code(node):
             caller.call("sync.nobody", timeout=5)
         with pytest.raises(TimeoutError):
             caller.call("sync.sleep", 0.5, timeout=0.05)
+        # an async handler runs on the client's loop: a blocking method there is refused,
+        # and the client goes on serving
+        async def misuse(d):
+            prov.close()
+
+        prov.provide("sync.misuse", misuse)
+        with pytest.raises(rpcbus.ProviderError, match="its own loop"):
+            caller.call("sync.misuse", timeout=5)
+        assert caller.call("sync.echo", 2, timeout=5) == 2 and not prov.closed
         prov.unprovide("sync.add")
         with pytest.raises(rpcbus.NoProviderError):
             caller.call("sync.add", {"a": 0, "b": 0}, timeout=5)

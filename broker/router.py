@@ -35,9 +35,9 @@ In a cluster the router also asks a ``ClusterView`` (cluster/link.py) for the
 other nodes that provide a name. The chance of a target is its provider count
 over the cluster-wide count: each local provider counts 1, a node counts its
 number of providers (with a weights file, ``set_weights``: a local provider
-counts its weight, a node the sum of its providers' weights). A call for a name whose providers
-elsewhere are being
-discovered waits, with its deadline, until ``resume(name)``. A node attempt
+counts its weight, a node the sum of its providers' weights). A call for a
+name whose providers elsewhere are being discovered waits, with its deadline,
+until ``resume(name)``. A node attempt
 is first acknowledged (``ack``: the node has it) within the ack timeout;
 after that it waits for the node's ACCEPT, answer or REJECT until the
 call's deadline, and the node gets to try its own providers. A node attempt
@@ -495,7 +495,8 @@ class Router:
             if call.caller is caller and call.cid == cid:
                 self._end_attempt(call)
                 if call.hrow is not None:
-                    # the origin's deadline passed
+                    # the history has no outcome of its own for a call given up: its
+                    # caller stopped waiting, counted as a response timeout
                     self._history_end(call, Outcome.RESPONSE_TIMEOUTS)
                 self.stats.cancelled += 1
                 if call.provider is not None and not call.provider.closed:
@@ -733,22 +734,23 @@ class Router:
 
     def _conclude(self, call: Call, msg: list[Any]) -> None:
         """The call's one outcome; the call must already be out of every table."""
-        if not call.local_only:
-            if msg[0] == RESPONSE:
+        if not call.local_only:  # a call of this node's own caller (an INVOKE is the origin's)
+            answered = msg[0] == RESPONSE
+            if answered:
                 self.stats.calls_ok += 1
             else:
                 self.stats.calls_failed += 1
-        if self._clock is not None and not call.local_only:
-            stats = self.rpc_stats.by_name.get(call.name)
-            if stats is None:  # a row of its own only for a name somebody provides
-                stats = self.rpc_stats.get(call.name if self._provided(call.name, msg)
-                                           else OTHER)
-            if msg[0] == RESPONSE:
-                stats.ok += 1
-            else:
-                stats.error(msg[2])
-            if call.started:
-                stats.observe(self._clock() - call.started)
+            if self._clock is not None:
+                stats = self.rpc_stats.by_name.get(call.name)
+                if stats is None:  # a row of its own only for a name somebody provides
+                    stats = self.rpc_stats.get(call.name if self._provided(call.name, msg)
+                                               else OTHER)
+                if answered:
+                    stats.ok += 1
+                else:
+                    stats.error(msg[2])
+                if call.started:
+                    stats.observe(self._clock() - call.started)
         call.caller.inflight -= 1
         if call.caller.closed:
             self.stats.discarded += 1

@@ -13,6 +13,7 @@ import pytest
 import rpcbus
 from rpcbus import protocol as p
 
+from ..hang import Hang
 from ..integration.raw import RawPeer
 from .conftest import stats
 
@@ -175,15 +176,8 @@ async def test_provider_lost_after_accepting_fails_the_call_with_provider_gone(n
 async def test_a_cancelled_call_cancels_the_providers_handler(node):
     """task.cancel(), asyncio.timeout or wait_for on a call reach the provider: its
     handler is cancelled (not left running until the call's own deadline)."""
-    started, cancelled = asyncio.Event(), asyncio.Event()
-
-    async def slow(data):
-        started.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+    slow = Hang()
+    started, cancelled = slow.started, slow.cancelled
 
     async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as caller:
         await prov.provide("slow", slow)

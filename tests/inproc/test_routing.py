@@ -11,6 +11,7 @@ import pytest
 import rpcbus
 from rpcbus import protocol as p
 
+from ..hang import Hang
 from ..integration.raw import RawPeer
 from .conftest import stats
 
@@ -127,15 +128,8 @@ async def test_reject_and_silent_providers_fail_over_across_nodes(cluster3):
 
 async def test_a_cancelled_call_cancels_its_handler_on_another_node(cluster3):
     n1, n2, _ = cluster3.nodes
-    started, cancelled = asyncio.Event(), asyncio.Event()
-
-    async def slow(data):
-        started.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+    slow = Hang()
+    started, cancelled = slow.started, slow.cancelled
 
     async with rpcbus.connect(n2.url) as prov, rpcbus.connect(n1.url) as caller:
         await prov.provide("far.slow", slow)

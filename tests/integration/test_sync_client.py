@@ -12,6 +12,8 @@ import pytest
 
 import rpcbus
 
+from ..hang import Hang
+
 
 def test_calls_and_blocking_handlers_from_plain_code(node):
     with rpcbus.connect_sync(node.url, name="script") as prov, \
@@ -90,15 +92,8 @@ def test_works_where_a_loop_already_runs_and_fails_to_connect_in_one_error(node)
 
 
 def test_ctrl_c_in_a_script_blocked_in_call_cancels_the_providers_handler(node):
-    started, cancelled = threading.Event(), threading.Event()
-
-    async def hang(d):
-        started.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+    hang = Hang(threading.Event)
+    started, cancelled = hang.started, hang.cancelled
 
     script = ("import rpcbus, sys\n"
               "with rpcbus.connect_sync(sys.argv[1]) as c:\n"

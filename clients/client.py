@@ -306,7 +306,8 @@ class Client:
                     log.exception("on_state_failed state=%s", state)
 
     async def close(self) -> None:
-        """Close the connection(s); pending calls fail with CONNECTION_LOST. Idempotent.
+        """Close the connection(s); pending calls fail with CONNECTION_LOST (the node is
+        told to CANCEL them, so their providers' handlers stop). Idempotent.
 
         Handlers still running are cancelled; the node is first told they started
         (ACCEPT), so their callers get PROVIDER_GONE and the calls are not run again
@@ -317,6 +318,9 @@ class Client:
         self._ack_new_tasks()
         if self._reconnecting is not None:
             self._reconnecting.cancel()
+        for cid, sent_on in self._where.items():  # nobody waits for these answers now
+            if sent_on.protocol.state is OPEN:
+                sent_on.send([CANCEL, cid])
         wires = {w for w in self._where.values()} | ({self._wire} if self._wire else set())
         for wire in wires:
             wire.flush()

@@ -108,12 +108,16 @@ class SyncClient:
         if self._loop.is_closed():
             coro.close()
             raise RuntimeError("the client is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        future = None
         try:
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
             return future.result()
         except BaseException:
-            # Ctrl-C (or any exception) in this thread: the coroutine stops too
-            future.cancel()
+            # Ctrl-C (or any exception) in this thread: the coroutine stops too. (Ctrl-C
+            # before ``future`` is set leaves the call running until close(), which
+            # cancels the calls in flight.)
+            if future is not None:
+                future.cancel()
             raise
 
     def _stop_loop(self) -> None:

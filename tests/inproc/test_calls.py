@@ -198,6 +198,22 @@ async def test_a_cancelled_call_cancels_the_providers_handler(node):
         assert stats(node)["router"]["cancelled"] == 2 and stats(node)["pending"] == 0
 
 
+async def test_closing_a_client_cancels_its_calls_at_their_providers(node):
+    """Nobody waits for the answers of a closed client's calls: their handlers stop."""
+    slow = Hang()
+    async with rpcbus.connect(node.url) as prov:
+        await prov.provide("slow", slow)
+        caller = await rpcbus.connect(node.url)
+        call = asyncio.create_task(caller.call("slow", 1, timeout=30))
+        async with asyncio.timeout(5):
+            await slow.started.wait()
+        await caller.close()
+        with pytest.raises(rpcbus.ConnectionLostError):
+            await call
+        async with asyncio.timeout(5):
+            await slow.cancelled.wait()
+
+
 async def test_drain_finishes_the_calls_in_flight_and_sends_new_ones_elsewhere(node):
     """close() with calls in flight gives their callers PROVIDER_GONE; drain() lets them
     finish, while calls made meanwhile go to the other provider."""

@@ -37,9 +37,11 @@ from rpcbus.broker.local import LocalCluster
 from rpcbus.broker.process import NodeProcess
 
 
-def _spawn(role: str, *args: str,
-           module: str = "rpcbus.benchmarks.workers") -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", module, role, *args],
+def _spawn(role: str, *args: str, module: str = "rpcbus.benchmarks.workers",
+           program: list[str] | None = None) -> subprocess.Popen[str]:
+    """A worker process: ``python -m MODULE ROLE ARGS``, or ``PROGRAM ARGS`` when given."""
+    argv = [*program, *args] if program else [sys.executable, "-m", module, role, *args]
+    return subprocess.Popen(argv,
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
 
 
@@ -67,10 +69,12 @@ def _histogram(latencies_us: list[int]) -> Any:
 
 def run_callers(urls: list[str], args: SimpleNamespace, cpu_of: Any = None,
                 stats_urls: list[str] = (), redis_cpu: Any = None,
-                role: str = "caller", module: str = "rpcbus.benchmarks.workers") -> dict[str, Any]:
+                role: str = "caller", module: str = "rpcbus.benchmarks.workers",
+                program: list[str] | None = None) -> dict[str, Any]:
     """Run the callers (round-robin over ``urls``); sample CPU and /stats over the window.
 
-    ``role``/``module``: another caller with the same flags and output (benchmarks/peers.py).
+    ``role``/``module``, or a ``program`` (argv): another caller with the same flags and
+    output (benchmarks/peers.py, benchmarks/sdks.py).
     """
     per_caller = max(1, args.max_calls // args.callers)
     counted_before = sum(_ended(_stats(u)) for u in stats_urls)
@@ -79,7 +83,7 @@ def run_callers(urls: list[str], args: SimpleNamespace, cpu_of: Any = None,
                       "--inflight", str(args.inflight), "--payload", str(args.payload),
                       "--duration", str(args.duration), "--warmup", str(args.warmup),
                       "--max-calls", str(per_caller), "--start-at", str(start_at),
-                      "--rpc", args.rpc, module=module)
+                      "--rpc", args.rpc, module=module, program=program)
                for i in range(args.callers)]
     time.sleep(max(0.0, start_at + args.warmup - time.time()))
     cpu0 = cpu_of() if cpu_of else None      # per process

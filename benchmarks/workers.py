@@ -1,4 +1,5 @@
-"""Load-generator processes: a lean caller, an SDK provider, and a direct echo server.
+"""Load-generator processes: a lean caller, an SDK caller, an SDK provider, and a direct
+echo server.
 
 Each runs as ``python -m rpcbus.benchmarks.workers ROLE ...`` in its own process, so
 the load generator never competes with the node inside one interpreter. A
@@ -120,6 +121,47 @@ async def run_caller(args: argparse.Namespace) -> None:
                       "sample_every": run.sample_every}), flush=True)
 
 
+async def run_sdk_caller(args: argparse.Namespace) -> None:
+    """The caller's load and JSON line through the Python SDK (``rpcbus.connect`` and
+    ``call``), as an application would: the SDK's own cost is part of the figures
+    (benchmarks/sdks.py sets it beside the JS SDK's)."""
+    clients = [await rpcbus.connect(args.url, name="bench-sdk-caller", ping_interval=None)
+               for _ in range(args.conns)]
+    payload, rpcs = os.urandom(args.payload), args.rpc.split(",")
+    await asyncio.sleep(max(0.0, args.start_at - time.time()))
+    t0 = time.perf_counter()
+    start, end = t0 + args.warmup, t0 + args.warmup + args.duration
+    tally = {"measured": 0, "total": 0, "started": 0, "last": start}
+    errors: dict[str, int] = {}
+    latencies: list[int] = []
+
+    async def lane(client: rpcbus.Client) -> None:
+        while (sent := time.perf_counter()) < end and tally["started"] < args.max_calls:
+            tally["started"] += 1
+            try:
+                await client.call(rpcs[tally["started"] % len(rpcs)], payload, timeout=10)
+            except rpcbus.RpcError as exc:
+                errors[exc.code] = errors.get(exc.code, 0) + 1
+            else:
+                now = time.perf_counter()
+                if start <= now < end:
+                    tally["measured"] += 1
+                    tally["last"] = now
+                    if tally["measured"] % args.sample_every == 0:
+                        latencies.append(int((now - sent) * 1e6))
+            tally["total"] += 1
+
+    await asyncio.gather(*(lane(c) for c in clients for _ in range(args.inflight)))
+    capped = tally["total"] >= args.max_calls
+    print(json.dumps({"measured": tally["measured"], "capped": capped,
+                      "span": (tally["last"] - start) if capped else args.duration,
+                      "total": tally["total"], "errors": errors,
+                      "unanswered": tally["started"] - tally["total"],
+                      "latencies_us": latencies, "sample_every": args.sample_every}), flush=True)
+    for c in clients:
+        await c.close()
+
+
 class _AuthWaiter:
     def __init__(self, fut: asyncio.Future[None]) -> None:
         self.fut = fut
@@ -177,7 +219,7 @@ async def run_echo(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m rpcbus.benchmarks.workers")
-    ap.add_argument("role", choices=["caller", "provider", "echo"])
+    ap.add_argument("role", choices=["caller", "sdk-caller", "provider", "echo"])
     ap.add_argument("--url", default="")
     ap.add_argument("--rpc", default="bench.echo", help="rpc name(s), comma-separated")
     ap.add_argument("--conns", type=int, default=1)
@@ -192,7 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     use_uvloop(True)
     configure("warning", "json")  # stdout carries the results: logs go to stderr
-    role = {"caller": run_caller, "provider": run_provider, "echo": run_echo}[args.role]
+    role = {"caller": run_caller, "sdk-caller": run_sdk_caller, "provider": run_provider,
+            "echo": run_echo}[args.role]
     try:
         asyncio.run(role(args))
     except KeyboardInterrupt:

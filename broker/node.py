@@ -4,7 +4,9 @@
 shuts down in bounded steps, like uvicorn: refuse new connections (HTTP 503;
 ``/readyz`` keeps answering 503 "draining") and report not ready; tell every client (``ERROR nil
 SHUTTING_DOWN``: the SDK moves to
-another node); answer new REQUESTs with SHUTTING_DOWN; let calls in flight finish for
+another node) and PING it, and read on until it answers (PONG) or leaves, for at most
+``NOTICE_WAIT`` s: its REQUESTs sent before it heard the notice are then read, so none is
+lost with the connection; answer new REQUESTs with SHUTTING_DOWN; let calls in flight finish for
 up to ``server.drain_timeout`` seconds (a second ``stop()`` cuts that short);
 answer SHUTTING_DOWN to calls still waiting for discovery (none ran: the SDK sends
 them to another node) and abandon the rest; close every connection with 1001 (going away); return.
@@ -45,7 +47,7 @@ from rpcbus.broker.history import SCAN_INTERVAL
 from rpcbus.broker.router import Router
 from rpcbus.broker.session import Session
 from rpcbus.broker.weights import WeightsError, WeightsFile
-from rpcbus.protocol import ERROR
+from rpcbus.protocol import DRAIN_PING, ERROR, PING
 
 log = structlog.get_logger(module="rpcbus.node")
 ADMIN_PATHS = frozenset({"/metrics", "/stats", "/cluster", "/dashboard"})
@@ -56,6 +58,7 @@ BUS_WAIT_S = 5.0  # how long a starting node waits for Redis before taking clien
 STALL = 0.25       # s without a tick: the process was stopped or starved
 STALL_HOLD = 0.2   # s to read the backlog before deadlines apply again
 WEIGHTS_CHECK = 2.0  # s between looks at the weights file's modification time
+NOTICE_WAIT = 2.0  # s a draining node waits for its clients' PONG to its notice at most
 
 
 class Node:
@@ -98,6 +101,8 @@ class Node:
         self._started = time.time()
         self._stop = asyncio.Event()
         self._drained = asyncio.Event()
+        self._unheard: set[Session] = set()  # draining: clients yet to answer the notice
+        self._heard = asyncio.Event()
         self._closed_totals: Counter[str] = Counter()
 
     # -- life ----------------------------------------------------------------------------
@@ -225,12 +230,17 @@ class Node:
         for session in list(self.sessions):  # clients move to another node now
             session.send([ERROR, None, errors.SHUTTING_DOWN,
                           "this node is shutting down: connect to another node"])
-        pending = self.router.pending + (self.link.starting if self.link is not None else 0)
-        log.info("node_draining", node=self.name, pending=pending,
-                 deadline_s=self.config.server.drain_timeout)
-        if pending:
+            if session.authenticated:
+                session.send([PING, DRAIN_PING])
+                self._unheard.add(session)
+        drain_timeout = self.config.server.drain_timeout
+        until = asyncio.get_running_loop().time() + drain_timeout
+        log.info("node_draining", node=self.name, deadline_s=drain_timeout,
+                 pending=self.router.pending + (self.link.starting if self.link else 0))
+        await self._hear_every_client(min(NOTICE_WAIT, drain_timeout))
+        if self.router.pending or (self.link is not None and self.link.starting):
             try:
-                async with asyncio.timeout(self.config.server.drain_timeout):
+                async with asyncio.timeout_at(until):
                     await self._drained.wait()
             except TimeoutError:
                 log.warning("drain_timeout", node=self.name, pending=self.router.pending)
@@ -243,6 +253,26 @@ class Node:
         for session in list(self.sessions):
             session.flush()
             session.fail_now(CloseCode.GOING_AWAY, "node shutting down")
+
+    async def _hear_every_client(self, timeout: float) -> None:
+        """Until every client told of the shutdown answered its PING or left. TCP keeps
+        order, so by then every REQUEST it sent before it heard is read: run, or refused
+        with SHUTTING_DOWN (which the SDKs send elsewhere), never lost unread with the
+        connection. A client that does not answer PINGs costs ``timeout``, no more."""
+        if not self._unheard:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._heard.wait()
+        except TimeoutError:
+            log.info("drain_notice_unanswered", node=self.name, clients=len(self._unheard))
+
+    def notice_heard(self, session: Session) -> None:
+        """``session`` answered the draining PING, or closed."""
+        if session in self._unheard:
+            self._unheard.discard(session)
+            if not self._unheard:
+                self._heard.set()
 
     async def _tick_forever(self) -> None:
         """The one timer of the node: sweeps deadlines every ``rpc.timer_granularity``.
@@ -312,6 +342,7 @@ class Node:
             await session.wait_closed()
         finally:
             self.sessions.discard(session)
+            self.notice_heard(session)
 
     def new_session_id(self) -> str:
         self._session_seq += 1

@@ -38,6 +38,7 @@ from rpcbus.protocol import (
     AUTH_FAIL,
     AUTH_OK,
     CANCEL,
+    DRAIN_PING,
     ERROR,
     OK,
     PING,
@@ -261,7 +262,8 @@ class Session(FrameIO, ServerConnection):
                 self.send([PONG, msg[1] if len(msg) > 1 else None])
         elif kind == AUTH:
             self.invalid(None, "already authenticated")
-        # PONG: nothing to do
+        elif kind == PONG and len(msg) > 1 and msg[1] == DRAIN_PING:
+            self.node.notice_heard(self)  # what it sent before it heard the notice is read
 
     # -- who may do what --------------------------------------------------------------
 

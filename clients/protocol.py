@@ -79,6 +79,9 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]*")
 DEFAULT_MAX_NAME = 128
 #: Longest error message a peer may send; longer ones are cut, not refused.
 MAX_ERROR_MESSAGE = 4096
+#: The payload of the PING a draining node sends after its SHUTTING_DOWN notice: the
+#: client's PONG tells it that everything the client sent before is read.
+DRAIN_PING = "rpcbus-draining"
 #: Most messages in one frame (a node may say fewer in AUTH_OK ``max_frame_messages``).
 MAX_FRAME_MESSAGES = 10_000
 

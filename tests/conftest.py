@@ -1,9 +1,13 @@
 """Suite-wide: no test may leave a process behind (nodes, redis-server, workers), nor a
 raw protocol connection open (warnings are errors: an unclosed socket fails a later test)."""
 
+import os
+import shutil
+
 import psutil
 import pytest
 
+from .browser import Browser
 from .integration.raw import RawPeer
 
 
@@ -35,3 +39,19 @@ def _running(proc):
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:  # gone, or a zombie psutil cannot read
         return False
+
+
+@pytest.fixture
+async def browser(tmp_path):
+    """A headless Chromium with one blank page (tests/browser.py)."""
+    exe = shutil.which("chromium")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: ./dev test installs it")
+        pytest.skip("chromium is not installed (./dev test installs it)")
+    b = Browser(exe, tmp_path / "profile")
+    try:
+        await b.open()
+        yield b
+    finally:
+        await b.close()

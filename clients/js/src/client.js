@@ -1,0 +1,634 @@
+// The rpcbus client for browsers and Node.js: the same semantics as the Python SDK
+// (clients/client.py), point by point; docs/protocol.md is the contract.
+//
+// One WebSocket at a time carries new calls. Every call has one record in one map, removed
+// the moment it ends, whatever ends it; the node enforces every deadline and the client
+// keeps a safety deadline of its own (timeout + grace), swept by one interval timer.
+//
+// Losing the connection: calls sent on it fail with CONNECTION_LOST, except idempotent ones,
+// which are sent again on the next connection. Unless `reconnect: false`, the client
+// connects again (backoff with jitter) to the next URL, provides again every name, and
+// sends the calls made meanwhile (they never left, so they cannot have run) with the time
+// their callers have left. A node shutting down says so: the client moves to another URL
+// at once; calls and handlers under way there finish there, and a call it refused with
+// SHUTTING_DOWN never ran, so it is sent again on the next connection.
+//
+// Providing: a handler gets (data, ctx). A value is answered at once; a promise that has
+// not settled by the end of the tick gets ACCEPT first. `throw new Reject()` hands the call
+// to another provider; any other throw answers PROVIDER_ERROR with its message. A CANCEL
+// from the node (the caller gave up, or the deadline passed) aborts `ctx.signal` and drops
+// the answer.
+
+import { Backoff } from './backoff.js'
+import { Deadlines } from './deadlines.js'
+import * as errors from './errors.js'
+import * as p from './protocol.js'
+import { webSocketClass } from './socket.js'
+import { Wire } from './wire.js'
+
+const now = () => globalThis.performance.now()
+const SWEEP_MS = 50
+const silent = { info () {}, warn () {} }
+
+class NotRun extends Error {} // a node refused the call unrun (it is shutting down)
+
+function isThenable (value) {
+  return value !== null && (typeof value === 'object' || typeof value === 'function') &&
+    typeof value.then === 'function'
+}
+
+function failure (id, err, log, name) {
+  if (err instanceof errors.Reject) return [p.REJECT, id]
+  log.warn(`handler_failed rpc=${name} error=${err && err.name}: ${err && err.message}`)
+  const text = err instanceof Error ? (err.message || err.name) : String(err)
+  return [p.ERROR, id, 'PROVIDER_ERROR', text || 'Error']
+}
+
+export class Client {
+  constructor (urls, options = {}) {
+    this.urls = typeof urls === 'string' ? [urls] : [...(urls || [])]
+    if (this.urls.length === 0) throw new TypeError('connect needs at least one URL')
+    for (const url of this.urls) {
+      if (typeof url !== 'string' || !/^wss?:\/\//.test(url)) {
+        throw new TypeError(`not a WebSocket URL (ws:// or wss://): ${url}`)
+      }
+    }
+    const o = options
+    this.name = o.name ?? null
+    this.credentials = {}
+    for (const key of ['user', 'password', 'token']) if (o[key]) this.credentials[key] = o[key]
+    this.openTimeout = o.openTimeout ?? 10000
+    this.grace = o.grace ?? 1000
+    this.reconnect = o.reconnect ?? true
+    this.backoff = o.backoff ?? new Backoff(50, 5000)
+    this.onState = o.onState ?? null
+    this.log = o.logger ?? silent // silent unless the application gives one (console, ...)
+    this.wsOptions = o.wsOptions ?? {} // Node.js `ws` only: { ca }, headers, ...
+    this.maxSize = o.maxSize ?? 16 << 20 // largest frame taken from a node (`ws` only)
+    this.WebSocket = o.WebSocket ?? null
+    this.state = 'connecting'
+    this.session = {} // the current node's AUTH_OK fields
+    this.closed = false
+    this.staleRequests = 0 // REQUESTs refused unrun: read too late
+    this._nextUrl = 0
+    this._wire = null // the connection new calls go to
+    this._waiting = [] // resolvers of those waiting for a connection
+    this._ids = 1
+    this._pending = new Map() // ref -> {resolve, reject, wire, msg?, until?, idempotent?}
+    this._queued = [] // call refs waiting for a connection
+    this._handlers = new Map() // name -> handler
+    this._newTasks = [] // [wire, id] of handlers started this tick
+    this._defaultTimeout = 10000
+    this._deadlines = new Deadlines(SWEEP_MS, now())
+    this._sweeper = null
+    this._reconnecting = false
+    this._reconnectTimer = null
+    this._lastError = ''
+    this._lastErr = null
+  }
+
+  /** The URL of the current (or last) connection. */
+  get url () { return this._wire ? this._wire.url : this.urls[(this._nextUrl + this.urls.length - 1) % this.urls.length] }
+
+  // -- life ------------------------------------------------------------------------------
+
+  async _open () {
+    const wire = await this._connectAny(null)
+    if (wire === null) {
+      this.closed = true
+      this._setState('closed')
+      if (this._lastErr instanceof errors.RpcError) throw this._lastErr // refused credentials
+      throw new errors.ConnectFailedError(`cannot connect to ${this._lastError}`)
+    }
+    this._sweeper = setInterval(() => this._sweep(), SWEEP_MS)
+    this._use(wire)
+    return this
+  }
+
+  /** One pass over the URLs (`avoid` last): the first authenticated wire, or null. */
+  async _connectAny (avoid) {
+    const n = this.urls.length
+    const order = Array.from({ length: n }, (_, i) => this.urls[(this._nextUrl + i) % n])
+    if (avoid !== null && n > 1 && order.includes(avoid)) {
+      order.splice(order.indexOf(avoid), 1)
+      order.push(avoid)
+    }
+    this._lastError = 'no URL tried'
+    this._lastErr = null
+    for (const url of order) {
+      if (this.closed) return null
+      this._nextUrl = (this.urls.indexOf(url) + 1) % n
+      try {
+        return await this._handshake(url)
+      } catch (err) {
+        this._lastError = `${url}: ${err && err.message}`
+        this._lastErr = err
+      }
+    }
+    return null
+  }
+
+  async _handshake (url) {
+    const { WebSocket: WS, node } = await webSocketClass(this.WebSocket)
+    const ws = node
+      ? new WS(url, { perMessageDeflate: false, maxPayload: this.maxSize, ...this.wsOptions })
+      : new WS(url)
+    ws.binaryType = node ? 'nodebuffer' : 'arraybuffer'
+    const wire = new Wire(this, url, ws)
+    let fail
+    const failed = new Promise((resolve, reject) => { fail = reject })
+    failed.catch(() => {})
+    const timer = setTimeout(() => fail(new Error(`no answer within ${this.openTimeout} ms`)), this.openTimeout)
+    let why = '' // what the error before the close said (`ws` tells; browsers do not)
+    ws.onerror = (ev) => { why = (ev && (ev.message || (ev.error && ev.error.message))) || why }
+    ws.onclose = (ev) => {
+      if (wire.closeWaiter) wire.closeWaiter()
+      fail(new Error(`connection closed (${ev.code}${ev.reason ? ' ' + ev.reason : ''})${why ? ': ' + why : ''}`))
+      this._onLost(wire, ev)
+    }
+    ws.onmessage = (ev) => this._onFrame(wire, ev.data)
+    try {
+      await Promise.race([new Promise((resolve) => { ws.onopen = resolve }), failed])
+      const params = { protocol: p.PROTOCOL_VERSION, ...this.credentials }
+      if (this.name) params.name = this.name
+      const busy = new Backoff(50, 1000)
+      for (;;) { // AUTH_FAIL BUSY: the node could not check it now; again, later
+        const auth = new Promise((resolve, reject) => { wire.auth = { resolve, reject } })
+        wire.send([p.AUTH, params])
+        try {
+          wire.session = await Promise.race([auth, failed])
+          break
+        } catch (err) {
+          if (!(err instanceof errors.BusyError)) throw err
+          await Promise.race([new Promise((resolve) => setTimeout(resolve, busy.next())), failed])
+        }
+      }
+    } catch (err) {
+      wire.lost = true // its loss is not ours
+      wire.close()
+      throw err
+    } finally {
+      clearTimeout(timer)
+    }
+    const s = wire.session
+    wire.staleness.staleAfterMs = (s.ack_timeout_ms ?? 1000) / 2
+    if (Number.isInteger(s.max_frame) && s.max_frame > 0) wire.maxFrame = s.max_frame
+    if (Number.isInteger(s.max_frame_messages) && s.max_frame_messages > 0) wire.maxMessages = s.max_frame_messages
+    return wire
+  }
+
+  /** Make `wire` the connection for new calls; send what waited for one. */
+  _use (wire) {
+    this._wire = wire
+    this.session = wire.session
+    this._defaultTimeout = this.session.response_timeout_ms ?? 10000
+    if (this._handlers.size) wire.send([p.PROVIDE, this._ids++, [...this._handlers.keys()]])
+    this._sendQueued(wire)
+    const waiting = this._waiting.splice(0)
+    for (const resolve of waiting) resolve()
+    this.backoff.reset()
+    this._setState('connected')
+  }
+
+  /** Send on `wire` the calls that waited for a connection, each with the time its caller
+   * has left (one whose time is up stays for the sweeper to fail). */
+  _sendQueued (wire) {
+    const queued = this._queued.splice(0)
+    const t = now()
+    for (const ref of queued) {
+      const call = this._pending.get(ref)
+      if (call === undefined || call.wire !== null) continue
+      const left = call.until - t
+      if (left <= 0) { this._queued.push(ref); continue }
+      call.msg[4] = Math.max(1, Math.floor(left))
+      call.wire = wire
+      wire.send(call.msg)
+    }
+  }
+
+  _setState (state) {
+    if (state === this.state) return
+    this.state = state
+    this.log.info(`client_${state} url=${this._wire ? this._wire.url : null}`)
+    if (this.onState) {
+      try { this.onState(state) } catch (err) { this.log.warn(`onState failed: ${err}`) }
+    }
+  }
+
+  /** Close the connection(s); pending calls fail with CONNECTION_LOST and the node is told to
+   * CANCEL them. Handlers still running are told their node ACCEPTed them, then aborted
+   * (their callers get PROVIDER_GONE, never a second run). Idempotent. */
+  async close () {
+    if (this.closed) return
+    this.closed = true
+    this._ackNewTasks()
+    const wires = new Set(this._wire ? [this._wire] : [])
+    for (const [ref, entry] of this._pending) {
+      if (entry.wire === null) continue
+      wires.add(entry.wire)
+      if (entry.msg !== undefined && entry.wire.open) entry.wire.send([p.CANCEL, ref])
+    }
+    const closing = []
+    for (const wire of wires) {
+      wire.flush()
+      if (wire.open) {
+        closing.push(new Promise((resolve) => {
+          const timer = setTimeout(resolve, 1000) // the close handshake, bounded
+          wire.closeWaiter = () => { clearTimeout(timer); resolve() }
+        }))
+      }
+      wire.close()
+    }
+    this._failAll(new errors.ConnectionLostError('the client was closed'))
+    this._setState('closed')
+    await Promise.all(closing)
+  }
+
+  /** Stop taking calls: withdraw every name, let the handlers running finish (those still
+   * running after `timeout` ms are aborted as by close()), then close. */
+  async drain (timeout) {
+    if (this.closed) return
+    const names = [...this._handlers.keys()]
+    this._handlers.clear() // from now on every REQUEST is refused unrun
+    if (names.length && this._wire !== null) {
+      try { await this._control(p.UNPROVIDE, names) } catch (err) {
+        if (!(err instanceof errors.RpcError)) throw err // gone: nothing is routed here any more
+      }
+    }
+    const running = []
+    for (const wire of this._wires()) {
+      for (const entry of wire.running.values()) running.push(entry.done)
+    }
+    if (running.length) {
+      const all = Promise.all(running)
+      if (timeout === undefined) await all
+      else await Promise.race([all, new Promise((resolve) => setTimeout(resolve, timeout))])
+    }
+    await this.close()
+  }
+
+  _wires () {
+    const wires = new Set(this._wire ? [this._wire] : [])
+    for (const entry of this._pending.values()) if (entry.wire) wires.add(entry.wire)
+    for (const [wire] of this._newTasks) wires.add(wire)
+    if (this._servingOn) for (const wire of this._servingOn) wires.add(wire)
+    return wires
+  }
+
+  // -- calling ---------------------------------------------------------------------------
+
+  /**
+   * Call `name` with `data`: the provider's answer, or a rejection with an RpcError.
+   * `timeout` (ms) bounds the whole call (default: the node's response timeout); `signal`
+   * (AbortSignal) gives the call up and tells the node, which cancels the provider's
+   * handler; `idempotent` lets the client send it again on a new connection if the one it
+   * went out on is lost; `traceparent` reaches the provider's handler as ctx.traceparent.
+   */
+  call (name, data = null, options = {}) {
+    const { timeout, signal, idempotent = false, traceparent } = options
+    if (this.closed) return Promise.reject(new errors.ConnectionLostError('the client is closed'))
+    if (timeout !== undefined && timeout !== null && !(timeout > 0)) {
+      return Promise.reject(new RangeError('timeout must be a positive number of milliseconds'))
+    }
+    if (signal && signal.aborted) return Promise.reject(signal.reason)
+    const ref = this._ids++
+    const timeoutMs = timeout == null ? null : Math.max(1, Math.floor(timeout))
+    const msg = [p.REQUEST, ref, name, data, timeoutMs]
+    if (traceparent) msg.push({ traceparent })
+    const until = now() + (timeoutMs ?? this._defaultTimeout)
+    return new Promise((resolve, reject) => {
+      const call = { resolve, reject, wire: null, msg, until, idempotent, signal, onAbort: null }
+      if (signal) {
+        call.onAbort = () => {
+          if (!this._pending.has(ref)) return
+          if (call.wire !== null && call.wire.open) call.wire.send([p.CANCEL, ref])
+          this._finish(ref, signal.reason, undefined)
+        }
+        signal.addEventListener('abort', call.onAbort, { once: true })
+      }
+      this._pending.set(ref, call)
+      this._deadlines.add(ref, until + this.grace)
+      const wire = this._wire
+      if (wire === null) {
+        this._queued.push(ref)
+      } else {
+        call.wire = wire
+        wire.send(msg)
+      }
+    })
+  }
+
+  /** End call or control `ref`: resolve with `value`, or reject with `err` when given. */
+  _finish (ref, err, value) {
+    const entry = this._pending.get(ref)
+    if (entry === undefined) return // ended already: a late answer
+    this._pending.delete(ref)
+    if (entry.onAbort) entry.signal.removeEventListener('abort', entry.onAbort)
+    if (err !== undefined) entry.reject(err)
+    else entry.resolve(value)
+  }
+
+  // -- providing -------------------------------------------------------------------------
+
+  /** Serve `name` with `handler(data, ctx)` until unprovide() or close, across reconnects. */
+  async provide (name, handler) {
+    if (!p.validName(name)) throw new TypeError(`invalid rpc name ${JSON.stringify(name)}`)
+    if (typeof handler !== 'function') throw new TypeError('handler must be a function')
+    this._handlers.set(name, handler)
+    try {
+      await this._control(p.PROVIDE, [name])
+    } catch (err) {
+      this._handlers.delete(name)
+      throw err
+    }
+  }
+
+  /** Stop serving `name`; calls already running finish. */
+  async unprovide (name) {
+    this._handlers.delete(name)
+    await this._control(p.UNPROVIDE, [name])
+  }
+
+  /** A protocol-level round trip to the node. */
+  async ping () { await this._control(p.PING, null) }
+
+  async _control (kind, names) {
+    if (this.closed) throw new errors.ConnectionLostError('the client is closed')
+    if (this._wire === null) {
+      await new Promise((resolve, reject) => {
+        const timer = setTimeout(() => {
+          const i = this._waiting.indexOf(go)
+          if (i >= 0) this._waiting.splice(i, 1)
+          reject(new errors.ConnectionLostError(`no connection within ${this.openTimeout} ms`))
+        }, this.openTimeout)
+        const go = () => { clearTimeout(timer); resolve() }
+        this._waiting.push(go)
+      })
+    }
+    const wire = this._wire
+    if (wire === null || this.closed) throw new errors.ConnectionLostError('the connection was lost')
+    const ref = this._ids++
+    return new Promise((resolve, reject) => {
+      this._pending.set(ref, { resolve, reject, wire })
+      this._deadlines.add(ref, now() + this.openTimeout)
+      wire.send(names === null ? [kind, ref] : [kind, ref, names])
+    })
+  }
+
+  // -- frames in -------------------------------------------------------------------------
+
+  _onFrame (wire, data) {
+    const readMs = now()
+    if (typeof data === 'string') {
+      this.log.warn(`text_frame_from_node url=${wire.url}`)
+      return
+    }
+    let msgs
+    try {
+      msgs = p.decodeFrame(data)
+    } catch (err) {
+      this.log.warn(`bad_frame_from_node url=${wire.url} error=${err.message}`)
+      return
+    }
+    for (const msg of msgs) {
+      try {
+        this._onMessage(wire, msg, readMs)
+      } catch (err) { // a malformed message from the node must not break the client
+        this.log.warn(`bad_message_from_node url=${wire.url} kind=${msg[0]} error=${err}`)
+      }
+    }
+    if (this._newTasks.length) wire.schedule()
+  }
+
+  _onMessage (wire, msg, readMs) {
+    const kind = msg[0]
+    if (kind === p.RESPONSE) {
+      if (msg.length !== 3) throw new Error('RESPONSE with the wrong fields')
+      this._finish(msg[1], undefined, msg[2])
+    } else if (kind === p.OK) {
+      this._finish(msg[1], undefined, undefined)
+    } else if (kind === p.REQUEST) {
+      if (msg.length < 6 || !Number.isInteger(msg[1]) || typeof msg[2] !== 'string') {
+        throw new Error('REQUEST with the wrong fields')
+      }
+      if (msg.length > 6 && wire.staleness.stale(msg[6], readMs)) {
+        wire.send([p.REJECT, msg[1]]) // the node has moved it on (or is about to)
+        this.staleRequests += 1
+        if ((this.staleRequests & (this.staleRequests - 1)) === 0) {
+          this.log.warn(`stale_requests_refused url=${wire.url} total=${this.staleRequests}`)
+        }
+        return
+      }
+      this._serve(wire, msg[1], msg[2], msg[3], msg[4], msg[5], msg[7] ?? null, msg[8] ?? null)
+    } else if (kind === p.ERROR) {
+      const [, ref, code, message] = msg
+      if (msg.length !== 4 || typeof code !== 'string' || typeof message !== 'string') {
+        throw new Error('ERROR with the wrong fields')
+      }
+      if (code === 'SHUTTING_DOWN') {
+        this._nodeDraining(wire)
+        const call = ref == null ? undefined : this._pending.get(ref)
+        if (call !== undefined && call.msg !== undefined && this.reconnect && !this.closed) {
+          call.wire = null // it never ran: send it again on the next connection
+          this._queued.push(ref)
+          if (this._wire !== null) this._sendQueued(this._wire)
+          return
+        }
+        if (ref == null) return
+      }
+      if (ref == null || !this._pending.has(ref)) {
+        this.log.warn(`node_error url=${wire.url} code=${code} error=${message} ref=${ref}`)
+      } else {
+        this._finish(ref, errors.errorFromCode(code, message))
+      }
+    } else if (kind === p.CANCEL) {
+      const task = wire.running.get(msg[1])
+      if (task !== undefined) {
+        wire.running.delete(msg[1])
+        task.controller.abort(new DOMException('the node cancelled this call', 'AbortError'))
+      }
+    } else if (kind === p.PING) {
+      wire.send([p.PONG, msg.length > 1 ? msg[1] : null])
+    } else if (kind === p.PONG) {
+      if (msg.length > 1 && Number.isInteger(msg[1])) this._finish(msg[1], undefined, undefined)
+    } else if (kind === p.AUTH_OK || kind === p.AUTH_FAIL) {
+      const auth = wire.auth
+      if (auth) {
+        wire.auth = null
+        if (kind === p.AUTH_OK && msg[1] !== null && typeof msg[1] === 'object') auth.resolve(msg[1])
+        else if (kind === p.AUTH_OK) auth.reject(new Error('AUTH_OK without its fields'))
+        else auth.reject(errors.errorFromCode(String(msg[1]), String(msg[2] ?? '')))
+      }
+    }
+  }
+
+  // -- serving ---------------------------------------------------------------------------
+
+  _serve (wire, id, name, data, timeLeftMs, caller, traceparent, user) {
+    const handler = this._handlers.get(name)
+    if (handler === undefined || this.closed) { // unprovided a moment ago, or closing: not run
+      wire.send([p.REJECT, id])
+      return
+    }
+    const controller = new AbortController()
+    const ctx = { rpc: name, callId: id, caller, timeLeft: timeLeftMs, traceparent, user, signal: controller.signal }
+    let result
+    try {
+      result = handler(data, ctx)
+    } catch (err) {
+      wire.send(failure(id, err, this.log, name))
+      return
+    }
+    if (!isThenable(result)) {
+      wire.send([p.RESPONSE, id, result === undefined ? null : result])
+      return
+    }
+    const task = { controller, done: null }
+    wire.running.set(id, task)
+    this._newTasks.push([wire, id])
+    task.done = Promise.resolve(result).then(
+      (value) => this._taskDone(wire, id, task, [p.RESPONSE, id, value === undefined ? null : value]),
+      (err) => this._taskDone(wire, id, task, failure(id, err, this.log, name)))
+  }
+
+  _taskDone (wire, id, task, answer) {
+    if (wire.running.get(id) !== task) return // cancelled by the node, or the connection is gone
+    wire.running.delete(id)
+    wire.send(answer)
+  }
+
+  /** End of the tick that started handlers: the unfinished get ACCEPT (the finished have
+   * answered already, and the answer implies it). */
+  _ackNewTasks () {
+    if (this._newTasks.length === 0) return
+    const fresh = this._newTasks.splice(0)
+    for (const [wire, id] of fresh) {
+      if (wire.running.has(id)) wire.send([p.ACCEPT, id])
+    }
+  }
+
+  _unencodable (msg, err) {
+    if (msg[0] === p.RESPONSE) {
+      return [p.ERROR, msg[1], 'PROVIDER_ERROR', `result is not serializable: ${err.message}`]
+    }
+    if (msg[0] === p.REQUEST) {
+      this._finish(msg[1], new TypeError(`call data is not serializable: ${err.message}`))
+    }
+    return null
+  }
+
+  /** Over the node's frame limit: a call fails here (nothing was sent); an answer becomes
+   * PAYLOAD_TOO_LARGE for its caller (the call ran: never run again). */
+  _oversized (msg, size, limit) {
+    if (msg[0] === p.REQUEST) {
+      this._finish(msg[1], new errors.PayloadTooLargeError(
+        `the call's data makes a ${size}-byte message, over the node's limit of ${limit} bytes (max_frame); nothing was sent`))
+      return null
+    }
+    if (msg[0] === p.RESPONSE) {
+      return [p.ERROR, msg[1], 'PAYLOAD_TOO_LARGE',
+        `the answer makes a ${size}-byte message, over the node's limit of ${limit} bytes (max_frame)`]
+    }
+    return msg
+  }
+
+  // -- failure ---------------------------------------------------------------------------
+
+  _sweep () {
+    for (const ref of this._deadlines.expire(now())) {
+      const entry = this._pending.get(ref)
+      if (entry === undefined) continue
+      this._finish(ref, entry.wire === null
+        ? new errors.ConnectionLostError('no connection within the deadline')
+        : new errors.ResponseTimeoutError('no answer from the node within the deadline'))
+    }
+  }
+
+  /** The node shuts down: new calls wait for a connection to another node. */
+  _nodeDraining (wire) {
+    if (wire.draining) return
+    wire.draining = true
+    this.log.info(`node_draining url=${wire.url}`)
+    if (wire === this._wire && !this.closed) {
+      this._servingOn = (this._servingOn || new Set()).add(wire)
+      this._wire = null
+      this._startReconnect(wire.url, true)
+    }
+  }
+
+  _onLost (wire, ev) {
+    if (wire.lost) return
+    wire.lost = true
+    if (this._servingOn) this._servingOn.delete(wire)
+    const lost = new errors.ConnectionLostError(
+      `connection to ${wire.url} lost (${ev && ev.code})`)
+    for (const task of wire.running.values()) task.controller.abort(lost) // nowhere to answer
+    wire.running.clear()
+    for (const [ref, entry] of [...this._pending]) {
+      if (entry.wire !== wire) continue
+      if (entry.idempotent && this.reconnect && !this.closed) {
+        entry.wire = null // send it again on the next connection
+        this._queued.push(ref)
+        continue
+      }
+      this._finish(ref, lost)
+    }
+    if (wire !== this._wire) return // a draining wire: the client moved already
+    this._wire = null
+    if (this.closed) return
+    if (!this.reconnect) {
+      this.closed = true
+      this._failAll(lost)
+      this._setState('closed')
+      return
+    }
+    this._startReconnect(wire.url, false)
+  }
+
+  _startReconnect (avoid, atOnce) {
+    this._setState('reconnecting')
+    if (this._reconnecting) return
+    this._reconnecting = true
+    const attempt = async (first) => {
+      this._reconnectTimer = null
+      if (this.closed) { this._reconnecting = false; return }
+      const wire = await this._connectAny(avoid)
+      if (this.closed) {
+        this._reconnecting = false
+        if (wire) wire.close()
+        return
+      }
+      if (wire !== null) {
+        this._reconnecting = false
+        this._use(wire)
+        return
+      }
+      this.log.info(`client_reconnect_failed error=${this._lastError}`)
+      this._reconnectTimer = setTimeout(() => attempt(false), this.backoff.next())
+    }
+    if (atOnce) attempt(true)
+    else this._reconnectTimer = setTimeout(() => attempt(true), this.backoff.next())
+  }
+
+  _failAll (err) {
+    clearInterval(this._sweeper)
+    this._sweeper = null
+    clearTimeout(this._reconnectTimer)
+    this._queued = []
+    for (const ref of [...this._pending.keys()]) this._finish(ref, err)
+    for (const wire of this._wires()) {
+      for (const task of wire.running.values()) task.controller.abort(err)
+      wire.running.clear()
+    }
+    for (const resolve of this._waiting.splice(0)) resolve()
+  }
+}
+
+/**
+ * Connect to the first reachable node of `urls` (ws:// or wss://, one or a list).
+ * Rejects with ConnectFailedError when none can be reached, and with the node's
+ * AUTH_FAIL as an RpcError (NotAuthenticatedError, RateLimitedError) when refused.
+ */
+export async function connect (urls, options) {
+  return new Client(urls, options)._open()
+}

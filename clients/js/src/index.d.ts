@@ -1,0 +1,117 @@
+// Types of the rpcbus JavaScript SDK (src/index.js).
+
+export type State = 'connecting' | 'connected' | 'reconnecting' | 'closed'
+
+export interface Logger {
+  info(message: string): void
+  warn(message: string): void
+}
+
+export interface ConnectOptions {
+  /** A label for this client (providers see it in ctx.caller). */
+  name?: string
+  user?: string
+  password?: string
+  token?: string
+  /** ms to open a connection and authenticate (default 10000). */
+  openTimeout?: number
+  /** ms the client waits past a call's timeout before failing it itself (default 1000). */
+  grace?: number
+  /** Connect again (to the next URL) when the connection is lost (default true). */
+  reconnect?: boolean
+  backoff?: Backoff
+  onState?: (state: State) => void
+  /** Where the SDK's few log lines go; silent by default. `console` will do. */
+  logger?: Logger
+  /** A WebSocket class to use instead of the platform's (or the `ws` package's). */
+  WebSocket?: unknown
+  /** Node.js with the `ws` package only: its client options (`ca` for wss://, ...). */
+  wsOptions?: Record<string, unknown>
+  /** Largest frame taken from a node, in bytes (the `ws` package only; default 16 MiB). */
+  maxSize?: number
+}
+
+export interface CallOptions {
+  /** ms for the whole call (default: the node's response timeout, 10 s). */
+  timeout?: number
+  /** Aborting gives the call up; the node cancels the provider's handler. */
+  signal?: AbortSignal
+  /** Send it again on a new connection if the one it went out on is lost. */
+  idempotent?: boolean
+  /** W3C trace context; reaches the provider as ctx.traceparent. */
+  traceparent?: string
+}
+
+export interface CallContext {
+  rpc: string
+  /** The node's id for this attempt. */
+  callId: number
+  /** The caller's label@session: chosen by the caller, not proof of who it is. */
+  caller: string
+  /** ms the caller still waited when the request arrived. */
+  timeLeft: number
+  traceparent: string | null
+  /** The caller's authenticated user, set by the node (null with auth mode none). */
+  user: string | null
+  /** Aborted when the node cancels the call (the caller gave up, or its deadline passed). */
+  signal: AbortSignal
+}
+
+export type Handler<T = any, R = any> = (data: T, ctx: CallContext) => R | Promise<R>
+
+export declare class Client {
+  readonly urls: string[]
+  readonly url: string
+  state: State
+  closed: boolean
+  /** The current node's AUTH_OK fields (node, session, user, max_frame, ...). */
+  session: Record<string, unknown>
+  staleRequests: number
+  constructor(urls: string | string[], options?: ConnectOptions)
+  call<R = any>(name: string, data?: unknown, options?: CallOptions): Promise<R>
+  provide<T = any, R = any>(name: string, handler: Handler<T, R>): Promise<void>
+  unprovide(name: string): Promise<void>
+  ping(): Promise<void>
+  /** Withdraw every name, let running handlers finish (up to `timeout` ms), then close. */
+  drain(timeout?: number): Promise<void>
+  close(): Promise<void>
+}
+
+export declare function connect(urls: string | string[], options?: ConnectOptions): Promise<Client>
+
+export declare class Backoff {
+  constructor(minimum?: number, maximum?: number, rand?: () => number)
+  next(): number
+  reset(): void
+}
+
+export declare const CODES: readonly string[]
+
+export declare class RpcError extends Error {
+  constructor(code: string, message?: string)
+  readonly code: string
+  /** The node's text, without the code. */
+  readonly detail: string
+}
+declare class CodedError extends RpcError { constructor(message?: string) }
+export declare class NoProviderError extends CodedError {}
+export declare class ResponseTimeoutError extends CodedError {}
+export declare class ProviderError extends CodedError {}
+export declare class ProviderGoneError extends CodedError {}
+export declare class InvalidMessageError extends CodedError {}
+export declare class NotAuthenticatedError extends CodedError {}
+export declare class PermissionDeniedError extends CodedError {}
+export declare class RateLimitedError extends CodedError {}
+export declare class ClusterUnavailableError extends CodedError {}
+export declare class ShuttingDownError extends CodedError {}
+export declare class ConnectionLostError extends CodedError {}
+export declare class ConnectFailedError extends CodedError {}
+export declare class PayloadTooLargeError extends CodedError {}
+export declare class LimitExceededError extends CodedError {}
+export declare class BusyError extends CodedError {}
+export declare function errorFromCode(code: string, message?: string): RpcError
+
+/** Throw it from a handler to hand the call to another provider. */
+export declare class Reject extends Error {
+  constructor(message?: string)
+}

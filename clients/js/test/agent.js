@@ -1,0 +1,57 @@
+// A JS client driven line by line, for the Python integration tests (tests/js/): commands
+// come as JSON lines on stdin, results and events go as JSON lines on stdout.
+//   {"id": 1, "op": "connect", "urls": [...], "options": {...}}
+//   {"id": 2, "op": "call", "name": "x", "data": ..., "timeout": ms, "abortAfter": ms}
+//   {"id": 3, "op": "provide", "name": "js.echo", "kind": "echo" | "hang" | "throw" | "reject"}
+//   {"id": 4, "op": "close" | "drain"}
+// Answers: {"id": 1, "ok": value} or {"id": 1, "error": {"code", "name", "message"}};
+// events: {"event": "state", "state": ...}, {"event": "aborted", "rpc": ...}.
+
+import { createInterface } from 'node:readline'
+import { connect, RpcError, Reject } from '../src/index.js'
+
+let client = null
+const out = (obj) => process.stdout.write(JSON.stringify(obj) + '\n')
+const wait = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
+
+const handlers = {
+  echo: (data, ctx) => ({ data, rpc: ctx.rpc, caller: ctx.caller, user: ctx.user, timeLeft: ctx.timeLeft, traceparent: ctx.traceparent }),
+  add: async (data) => data.a + data.b,
+  hang: (data, ctx) => new Promise((resolve) => {
+    ctx.signal.addEventListener('abort', () => { out({ event: 'aborted', rpc: ctx.rpc, reason: ctx.signal.reason.name }); resolve(null) })
+  }),
+  throw: () => { throw new Error('js handler failed') },
+  reject: () => { throw new Reject() },
+}
+
+async function run (cmd) {
+  switch (cmd.op) {
+    case 'connect':
+      client = await connect(cmd.urls, { ...cmd.options, onState: (state) => out({ event: 'state', state, url: client ? client.url : null }) })
+      return { url: client.url, user: client.session.user, node: client.session.node }
+    case 'call': {
+      const options = { timeout: cmd.timeout, idempotent: cmd.idempotent }
+      if (cmd.abortAfter !== undefined) {
+        const ac = new AbortController()
+        setTimeout(() => ac.abort(), cmd.abortAfter)
+        options.signal = ac.signal
+      }
+      return await client.call(cmd.name, cmd.data ?? null, options)
+    }
+    case 'provide': return await client.provide(cmd.name, handlers[cmd.kind]) ?? null
+    case 'unprovide': return await client.unprovide(cmd.name) ?? null
+    case 'sleep': await wait(cmd.ms); return null
+    case 'drain': await client.drain(cmd.timeout); return client.state
+    case 'close': await client.close(); return client.state
+    default: throw new Error(`unknown op ${cmd.op}`)
+  }
+}
+
+const lines = createInterface({ input: process.stdin })
+lines.on('line', (line) => {
+  const cmd = JSON.parse(line)
+  run(cmd).then(
+    (ok) => out({ id: cmd.id, ok: ok ?? null }),
+    (err) => out({ id: cmd.id, error: { code: err instanceof RpcError ? err.code : null, name: err.name, message: err.message } }))
+})
+lines.on('close', () => { if (client) client.close() })

@@ -1,0 +1,93 @@
+// The codec and the framing of batches, and the pure helpers (backoff, staleness,
+// deadlines): no sockets.
+import assert from 'node:assert/strict'
+import { test } from 'node:test'
+import { decode, encode } from '@msgpack/msgpack'
+import * as p from '../../src/protocol.js'
+import { Backoff } from '../../src/backoff.js'
+import { Deadlines } from '../../src/deadlines.js'
+import { Staleness } from '../../src/staleness.js'
+import { errorFromCode, NoProviderError, RpcError, CODES } from '../../src/errors.js'
+
+test('a frame is one message or an array of them; anything else is refused', () => {
+  assert.deepEqual(p.decodeFrame(encode([18, 7, { a: 1 }])), [[18, 7, { a: 1 }]])
+  assert.deepEqual(p.decodeFrame(encode([[6, 1], [18, 2, null]])), [[6, 1], [18, 2, null]])
+  for (const bad of [encode([]), encode('x'), encode([['x']]), encode([[6], 'y']), Uint8Array.of(0xc1), new Uint8Array(0)]) {
+    assert.throws(() => p.decodeFrame(bad), p.ProtocolError)
+  }
+  assert.deepEqual(p.decodeFrame(Uint8Array.from(encode([6, 1])).buffer), [[6, 1]]) // an ArrayBuffer (browsers)
+})
+
+test('batches split at the frame size and message count, and decode back in order', () => {
+  const parts = Array.from({ length: 25 }, (_, i) => p.encodeMessage([16, i, 'n', 'x'.repeat(40), null]))
+  const bySize = p.packInFrames(parts, 200)
+  assert.ok(bySize.length > 1)
+  for (const frame of bySize) assert.ok(frame.length <= 200 || p.decodeFrame(frame).length === 1)
+  const byCount = p.packInFrames(parts, 1 << 20, 10)
+  assert.deepEqual(byCount.map((f) => p.decodeFrame(f).length), [10, 10, 5])
+  const all = bySize.flatMap((f) => p.decodeFrame(f)).map((m) => m[1])
+  assert.deepEqual(all, [...Array(25).keys()])
+  const big = p.encodeMessage([18, 1, 'y'.repeat(500)]) // over the limit: alone, whole
+  assert.deepEqual(p.packInFrames([parts[0], big, parts[1]], 100).map((f) => p.decodeFrame(f).length), [1, 1, 1])
+  const many = Array.from({ length: 70000 }, () => p.encodeMessage([30]))
+  const [frame] = p.packInFrames(many, 1 << 20, 100000) // a 32-bit array header
+  assert.equal(frame[0], 0xdd)
+  assert.equal(decode(frame).length, 70000)
+})
+
+test('what msgpack cannot carry is an error to the sender, not a broken frame', () => {
+  assert.throws(() => p.encodeMessage([18, 1, () => 1]))
+  assert.deepEqual(decode(p.encodeMessage([18, 1, { a: undefined, b: 1 }])), [18, 1, { b: 1 }])
+  let deep = 1
+  for (let i = 0; i < 1000; i++) deep = [deep]
+  assert.equal(decode(p.encodeMessage(deep)).length, 1) // as deep as the node takes
+})
+
+test('rpc names follow the protocol', () => {
+  for (const ok of ['a', 'math.add', 'A_1:b/c-d', 'x'.repeat(128)]) assert.ok(p.validName(ok), ok)
+  for (const bad of ['', '.a', '-a', 'a b', 'x'.repeat(129), 'é', 7, null]) assert.ok(!p.validName(bad), String(bad))
+})
+
+test('errors carry their code, by class', () => {
+  const e = errorFromCode('NO_PROVIDER', 'nobody')
+  assert.ok(e instanceof NoProviderError && e instanceof RpcError && e instanceof Error)
+  assert.equal(e.code, 'NO_PROVIDER')
+  assert.equal(e.detail, 'nobody')
+  assert.equal(e.name, 'NoProviderError')
+  const other = errorFromCode('SOMETHING_NEW', 'x')
+  assert.ok(other.constructor === RpcError && other.code === 'SOMETHING_NEW')
+  for (const code of CODES) assert.equal(errorFromCode(code).code, code)
+})
+
+test('backoff doubles up to its ceiling, with full jitter, and resets', () => {
+  const top = new Backoff(100, 1000, () => 1)
+  assert.deepEqual([1, 2, 3, 4, 5, 6].map(() => top.next()), [100, 200, 400, 800, 1000, 1000])
+  top.reset()
+  assert.equal(top.next(), 100)
+  const bottom = new Backoff(100, 1000, () => 0)
+  assert.deepEqual([1, 2, 3].map(() => bottom.next()), [50, 50, 50])
+})
+
+test('the send stamp check refuses only what was read late, whatever the clocks offset', () => {
+  const s = new Staleness(500, 30000)
+  const offset = 1e9 // the node's clock is not ours: it stamps our time + offset
+  const at = (sent, read) => s.stale(sent + offset, read)
+  assert.equal(at(998, 1000), false) // 2 ms on the way: the least delay seen
+  assert.equal(at(3000, 3300), false) // 300 ms late: under half the ack timeout
+  assert.equal(at(3000, 3702), true) // 700 ms late: the node may have moved it on
+  assert.equal(s.stale('x', 4000), false) // no stamp: nothing to say
+  // the node's clock jumps back 600 ms: refused for up to a window, then followed
+  assert.equal(at(40000, 40602), true)
+  assert.equal(at(71000, 71602), false)
+  assert.equal(at(72000, 72602), false)
+})
+
+test('deadlines come due in bulk, never early', () => {
+  const d = new Deadlines(50, 0)
+  d.add('a', 120); d.add('b', 40); d.add('c', 1000); d.add('late', -5)
+  assert.deepEqual(d.expire(49), ['late']) // already past when filed: the next sweep
+  assert.deepEqual(d.expire(60), ['b'])
+  assert.deepEqual(d.expire(140), [])
+  assert.deepEqual(d.expire(150), ['a'])
+  assert.deepEqual(d.expire(5000), ['c'])
+})

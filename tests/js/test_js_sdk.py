@@ -1,0 +1,207 @@
+"""The JavaScript SDK against real nodes, with Python on the other side of each call:
+one node and across two, errors, deadlines and AbortSignal reaching the provider,
+reconnecting and handing over, auth and permissions."""
+
+import asyncio
+import signal
+
+import pytest
+
+import rpcbus
+from rpcbus.broker.auth import hash_password, token_digest
+from rpcbus.broker.local import LocalCluster
+from rpcbus.broker.process import NodeProcess
+
+from ..cluster.conftest import FAST
+
+
+@pytest.fixture(scope="module")
+def two():
+    c = LocalCluster(nodes=2, env=FAST).start()
+    yield c
+    codes = c.stop()
+    assert all(code == 0 for code in codes.values()), codes
+
+
+@pytest.mark.parametrize("across", [False, True], ids=["one-node", "two-nodes"])
+async def test_js_and_python_call_each_other_with_the_same_outcomes(two, js, across):
+    py_url, js_url = two.nodes[0].url, two.nodes[1 if across else 0].url
+    suffix = "x" if across else "1"
+    agent = await js()
+    joined = await agent.ok("connect", urls=[js_url], options={"name": "web"})
+    assert joined["url"] == js_url
+    async with rpcbus.connect(py_url, name="py") as py:
+        await py.provide(f"py.add{suffix}", lambda d: d["a"] + d["b"])
+
+        def fails(d):
+            raise ValueError("py handler failed")
+        await py.provide(f"py.fail{suffix}", fails)
+        for kind in ("echo", "throw", "reject"):
+            await agent.ok("provide", name=f"js.{kind}{suffix}", kind=kind)
+        if across:  # the other node hears of the names with the providers' next news
+            await wait_routable(py, f"js.echo{suffix}")
+
+        # JS calls Python
+        assert await agent.ok("call", name=f"py.add{suffix}", data={"a": 1, "b": 2}) == 3
+        many = await asyncio.gather(*(agent.ok("call", name=f"py.add{suffix}",
+                                               data={"a": i, "b": 1}) for i in range(50)))
+        assert many == [i + 1 for i in range(50)]
+        err = await agent.error("call", name=f"py.fail{suffix}", timeout=3000)
+        assert (err["code"], err["name"]) == ("PROVIDER_ERROR", "ProviderError")
+        assert "py handler failed" in err["message"]
+        err = await agent.error("call", name=f"nobody.{suffix}", timeout=3000)
+        assert (err["code"], err["name"]) == ("NO_PROVIDER", "NoProviderError")
+
+        # Python calls JS
+        got = await py.call(f"js.echo{suffix}", {"x": [1, "two", None, 2.5]}, timeout=3,
+                            traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01")
+        assert got["data"] == {"x": [1, "two", None, 2.5]}
+        assert got["rpc"] == f"js.echo{suffix}" and got["caller"].startswith("py@")
+        assert 0 < got["timeLeft"] <= 3000 and got["traceparent"].startswith("00-111")
+        with pytest.raises(rpcbus.ProviderError, match="js handler failed"):
+            await py.call(f"js.throw{suffix}", timeout=3)
+        with pytest.raises(rpcbus.NoProviderError):   # the only provider handed it on
+            await py.call(f"js.reject{suffix}", timeout=3)
+        results = await asyncio.gather(*(py.call(f"js.echo{suffix}", i, timeout=5)
+                                         for i in range(200)))
+        assert [r["data"] for r in results] == list(range(200))
+    assert await agent.ok("close") == "closed"
+
+
+async def wait_routable(client, name, timeout=5.0):
+    """Until a call to ``name`` from ``client`` finds a provider."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                return await client.call(name, None, timeout=2)
+            except rpcbus.NoProviderError:
+                await asyncio.sleep(0.05)
+
+
+async def test_deadlines_and_abort_signals_reach_the_provider_across_nodes(two, js):
+    agent = await js()
+    await agent.ok("connect", urls=[two.nodes[1].url])
+    cancelled = asyncio.Queue()
+
+    async def hang(d):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.put_nowait(d)
+            raise
+
+    async with rpcbus.connect(two.nodes[0].url) as py:
+        await py.provide("py.hang", hang)
+        await agent.ok("provide", name="js.hang", kind="hang")
+        err = await agent.error("call", name="py.hang", data="timed", timeout=300)
+        assert err["code"] == "RESPONSE_TIMEOUT"
+        async with asyncio.timeout(5):
+            assert await cancelled.get() == "timed"          # the provider's handler stopped
+        err = await agent.error("call", name="py.hang", data="aborted", timeout=5000,
+                                abortAfter=200)
+        assert err["name"] == "AbortError"                   # the signal's reason
+        async with asyncio.timeout(5):
+            assert await cancelled.get() == "aborted"
+        # and the other way: a Python caller's deadline aborts the JS handler's ctx.signal
+        async with asyncio.timeout(5):
+            while True:
+                try:
+                    await py.call("js.hang", None, timeout=0.3)
+                except rpcbus.NoProviderError:
+                    await asyncio.sleep(0.05)                # not heard of on n1 yet
+                    continue
+                except rpcbus.ResponseTimeoutError:
+                    break
+        await agent.event(lambda e: e.get("event") == "aborted" and e["rpc"] == "js.hang")
+
+
+async def test_the_client_moves_to_the_next_url_when_its_node_dies_or_drains(js):
+    c = LocalCluster(nodes=3, env=FAST).start()
+    try:
+        n1, n2, n3 = c.nodes
+        agent = await js()
+        await agent.ok("connect", urls=[n1.url, n2.url, n3.url], options={"name": "web"})
+        await agent.ok("provide", name="js.echo", kind="echo")
+        async with rpcbus.connect(n3.url) as py:
+            await py.provide("py.add", lambda d: d["a"] + d["b"])
+            assert (await wait_routable(py, "js.echo"))["data"] is None
+            n1.kill()                                         # SIGKILL: no goodbye
+            await agent.event(lambda e: e.get("state") == "reconnecting")
+            moved = await agent.event(lambda e: e.get("state") == "connected"
+                                      and e["url"] == n2.url)
+            assert moved
+            # provided again on n2: a Python caller on n3 reaches it; and it calls on
+            assert (await wait_routable(py, "js.echo"))["rpc"] == "js.echo"
+            assert await agent.ok("call", name="py.add", data={"a": 2, "b": 3}) == 5
+
+            # n2 drains (SIGTERM): the client hands over to n3 at once, calls go on
+            calls = [asyncio.ensure_future(agent.send("call", name="py.add",
+                                                      data={"a": i, "b": 0}, timeout=20000))
+                     for i in range(100)]
+            n2.signal(signal.SIGTERM)
+            await agent.event(lambda e: e.get("state") == "connected" and e["url"] == n3.url)
+            answers = await asyncio.gather(*calls)
+            assert [a.get("ok") for a in answers] == list(range(100)), answers
+            assert n2.wait_exit() == 0
+            assert (await py.call("js.echo", 7, timeout=5))["data"] == 7
+    finally:
+        c.stop()
+
+
+CONFIG = """
+[auth]
+mode = "users"
+
+[auth.users.worker]
+password = "{worker_hash}"
+provide = ["billing.*"]
+call = ["billing.*"]
+
+[auth.users.frontend]
+token_sha256 = "{frontend_digest}"
+call = ["billing.*"]
+"""
+
+
+async def test_password_and_token_logins_and_permissions(js, tmp_path):
+    conf = tmp_path / "node.toml"
+    conf.write_text(CONFIG.format(worker_hash=hash_password("w0rker", n=1 << 12),
+                                  frontend_digest=token_digest("front-token")))
+    node = NodeProcess("--config", str(conf), env=FAST).start()
+    try:
+        worker, front, wrong = await js(), await js(), await js()
+        assert (await worker.ok("connect", urls=[node.url],
+                                options={"user": "worker", "password": "w0rker"}))["user"] \
+            == "worker"
+        assert (await front.ok("connect", urls=[node.url], options={"token": "front-token"})
+                )["user"] == "frontend"
+        err = await wrong.error("connect", urls=[node.url],
+                                options={"user": "worker", "password": "nope"})
+        assert (err["code"], err["name"]) == ("NOT_AUTHENTICATED", "NotAuthenticatedError")
+
+        await worker.ok("provide", name="billing.echo", kind="echo")
+        err = await worker.error("provide", name="users.delete", kind="echo")
+        assert err["code"] == "PERMISSION_DENIED" and "users.delete" in err["message"]
+        got = await front.ok("call", name="billing.echo", data=1)
+        assert got["user"] == "frontend"                     # set by the node, not claimed
+        err = await front.error("call", name="admin.reset")
+        assert err["code"] == "PERMISSION_DENIED"
+    finally:
+        assert node.stop() == 0
+
+
+async def test_wss_with_the_node_certificate_and_not_without(js, tmp_path):
+    from ..integration.test_security import self_signed
+
+    cert, key = self_signed(tmp_path)
+    with NodeProcess(env={**FAST, "RPCBUS_SERVER_TLS_CERT": str(cert),
+                          "RPCBUS_SERVER_TLS_KEY": str(key)}) as node:
+        assert node.url.startswith("wss://")
+        trusting, default = await js(), await js()
+        await trusting.ok("connect", urls=[node.url],
+                          options={"wsOptions": {"ca": cert.read_text()}})
+        await trusting.ok("provide", name="js.echo", kind="echo")
+        assert (await trusting.ok("call", name="js.echo", data="over tls"))["data"] == "over tls"
+        err = await default.error("connect", urls=[node.url], options={"reconnect": False})
+        assert err["code"] == "CONNECT_FAILED" and "certificate" in err["message"], err
+        await trusting.ok("close")

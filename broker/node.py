@@ -236,9 +236,9 @@ class Node:
         drain_timeout = self.config.server.drain_timeout
         until = asyncio.get_running_loop().time() + drain_timeout
         log.info("node_draining", node=self.name, deadline_s=drain_timeout,
-                 pending=self.router.pending + (self.link.starting if self.link else 0))
+                 pending=self.in_flight)
         await self._hear_every_client(min(NOTICE_WAIT, drain_timeout))
-        if self.router.pending or (self.link is not None and self.link.starting):
+        if self.in_flight:
             try:
                 async with asyncio.timeout_at(until):
                     await self._drained.wait()
@@ -253,6 +253,11 @@ class Node:
         for session in list(self.sessions):
             session.flush()
             session.fail_now(CloseCode.GOING_AWAY, "node shutting down")
+
+    @property
+    def in_flight(self) -> int:
+        """Calls this node still has under way: routed here, or starting from other nodes."""
+        return self.router.pending + (self.link.starting if self.link is not None else 0)
 
     async def _hear_every_client(self, timeout: float) -> None:
         """Until every client told of the shutdown answered its PING or left. TCP keeps
@@ -311,8 +316,7 @@ class Node:
             if self.weights_file is not None and now >= weights_due:
                 weights_due = now + WEIGHTS_CHECK
                 self._reload_weights()
-            if self.draining and router.pending == 0 and (
-                    self.link is None or self.link.starting == 0):
+            if self.draining and not self.in_flight:
                 self._drained.set()
 
     def _reload_weights(self) -> None:

@@ -78,6 +78,7 @@ export class Client {
     this._queued = [] // call refs waiting for a connection
     this._handlers = new Map() // name -> handler
     this._newTasks = [] // [wire, id] of handlers started this tick
+    this._draining = new Set() // wires of nodes shutting down, until they close
     this._defaultTimeout = 10000
     this._deadlines = new Deadlines(SWEEP_MS, now())
     this._sweeper = null
@@ -222,14 +223,11 @@ export class Client {
     if (this.closed) return
     this.closed = true
     this._ackNewTasks()
-    const wires = new Set(this._wire ? [this._wire] : [])
-    for (const [ref, entry] of this._pending) {
-      if (entry.wire === null) continue
-      wires.add(entry.wire)
-      if (entry.msg !== undefined && entry.wire.open) entry.wire.send([p.CANCEL, ref])
+    for (const [ref, entry] of this._pending) { // nobody waits for these answers now
+      if (entry.msg !== undefined && entry.wire !== null && entry.wire.open) entry.wire.send([p.CANCEL, ref])
     }
     const closing = []
-    for (const wire of wires) {
+    for (const wire of this._wires()) {
       wire.flush()
       if (wire.open) {
         closing.push(new Promise((resolve) => {
@@ -271,7 +269,7 @@ export class Client {
     const wires = new Set(this._wire ? [this._wire] : [])
     for (const entry of this._pending.values()) if (entry.wire) wires.add(entry.wire)
     for (const [wire] of this._newTasks) wires.add(wire)
-    if (this._servingOn) for (const wire of this._servingOn) wires.add(wire)
+    for (const wire of this._draining) wires.add(wire)
     return wires
   }
 
@@ -550,7 +548,7 @@ export class Client {
     wire.draining = true
     this.log.info(`node_draining url=${wire.url}`)
     if (wire === this._wire && !this.closed) {
-      this._servingOn = (this._servingOn || new Set()).add(wire)
+      this._draining.add(wire)
       this._wire = null
       this._startReconnect(wire.url, true)
     }
@@ -559,7 +557,7 @@ export class Client {
   _onLost (wire, ev) {
     if (wire.lost) return
     wire.lost = true
-    if (this._servingOn) this._servingOn.delete(wire)
+    this._draining.delete(wire)
     const lost = new errors.ConnectionLostError(
       `connection to ${wire.url} lost (${ev && ev.code})`)
     for (const task of wire.running.values()) task.controller.abort(lost) // nowhere to answer

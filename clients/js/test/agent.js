@@ -16,7 +16,6 @@ const wait = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
 const handlers = {
   echo: (data, ctx) => ({ data, rpc: ctx.rpc, caller: ctx.caller, user: ctx.user, timeLeft: ctx.timeLeft, traceparent: ctx.traceparent }),
-  add: async (data) => data.a + data.b,
   hang: (data, ctx) => new Promise((resolve) => {
     ctx.signal.addEventListener('abort', () => { out({ event: 'aborted', rpc: ctx.rpc, reason: ctx.signal.reason.name }); resolve(null) })
   }),

@@ -151,7 +151,31 @@ def run_callers(urls: list[str], args: SimpleNamespace, cpu_of: Any = None,
         batches = bus_delta("batches_out")
         if batches:
             out["msgs_per_publish"] = bus_delta("messages_out") / batches
+            out["bus_msgs_per_call"] = bus_delta("messages_out") / measured
+        out["by_node"] = [_node_batching(a, b, measured) for a, b in zip(s0, s1, strict=True)]
     return out
+
+
+def _node_batching(before: dict[str, Any], after: dict[str, Any],
+                   calls: int) -> dict[str, float]:
+    """One node's batching over the window, from two /stats: client messages per frame in
+    and out, bus messages per PUBLISH, and bus messages and PUBLISHes per call (of all)."""
+    def d(section: str, key: str) -> float:
+        return float((after.get(section) or {}).get(key, 0)
+                     - (before.get(section) or {}).get(key, 0))
+
+    def bus(key: str) -> float:
+        return float(((after.get("cluster") or {}).get("bus") or {}).get(key, 0)
+                     - ((before.get("cluster") or {}).get("bus") or {}).get(key, 0))
+
+    nan = float("nan")
+    frames_in, frames_out, publishes = d("io", "frames_in"), d("io", "frames_out"), bus(
+        "batches_out")
+    return {"msgs_per_frame_in": d("io", "messages_in") / frames_in if frames_in else nan,
+            "msgs_per_frame_out": d("io", "messages_out") / frames_out if frames_out else nan,
+            "msgs_per_publish": bus("messages_out") / publishes if publishes else nan,
+            "publishes_per_call": publishes / calls if calls else nan,
+            "bus_msgs_out_per_call": bus("messages_out") / calls if calls else nan}
 
 
 def _ended(stats: dict[str, Any]) -> int:
@@ -361,7 +385,18 @@ def _summary(result: dict[str, Any]) -> str:
                      f"{frames:>18} {r['errors'] or '-'} unanswered={r['unanswered']}")
         if "msgs_per_publish" in r or "redis_cpu_us_per_call" in r:
             lines.append(f"{'':10} msgs/PUBLISH {r.get('msgs_per_publish', float('nan')):.1f}, "
+                         f"bus msgs/call {r.get('bus_msgs_per_call', float('nan')):.2f}, "
                          f"Redis CPU µs/call {r.get('redis_cpu_us_per_call', float('nan')):.2f}")
+        by_node = r.get("by_node") or []
+        if len(by_node) > 1:
+            names = r.get("nodes") or [f"n{i + 1}" for i in range(len(by_node))]
+            cpu = r.get("cpu_us_per_call_by_node") or [float("nan")] * len(by_node)
+            lines.append(f"{'':10} {'node':>6} {'CPU µs/call':>12} {'msgs/frame in/out':>18} "
+                         f"{'msgs/PUBLISH':>13} {'PUBLISH/call':>13}")
+            for name, b, c in zip(names, by_node, cpu, strict=True):
+                frames = f"{b['msgs_per_frame_in']:.1f}/{b['msgs_per_frame_out']:.1f}"
+                lines.append(f"{'':10} {name:>6} {c:>12.2f} {frames:>18} "
+                             f"{b['msgs_per_publish']:>13.1f} {b['publishes_per_call']:>13.3f}")
     if "ratio_calls_per_s" in result:
         lines.append(f"rpcbus ÷ direct: throughput {result['ratio_calls_per_s']:.2f}, "
                      f"p99 {result['ratio_p99']:.2f}")

@@ -2,9 +2,10 @@
 
 ``publish(topic, msg)`` only queues. One writer task sends everything queued
 per topic as one PUBLISH of one batch (cluster/messages.py), all topics of a
-round in one pipeline; while a round is in flight the next one gathers, so
+round in one ``write()``; while a round is at Redis the next one gathers, so
 batches grow with load (per-message PUBLISH through redis-py stalls near 8k/s).
-One reader task hands every received batch to ``on_batch``.
+The subscribed connection hands every batch it reads to ``on_batch`` at once.
+Both connections are cluster/resp.py's lean RESP connections (hiredis).
 
 With a ``Sealer`` (cluster/seal.py) every batch is sealed on the way out; on
 the way in, a batch that does not open (no or bad seal, unknown key id, clock
@@ -36,22 +37,26 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
+from functools import partial
 from typing import Any, Callable, Iterable
 
 import structlog
 from redis.exceptions import RedisError
 
 from rpcbus.backoff import Backoff
-from rpcbus.cluster import redisconn
+from rpcbus.cluster import resp
 from rpcbus.cluster.messages import BadBatch, Batch, decode_batch, encode_batch
+from rpcbus.cluster.resp import RespConnection
 from rpcbus.cluster.seal import ReplayGuard, Sealer, SealError, SkewError
 
 log = structlog.get_logger(module="rpcbus.bus")
 
-#: PUBLISH rounds written at once, each on its own pooled connection: a new round
-#: need not wait for the previous one's replies (order across rounds is not kept;
-#: nothing in the protocol depends on it within a round trip).
-ROUNDS_IN_FLIGHT = 4
+#: PUBLISH rounds sent and not yet answered. One: while a round is at Redis the next
+#: gathers, so under load batches grow by themselves, with no timer (at 4 rounds the
+#: 4-node spread benchmark cost 67 µs per call, at 1 54 µs: docs/performance.md).
+ROUNDS_IN_FLIGHT = 1
+ROUND_TIMEOUT = 2.0  # a PUBLISH round Redis has not answered by then ends the session
 WARN_EVERY = 10.0
 MAX_HELD = 100_000  # answers kept while the bus is down, for the reconnect
 
@@ -77,8 +82,7 @@ class Bus:
                       "held_sent": 0}
         self.rejected: dict[str, int] = {}  # by reason: unsealed, bad_seal, unknown_key, ...
         self._sealer = sealer
-        # rediss://: verify Redis' certificate against this CA file (else the system's)
-        self._redis_opts = {"ssl_ca_certs": tls_ca} if tls_ca and url.startswith("rediss:") else {}
+        self._tls_ca = tls_ca  # rediss://: verify Redis' certificate against it (else the system's)
         self._replays = ReplayGuard(max_skew)
         self._warned_at: dict[str, float] = {}
         self._on_batch, self._on_up, self._on_down = on_batch, on_up, on_down
@@ -213,119 +217,121 @@ class Bus:
             await asyncio.sleep(delay)
 
     async def _serve_once(self) -> None:
-        pub = redisconn.client(self.url, socket_timeout=2.0, socket_connect_timeout=2.0,
-                               **self._redis_opts)
-        sub = redisconn.client(self.url, socket_connect_timeout=2.0, **self._redis_opts)
-        pubsub = sub.pubsub()
-        reader: asyncio.Task[None] | None = None
+        pub: RespConnection | None = None
+        sub: RespConnection | None = None
         writer: asyncio.Task[None] | None = None
         try:
-            await pubsub.subscribe(self.control, self.private)
-            await pub.ping()
-            reader = asyncio.create_task(self._read(pubsub))
+            pub = await resp.connect(self.url, self._tls_ca)
+            sub = await resp.connect(self.url, self._tls_ca, on_message=self._deliver)
+            await sub.request(b"SUBSCRIBE", self.control.encode(), self.private.encode(),
+                              replies=2)
+            await pub.request(b"PING")
             self.up = True
             self._backoff.reset()
             log.info("bus_up", url=_safe(self.url), control=self.control, private=self.private)
             self._on_up()
             self._send_held()
             writer = asyncio.create_task(self._write(pub))
-            done, _ = await asyncio.wait((reader, writer), return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()  # raise what ended it
+            done, _ = await asyncio.wait((writer, pub.closed, sub.closed),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for ended in done:
+                reason = ended.result()  # the writer raises; a connection says why it closed
+                if isinstance(reason, BaseException):
+                    raise reason
         finally:
-            for running in (reader, writer):  # a session ended by stale() leaves both running
-                if running is not None:
-                    running.cancel()
-                    running.add_done_callback(_retrieve)
-            for closer in (pubsub.aclose(), pub.aclose(), sub.aclose()):
+            if writer is not None:  # a session ended by stale() leaves it running
+                writer.cancel()
+                writer.add_done_callback(_retrieve)
+            for conn in (pub, sub):
+                if conn is not None:
+                    conn.abort(ConnectionError("bus session over"))
+
+    async def _write(self, pub: RespConnection) -> None:
+        """Send what is queued, one PUBLISH per topic, all topics of a round in one
+        ``write()``; at most ``ROUNDS_IN_FLIGHT`` rounds unanswered (while they are at
+        Redis the next round gathers: batches grow with load, with no timer). A round
+        Redis does not answer within ``ROUND_TIMEOUT`` ends the session."""
+        rounds: deque[list[Any]] = deque()  # the holds of each round not yet answered
+        heads: dict[str, bytes] = {}
+        free = asyncio.Event()  # set while fewer than ROUNDS_IN_FLIGHT rounds are out
+        free.set()
+
+        def answered(error: BaseException | None, then: list[Callable[[], None]]) -> None:
+            holds = rounds.popleft()  # Redis answers in order
+            if error is not None:  # the session is ending: keep its answers for the next
+                self._hold(*holds)
+                return
+            for callback in then:
+                callback()
+            free.set()
+            if not rounds and not self._out:
+                self._idle.set()
+
+        while True:
+            await self._wake.wait()
+            if len(rounds) >= ROUNDS_IN_FLIGHT:
+                free.clear()
                 try:
-                    async with asyncio.timeout(1.0):
-                        await closer
-                except (Exception, asyncio.CancelledError):  # closing a dead link can fail any way
-                    pass
-
-    async def _write(self, pub: Any) -> None:
-        slots = asyncio.Semaphore(ROUNDS_IN_FLIGHT)
-        rounds: set[asyncio.Task[None]] = set()
-        failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        async def send(out: dict[str, list[list[Any]]], to: dict[str, int],
-                       then: list[Callable[[], None]], holds: list[Any]) -> None:
-            try:
-                sent_at = time.monotonic()
-                sealer = self._sealer
-                async with pub.pipeline(transaction=False) as pipe:
-                    for topic, msgs in out.items():
-                        batch = self._encode(topic, to[topic], sent_at, msgs)
-                        if batch is None:
-                            continue
-                        pipe.publish(topic, batch if sealer is None else sealer.seal(topic, batch))
-                        self.stats["batches_out"] += 1
-                        self.stats["messages_out"] += len(msgs)
-                    await pipe.execute()
+                    async with asyncio.timeout(ROUND_TIMEOUT):
+                        await free.wait()
+                except TimeoutError:
+                    raise TimeoutError(f"Redis did not answer a PUBLISH round in "
+                                       f"{ROUND_TIMEOUT:g} s") from None
+            await pub.writable()
+            self._wake.clear()
+            out, self._out = self._out, {}
+            to, self._to = self._to, {}
+            then, self._then = self._then, []
+            holds, self._holds = self._holds, []
+            sent_at = time.monotonic()
+            sealer = self._sealer
+            parts = []
+            for topic, msgs in out.items():
+                batch = self._encode(topic, to[topic], sent_at, msgs)
+                if batch is None:
+                    continue
+                head = heads.get(topic)
+                if head is None:
+                    head = heads[topic] = resp.publish_head(topic)
+                parts.append(resp.publish(head, batch if sealer is None
+                                          else sealer.seal(topic, batch)))
+                self.stats["messages_out"] += len(msgs)
+            if not parts:  # nothing (or nothing encodable) to send
                 for callback in then:
                     callback()
-            except BaseException as exc:  # ends the session: the bus reconnects
-                self._hold(*holds)  # answers in this round: sent again after the reconnect
-                if isinstance(exc, Exception) and not failed.done():
-                    failed.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-            finally:
-                slots.release()
-                if not self._out and len(rounds) <= 1:
+                if not rounds and not self._out:
                     self._idle.set()
-
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake.clear()
-                await slots.acquire()
-                if failed.done():
-                    failed.result()
-                out, self._out = self._out, {}
-                to, self._to = self._to, {}
-                then, self._then = self._then, []
-                holds, self._holds = self._holds, []
-                if not out:
-                    slots.release()
-                    continue
-                task = asyncio.create_task(send(out, to, then, holds))
-                rounds.add(task)
-                task.add_done_callback(rounds.discard)
-        finally:
-            for task in rounds:
-                task.cancel()
-
-    async def _read(self, pubsub: Any) -> None:
-        while True:
-            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
-            if msg is None or msg.get("type") != "message":
                 continue
-            data, seq = msg["data"], 0
-            if self._sealer is not None:
-                try:
-                    data, seq = self._sealer.open(msg["channel"].decode(), data)
-                except SkewError as exc:
-                    self._reject("skew")
-                    self._skewed(exc)
-                    continue
-                except SealError as exc:
-                    self._reject(str(exc))
-                    continue
+            self.stats["batches_out"] += len(parts)
+            rounds.append(holds)
+            pub.send(b"".join(parts), len(parts), partial(answered, then=then))
+
+    def _deliver(self, channel: bytes, data: bytes) -> None:
+        """One batch from a subscribed topic (called as the connection reads it)."""
+        seq = 0
+        if self._sealer is not None:
             try:
-                batch = decode_batch(data)
-            except BadBatch:
-                self.stats["bad_batches"] += 1
-                continue
-            if self._sealer is not None and not self._replays.fresh(
-                    (batch.sender, batch.incarnation), seq, time.monotonic()):
-                self._reject("replay")
-                continue
-            self.stats["bad_messages"] += batch.malformed
-            self.stats["batches_in"] += 1
-            self.stats["messages_in"] += len(batch.messages)
-            self._on_batch(batch)
+                data, seq = self._sealer.open(channel.decode(), data)
+            except SkewError as exc:
+                self._reject("skew")
+                self._skewed(exc)
+                return
+            except SealError as exc:
+                self._reject(str(exc))
+                return
+        try:
+            batch = decode_batch(data)
+        except BadBatch:
+            self.stats["bad_batches"] += 1
+            return
+        if self._sealer is not None and not self._replays.fresh(
+                (batch.sender, batch.incarnation), seq, time.monotonic()):
+            self._reject("replay")
+            return
+        self.stats["bad_messages"] += batch.malformed
+        self.stats["batches_in"] += 1
+        self.stats["messages_in"] += len(batch.messages)
+        self._on_batch(batch)
 
     def _skewed(self, exc: SkewError) -> None:
         """A genuine batch refused for its stamp: tell the owner whose clock is off."""

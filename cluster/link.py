@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import Any
 
 import structlog
@@ -285,25 +286,31 @@ class ClusterLink:
             return
         age = self.membership.age(sender, batch.sent_at, now)
         addressed = batch.to == self.incarnation  # call messages come only in these
+        taken: list[RemoteCaller] = []  # the batch's INVOKEs taken: one ACK for them all
         for msg in batch.messages:
             if not addressed and m.INVOKE <= msg[0] <= m.CHECK:
                 self.stats["misaddressed"] += 1
                 continue
             try:
-                self._on_message(node, msg, age, batch.sent_at, now)
+                if msg[0] == m.INVOKE:
+                    self._invoke(node, msg, age, now, taken)
+                else:
+                    self._on_message(node, msg, batch.sent_at, now)
             except Exception:  # a bug must cost one message, never the bus
                 log.exception("cluster_message_failed", sender=sender, kind=msg[0])
+        if taken:
+            node.publish([m.ACK, *[caller.id for caller in taken]],
+                         then=partial(_start_all, taken))
 
-    def _on_message(self, node: RemoteNode, msg: list[Any], age: float, sent_at: float,
+    def _on_message(self, node: RemoteNode, msg: list[Any], sent_at: float,
                     now: float) -> None:
         kind = msg[0]
         router = self.router
-        if kind == m.INVOKE:
-            self._invoke(node, msg, age, now)
-        elif kind == m.RESPONSE:
+        if kind == m.RESPONSE:
             router.respond(node, msg[1], msg[2])
         elif kind == m.ACK:
-            router.ack(node, msg[1])
+            for attempt in msg[1:]:
+                router.ack(node, attempt)
         elif kind == m.ACCEPTED:
             router.accept(node, msg[1], now)
         elif kind == m.REJECT:
@@ -333,7 +340,10 @@ class ClusterLink:
         elif kind == m.ANNOUNCE:
             self._announce(now)
 
-    def _invoke(self, node: RemoteNode, msg: list[Any], age: float, now: float) -> None:
+    def _invoke(self, node: RemoteNode, msg: list[Any], age: float, now: float,
+                taken: list[RemoteCaller]) -> None:
+        """Take an INVOKE if fresh: added to ``taken``, it starts once Redis has the ACK
+        that names it (published for the whole batch by ``_on_batch``)."""
         attempt, left_ms, ack_ms = msg[1], msg[4], msg[5]
         if self.state == m.TERMINATING:  # the origin will try another node at once
             node.publish([m.REJECT, attempt])
@@ -349,7 +359,7 @@ class ClusterLink:
         self.invoked[key] = caller
         self.acked.add(key)
         self.starting += 1
-        node.publish([m.ACK, attempt], then=caller.start)
+        taken.append(caller)
 
     def _state(self, node: RemoteNode, msg: list[Any], sent_at: float, now: float) -> None:
         _, state, url, started, info = msg
@@ -490,3 +500,9 @@ class ClusterLink:
             "bus_rejected": dict(self.bus.rejected),
             **self.stats,
         }
+
+
+def _start_all(callers: list[RemoteCaller]) -> None:
+    """Redis has taken the ACK naming these INVOKEs: start each (``RemoteCaller.start``)."""
+    for caller in callers:
+        caller.start()

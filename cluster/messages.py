@@ -20,7 +20,8 @@ A message is an array whose first element is its kind (docs/cluster.md)::
                      (count: the node's providers of rpc, or the sum of their
                      weights when it loaded a weights file: int or float >= 0)
     INVOKE           [20, id, rpc, data, time_left_ms, ack_left_ms, caller, traceparent?]
-    ACK              [21, id]        the INVOKE arrived; the node works on it
+    ACK              [21, id, id...] these INVOKEs arrived; the node works on them
+                                     (one ACK for the INVOKEs of one batch)
     ACCEPTED         [22, id]        one of its providers accepted
     RESPONSE         [23, id, data]
     ERROR            [24, id, code, message]
@@ -116,10 +117,12 @@ def _well_formed(msg: Any) -> bool:
     if type(msg) is not list or not msg or type(msg[0]) is not int:
         return False
     fields = _SHAPES.get(msg[0])
-    if fields is None or (len(msg) != fields + 1
-                          and not (msg[0] == INVOKE and fields + 2 <= len(msg) <= fields + 3)):
-        return False
     kind = msg[0]
+    if kind == ACK:
+        return len(msg) > 1 and all(type(i) is int and i >= 0 for i in msg[1:])
+    if fields is None or (len(msg) != fields + 1
+                          and not (kind == INVOKE and fields + 2 <= len(msg) <= fields + 3)):
+        return False
     if INVOKE <= kind <= CHECK and (type(msg[1]) is not int or msg[1] < 0):
         return False
     if kind == INVOKE:

@@ -76,10 +76,12 @@ def test_random_payloads_are_bad_batches_or_well_formed(raw):
 def test_malformed_messages_are_left_out_of_a_good_batch():
     good = [m.INVOKE, 1, "a", None, 100, 50, "c"]
     payload = msgpack.packb(["n1", 7, 0, 1.5, [good, [m.INVOKE, "x"], [99], "junk", [m.ACK, -1],
-                                               [m.ECHO, 1]]])
-    assert m.decode_batch(payload) == ("n1", 7, 0, 1.5, [good], 5)
-    assert (m.decode_batch(m.encode_batch("n2", 8, 9, 2.0, [[m.ACK, 3], [m.ECHO]]))
-            == ("n2", 8, 9, 2.0, [[m.ACK, 3], [m.ECHO]], 0))
+                                               [m.ECHO, 1], [m.ACK], [m.ACK, 4, "5"],
+                                               [m.ACK, 4, -5]]])
+    assert m.decode_batch(payload) == ("n1", 7, 0, 1.5, [good], 8)
+    # one ACK names every INVOKE of a batch
+    assert (m.decode_batch(m.encode_batch("n2", 8, 9, 2.0, [[m.ACK, 3, 4, 5], [m.ECHO]]))
+            == ("n2", 8, 9, 2.0, [[m.ACK, 3, 4, 5], [m.ECHO]], 0))
 
 
 # -- membership ----------------------------------------------------------------------------

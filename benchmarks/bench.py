@@ -165,11 +165,17 @@ def markdown(result: dict[str, Any]) -> str:
                      f"**{peer['rpcbus_ratio_calls_per_s']:.2f}**, p99 latency "
                      f"**{peer['rpcbus_ratio_p99']:.2f}**."]
     rows += ["", "For peers, \"node CPU\" is the broker's: redis-server or nats-server."]
-    by_node = result.get("rpcbus", {}).get("cpu_us_per_call_by_node")
-    if by_node:
-        names = result["rpcbus"].get("nodes", [])
-        rows += ["", "Node CPU µs per call, each: " + ", ".join(
-            f"{n} {v:.1f}" for n, v in zip(names, by_node, strict=True))]
+    r = result.get("rpcbus", {})
+    by_node, cpu = r.get("by_node") or [], r.get("cpu_us_per_call_by_node")
+    if len(by_node) > 1:
+        names = r.get("nodes") or [f"n{i + 1}" for i in range(len(by_node))]
+        rows += ["", "Each node (CPU per call of all calls; batching over the window):", "",
+                 "| node | CPU µs/call | msgs/frame in / out | msgs/PUBLISH | PUBLISH/call |",
+                 "|---|---:|---|---:|---:|"]
+        for i, (name, b) in enumerate(zip(names, by_node, strict=True)):
+            rows.append(f"| {name} | {_num(cpu[i] if cpu else None)} "
+                        f"| {b['msgs_per_frame_in']:.1f} / {b['msgs_per_frame_out']:.1f} "
+                        f"| {b['msgs_per_publish']:.1f} | {b['publishes_per_call']:.3f} |")
     return "\n".join(rows) + "\n"
 
 

@@ -331,7 +331,11 @@ class ClusterLink:
                 node.publish([m.REJECT, msg[1]])
         elif kind == m.RPC_QUERY:  # a terminating node takes no new calls: it has none
             count = router.advertised(msg[1]) if self.state != m.TERMINATING else 0
-            self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, msg[1], count])
+            if count:  # news for every node's cache
+                self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, msg[1], count])
+            else:  # only the asker needs it (the others' entries lack this node already):
+                # one delivery instead of one per node, so a query costs O(nodes), not O(n²)
+                node.publish([m.PROVIDER_UPDATE, msg[1], 0])
         elif kind == m.PROVIDER_UPDATE:
             if self.cache.on_update(node.name, msg[1], msg[2], now):
                 router.resume(msg[1], now)

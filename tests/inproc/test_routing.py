@@ -7,9 +7,11 @@ import math
 from collections import Counter
 
 import pytest
+import redis.asyncio
 
 import rpcbus
 from rpcbus import protocol as p
+from rpcbus.cluster.messages import RPC_QUERY, decode_batch
 
 from ..hang import Hang
 from ..integration.raw import RawPeer
@@ -80,13 +82,32 @@ async def test_provide_and_unprovide_reach_other_nodes_before_the_ttl(cluster3):
 
 
 async def test_a_burst_of_calls_to_an_unknown_name_makes_one_query(cluster3):
+    """...answered by every node, the zeros on the asker's own topic only: nothing about
+    the name reaches the control topic but the query."""
     n2 = cluster3.nodes[1]
-    before = stats(n2)["cluster"]["queries_sent"]
-    async with rpcbus.connect(n2.url) as c:
-        got = await asyncio.gather(*(c.call("nobody.provides.this", i, timeout=5)
-                                     for i in range(1000)), return_exceptions=True)
+    before = stats(n2)["cluster"]
+    spy = redis.asyncio.Redis.from_url(cluster3.redis.url)
+    pubsub = spy.pubsub()
+    await pubsub.subscribe("rpcbus:ctrl")
+    try:
+        async with rpcbus.connect(n2.url) as c:
+            got = await asyncio.gather(*(c.call("nobody.provides.this", i, timeout=5)
+                                         for i in range(1000)), return_exceptions=True)
+        on_ctrl = []  # all the spy got by 0.5 s after the calls ended (answers come first)
+        deadline = asyncio.get_running_loop().time() + 0.5
+        while asyncio.get_running_loop().time() < deadline:
+            msg = await pubsub.get_message(timeout=0.1)
+            if msg is not None and msg["type"] == "message":
+                on_ctrl += [x for x in decode_batch(msg["data"]).messages
+                            if "nobody.provides.this" in x]
+    finally:
+        await pubsub.aclose()
+        await spy.aclose()
     assert all(isinstance(g, rpcbus.NoProviderError) for g in got)
-    assert stats(n2)["cluster"]["queries_sent"] == before + 1
+    after = stats(n2)["cluster"]
+    assert after["queries_sent"] == before["queries_sent"] + 1
+    assert after["query_retries"] == before["query_retries"]  # both zeros reached n2
+    assert on_ctrl == [[RPC_QUERY, "nobody.provides.this"]]
 
 
 async def test_reject_and_silent_providers_fail_over_across_nodes(cluster3):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -45,7 +46,14 @@ def test_rpcbus_bench_writes_its_report_and_compares_with_redis_and_nats(tmp_pat
     assert r["throughput_series"] and r["msgs_per_publish"] >= 1
     # the nodes count each call once (on its caller's node), though every call crossed two
     assert r["calls_total"] <= r["calls_counted_by_nodes"] <= r["calls_total"] + r["unanswered"]
-    assert "| rpcbus |" in (tmp_path / "summary.md").read_text()
+    # each node's batching, printed and in the report: n2 publishes every INVOKE, n1 every
+    # answer, so each publishes a part of a PUBLISH per call
+    n1, n2 = r["by_node"]
+    assert all(0 < n["publishes_per_call"] <= 1 and n["msgs_per_publish"] >= 1
+               for n in (n1, n2))
+    assert re.search(r"^\s+n1\s+[\d.]+\s+[\d.]+/[\d.]+\s+[\d.]+\s+[\d.]+$", run.stdout, re.M)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| rpcbus |" in summary and "| n2 |" in summary
     for png in ("latency.png", "throughput.png"):
         assert (tmp_path / png).stat().st_size > 1000
     redis, nats = result["redis"], result["nats"]

@@ -8,18 +8,18 @@ reads: ``hdfs://``, ``s3a://``) once, into a per-minute rollup, and writes under
 - Parquet ``per_minute`` and ``per_hour``: per provider, rpc, serving node and period:
   calls, ok, rejected, errors, ack and response timeouts, throughput (calls/s over
   the period), error / reject / timeout / failure rates, peak in flight, bytes in and
-  out, mean weight, and latency p50 / p95 / p99 merged exactly from the histograms;
+  out, mean weight, and latency p50 / p95 / p99 of the merged histograms;
 - Parquet ``per_provider`` (the same over the whole span, per rpc and provider) and
-  the findings of analytics/findings.py: ``fairness``, ``outliers``, ``hot_rpcs``,
-  ``peak_minutes``, ``weights``;
+  the findings of analytics/findings.py: ``fairness``, ``outliers``, ``episodes``
+  (analytics/episodes.py), ``hot_rpcs``, ``peak_minutes``, ``weights``, and
+  ``clock_skew`` (analytics/skew.py);
 - ``weights.json``: the recommended weights, the file nodes load (``rpc.weights_file``);
 - ``report/report.html`` (self-contained, charts embedded), the charts as PNGs and
   ``report/findings.json`` (analytics/report.py).
 
-A latency percentile here is exact with respect to the histograms: the upper
-bound of the bucket that holds the q-quantile of the merged (added) buckets —
-never an average of percentiles. The last bucket (over 60 s) reports
-``Infinity``. Rows of another schema version, or that cannot be parsed, are
+A latency percentile here comes from the merged (added) histograms, never an average
+of percentiles: the bucket that holds it exactly, the value within interpolated
+(analytics/rollup.py). Rows of another schema version, or that cannot be parsed, are
 left out and counted (``rows_skipped``).
 
 The same job runs on a Spark cluster (docs/history.md): ship the packages with
@@ -39,15 +39,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rpcbus.schema import BOUNDS
+from rpcbus.analytics.rollup import COUNTS, KEYS, aggregate, per_period, rollup
 
-QUANTILES = (0.5, 0.95, 0.99)
-BUCKETS = len(BOUNDS) + 1
 WRITERS = 4   # tables written at once
-QUANTILE_COLUMNS = [f"p{round(q * 100)}_s" for q in QUANTILES]
 PERIODS = {"per_minute": 60, "per_hour": 3600}
-KEYS = ["provider", "rpc", "served_by"]
-COUNTS = ["calls", "ok", "rejected", "errors", "ack_timeouts", "response_timeouts"]
 
 
 def schema() -> str:
@@ -95,16 +90,55 @@ def stop(spark: Any) -> None:
         SparkContext._gateway = SparkContext._jvm = None
 
 
-def read_history(spark: Any, history: str, fmt: str = "auto") -> Any:
+def read_history(spark: Any, history: str, fmt: str = "auto", since: float | None = None,
+                 until: float | None = None) -> Any:
     """The history rows (JSON lines as the nodes write them, or Parquet with the same
-    columns); ``fmt`` "auto" picks Parquet when a local ``history`` holds .parquet files."""
+    columns); ``fmt`` "auto" picks Parquet when a local ``history`` holds .parquet files.
+    With ``since``/``until``, only the ``date=/hour=`` folders that can hold windows of
+    that span are read (``hour_folders``); rows are still filtered exactly by the caller."""
     from pyspark.sql import functions as F
 
     if fmt == "auto":
         fmt = "parquet" if _has_parquet(history) else "json"
-    reader = spark.read.schema(schema()).option("recursiveFileLookup", "true")
-    rows = reader.parquet(history) if fmt == "parquet" else reader.json(history)
+    paths: list[str] | None = [history]
+    if since is not None or until is not None:
+        paths = hour_folders(spark, history, since, until)
+    if paths == []:       # laid out by hour, and no hour of the span is there
+        rows = spark.createDataFrame([], schema())
+    else:
+        reader = spark.read.schema(schema()).option("recursiveFileLookup", "true")
+        paths = paths or [history]
+        rows = reader.parquet(*paths) if fmt == "parquet" else reader.json(paths)
     return rows.withColumn("weight", F.coalesce(F.col("weight"), F.lit(1.0)))
+
+
+def hour_folders(spark: Any, history: str, since: float | None,
+                 until: float | None) -> list[str] | None:
+    """The ``DIR/date=YYYY-MM-DD/hour=HH`` folders of ``history`` whose hour overlaps
+    [``since``, ``until``) (listed through Hadoop's FileSystem, so local, hdfs:// and s3a://
+    alike). A node files a window under the hour of its start, so nothing in the span is
+    missed. None when ``history`` is not laid out so (then everything is read)."""
+    from datetime import datetime, timezone
+
+    jvm = spark.sparkContext._jvm
+    pattern = jvm.org.apache.hadoop.fs.Path(history.rstrip("/") + "/date=*/hour=*")
+    fs = pattern.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    found = fs.globStatus(pattern) or []
+    if not found:
+        return None
+    kept = []
+    for status in found:
+        path = status.getPath()
+        try:
+            hour = int(path.getName().removeprefix("hour="))
+            day = datetime.strptime(path.getParent().getName().removeprefix("date="),
+                                    "%Y-%m-%d")
+        except ValueError:
+            continue
+        start = day.replace(hour=hour, tzinfo=timezone.utc).timestamp()
+        if (since is None or start + 3600 > since) and (until is None or start < until):
+            kept.append(str(path.toString()))
+    return kept
 
 
 def _has_parquet(path: str) -> bool:
@@ -127,12 +161,11 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     The history is read once, into a per-minute rollup (provider, rpc, serving node,
     minute: counters, summed histograms, weights) kept in memory; every table comes
     from that rollup, which merges exactly like the rows themselves."""
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from rpcbus.analytics import findings
 
-    rows = read_history(spark, history, fmt)
+    rows = read_history(spark, history, fmt, since, until)
     if since is not None:
         rows = rows.where(F.col("window_start") >= since)
     if until is not None:
@@ -146,29 +179,34 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     # A row is one node's count of one window, rpc, provider and routing node; one whose
     # every field equals another's is a copy (a file copied twice) and counts once. (Rows
     # of one key that differ are kept: a node restarted inside a window writes two.)
-    rows = rows.groupBy(*rows.columns).agg(F.count(F.lit(1)).alias("copies"))
-    every = rollup(rows, [*KEYS, "minute", "_ok"], extra=[F.sum("copies").alias("copies")]
-                   ).persist(StorageLevel.MEMORY_AND_DISK)
-    counted = every.groupBy("_ok").agg(F.sum("nrows"), F.max("minute"),
-                                       F.sum("copies")).collect()
-    written = {"rows_read": sum(r[3] for r in counted),
-               "rows_skipped": sum(r[3] for r in counted if not r[0]),
-               "rows_duplicate": sum(r[3] - r[1] for r in counted if r[0])}
+    # Copies are rare, and comparing whole rows costs more than the rest of the job: the
+    # rollup flags the windows that may hold one (``_suspect``), and only then is the
+    # rollup made again from distinct rows (a second read).
+    every, counted = _rollup_once(rows)
+    read = {r[0]: r[1] for r in counted}
+    if sum(r[3] for r in counted if r[0]):
+        every.unpersist()
+        every, counted = _rollup_once(rows.dropDuplicates())
+    written = {"rows_read": sum(read.values()),
+               "rows_skipped": sum(n for ok, n in read.items() if not ok),
+               "rows_duplicate": sum(read[r[0]] - r[1] for r in counted if r[0])}
     newest = max([r[2] for r in counted if r[0]], default=0)
+    span = (min([r[4] for r in counted if r[0]], default=0.0),
+            max([r[5] for r in counted if r[0]], default=0.0))
     if written["rows_read"] == written["rows_skipped"]:
         every.unpersist()
         raise NothingToAnalyse(
             f"no usable history rows under {history}"
             + (" in the span asked for" if since is not None or until is not None else "")
             + f" ({written['rows_read']:,} read, {written['rows_skipped']:,} skipped)")
-    minutes = every.where(F.col("_ok")).drop("_ok", "copies")
-    tables = {name: per_period(minutes, seconds) for name, seconds in PERIODS.items()}
+    minutes = every.where(F.col("_ok")).drop("_ok", "_suspect")
+    tables = {name: per_period(minutes, seconds, span) for name, seconds in PERIODS.items()}
     tables["per_provider"] = (
         aggregate(minutes, ["rpc", "provider"], extra=[
             F.array_join(F.sort_array(F.collect_set("served_by")), ",").alias("served_by")])
         .withColumnRenamed("window_start", "first_window")
-        .withColumnRenamed("window_end", "last_window"))
-    tables.update(findings.tables(minutes, tables["per_provider"], half_life, newest))
+        .withColumnRenamed("window_end", "last_window")).localCheckpoint()
+    tables.update(findings.tables(minutes, tables["per_provider"], half_life, newest, span))
 
     def write(name: str) -> int:
         tables[name].write.mode("overwrite").parquet(f"{out}/{name}")
@@ -192,6 +230,19 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     return written
 
 
+def _rollup_once(rows: Any) -> tuple[Any, list[Any]]:
+    """The per-minute rollup of ``rows`` (persisted) and, per ``_ok``: rows, newest minute,
+    windows that may hold a copy, first window start, last window end."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    every = rollup(rows, [*KEYS, "minute", "_ok"], raw=True).persist(
+        StorageLevel.MEMORY_AND_DISK)
+    counted = every.groupBy("_ok").agg(F.sum("nrows"), F.max("minute"), F.sum("_suspect"),
+                                       F.min("window_start"), F.max("window_end")).collect()
+    return every, counted
+
+
 def write_text(spark: Any, path: str, text: str) -> None:
     """One small file, written by the driver: local paths directly, others (``hdfs://``,
     ``s3a://``) through Hadoop's FileSystem, as Spark writes them."""
@@ -209,102 +260,6 @@ def write_text(spark: Any, path: str, text: str) -> None:
         stream.write(bytearray(text.encode()))
     finally:
         stream.close()
-
-
-_SUMMED = ["peak_in_flight", "latency_sampled", "latency_sum_s", "latency_min_s",
-           "latency_max_s", "bytes_in", "bytes_out", "latency_buckets", "weight_sum", "nrows",
-           "window_start", "window_end"]
-
-
-def rollup(rows: Any, keys: list[str], extra: list[Any] = ()) -> Any:
-    """Sum ``rows`` (history rows, or an earlier rollup: they have the same columns) per
-    ``keys``; histograms bucket by bucket, so a rollup of rollups is exact."""
-    from pyspark.sql import functions as F
-
-    return rows.groupBy(*keys).agg(
-        *[F.sum(c).alias(c) for c in COUNTS],
-        F.max("peak_in_flight").alias("peak_in_flight"),
-        F.sum("latency_sampled").alias("latency_sampled"),
-        F.sum("latency_sum_s").alias("latency_sum_s"),
-        F.min("latency_min_s").alias("latency_min_s"),
-        F.max("latency_max_s").alias("latency_max_s"),
-        F.sum("bytes_in").alias("bytes_in"), F.sum("bytes_out").alias("bytes_out"),
-        F.array(*[F.coalesce(F.sum(F.get("latency_buckets", i)), F.lit(0))
-                  for i in range(BUCKETS)]).alias("latency_buckets"),
-        F.sum("weight_sum").alias("weight_sum"), F.sum("nrows").alias("nrows"),
-        F.min("window_start").alias("window_start"), F.max("window_end").alias("window_end"),
-        *extra)
-
-
-def aggregate(rows: Any, keys: list[str], extra: list[Any] = ()) -> Any:
-    """``rollup`` then ``finish``."""
-    return finish(rollup(rows, keys, extra), keys)
-
-
-def finish(sums: Any, keys: list[str]) -> Any:
-    """The figures people read from a rollup: rates, mean latency, the percentiles of the
-    summed histogram, the mean weight (over the history rows)."""
-    from pyspark.sql import functions as F
-
-    sums = with_quantiles(sums, "latency_buckets")
-    calls = F.col("calls")
-    failed = F.col("errors") + F.col("ack_timeouts") + F.col("response_timeouts")
-    return sums.select(
-        *keys, *COUNTS,
-        F.when(calls > 0, F.col("errors") / calls).alias("error_rate"),
-        F.when(calls > 0, F.col("rejected") / calls).alias("reject_rate"),
-        F.when(calls > 0, (F.col("ack_timeouts") + F.col("response_timeouts")) / calls)
-        .alias("timeout_rate"),
-        F.when(calls > 0, failed / calls).alias("failure_rate"),
-        "peak_in_flight", "latency_sampled", "latency_sum_s", "latency_min_s",
-        "latency_max_s",
-        F.when(F.col("latency_sampled") > 0, F.col("latency_sum_s") / F.col("latency_sampled"))
-        .alias("latency_mean_s"),
-        *QUANTILE_COLUMNS,
-        "bytes_in", "bytes_out", (F.col("weight_sum") / F.col("nrows")).alias("weight"),
-        "window_start", "window_end",
-        *[c for c in sums.columns if c not in keys and c not in COUNTS and c not in _SUMMED
-          and c not in QUANTILE_COLUMNS])
-
-
-def with_quantiles(df: Any, buckets: str) -> Any:
-    """``df`` with p50_s, p95_s, p99_s of the summed histogram in column ``buckets``: the
-    upper bound of the first bucket whose running count reaches the quantile (over 60 s:
-    Infinity), compared in integers (``running * 100 >= total * 95``), so exactly.
-
-    One pass over the buckets finds all three (``aggregate`` with a running count): a
-    CASE per bucket outgrows the JVM's method size, and a running sum per bucket made
-    with ``slice`` cost 20 times more."""
-    from pyspark.sql import functions as F
-
-    bounds = "array(" + ", ".join(f"double({b!r})" for b in BOUNDS) + ", double('inf'))"
-    pcts = [round(q * 100) for q in QUANTILES]
-    start = ", ".join(f"'q{k}', 0" for k in range(len(pcts)))
-    found = ", ".join(f"'q{k}', IF(s.q{k} = 0 AND (s.c + x) * 100 >= _total * {pct}, "
-                      f"s.i, s.q{k})" for k, pct in enumerate(pcts))
-    scan = (f"aggregate({buckets}, named_struct('c', 0L, 'i', 1, {start}), "
-            f"(s, x) -> named_struct('c', s.c + x, 'i', s.i + 1, {found}))")
-    df = (df.withColumn("_total", F.expr(f"aggregate({buckets}, 0L, (a, y) -> a + y)"))
-          .withColumn("_q", F.expr(scan)))
-    for k, pct in enumerate(pcts):   # i counts from 1: element_at's index
-        df = df.withColumn(f"p{pct}_s", F.expr(
-            f"CASE WHEN _total > 0 THEN element_at({bounds}, _q.q{k}) END"))
-    return df.drop("_total", "_q")
-
-
-def per_period(minutes: Any, seconds: int) -> Any:
-    """The per-period table: per provider, rpc, serving node and period of ``seconds``."""
-    from pyspark.sql import functions as F
-
-    keys = [*KEYS, "period_start"]
-    if seconds == 60:   # the rollup is the per-minute table already
-        table = finish(minutes.withColumnRenamed("minute", "period_start"), keys)
-    else:
-        keyed = minutes.withColumn("period_start",
-                                   (F.floor(F.col("minute") / seconds) * seconds).cast("long"))
-        table = aggregate(keyed, keys)
-    table = table.drop("window_start", "window_end")
-    return table.withColumn("calls_per_s", F.col("calls") / F.lit(float(seconds)))
 
 
 class _Progress:

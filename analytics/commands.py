@@ -128,17 +128,37 @@ def analyze_bundle(path: str) -> None:
 @click.option("--hours", default=1.0, show_default=True, help="Time span.")
 @click.option("--window", default=10.0, show_default=True, help="Seconds per window.")
 @click.option("--rate", default=50.0, show_default=True, help="Mean calls/s per provider.")
-@click.option("--slow", multiple=True, help="A provider that answers ~10x slower (repeat).")
-@click.option("--failing", multiple=True, help="A provider that fails ~20% (repeat).")
+@click.option("--slow", multiple=True, metavar="NAME[@A-B]",
+              help="A provider that answers ~10x slower (from minute A to B; repeat).")
+@click.option("--failing", multiple=True, metavar="NAME[@A-B]",
+              help="A provider that fails ~20% (from minute A to B; repeat).")
 @click.option("--hog", multiple=True, help="A provider given twice its share (repeat).")
+@click.option("--starved", multiple=True,
+              help="A provider connected but given no call after its first minute (repeat).")
+@click.option("--skew", multiple=True, metavar="NODE=SECONDS",
+              help="A node whose clock is that many seconds off (repeat).")
 @click.option("--seed", default=1, show_default=True)
 def history_gen(out: str, nodes: int, providers: int, rpcs: int, hours: float, window: float,
                 rate: float, slow: tuple[str, ...], failing: tuple[str, ...],
-                hog: tuple[str, ...], seed: int) -> None:
+                hog: tuple[str, ...], starved: tuple[str, ...], skew: tuple[str, ...],
+                seed: int) -> None:
     """Write a synthetic provider load history (providers are p1, p2, ...)."""
     from rpcbus.analytics.historygen import generate
 
+    offsets = {}
+    for item in skew:
+        node, _, seconds = item.partition("=")
+        try:
+            offsets[node] = float(seconds)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: give NODE=SECONDS (n2=3600)",
+                                     param_hint="--skew") from None
+    for item in (*slow, *failing):
+        _, _, when = item.partition("@")
+        if when and not all(x.replace(".", "", 1).isdigit() for x in when.split("-", 1)):
+            raise click.BadParameter(f"{item!r}: give NAME or NAME@A-B (minutes: p2@30-40)")
     t0 = time.monotonic()
     rows = generate(out, nodes=nodes, providers=providers, rpcs=rpcs, hours=hours,
-                    window=window, slow=slow, failing=failing, hogs=hog, seed=seed, rate=rate)
+                    window=window, slow=slow, failing=failing, hogs=hog, seed=seed, rate=rate,
+                    starved=starved, skew=offsets)
     click.echo(f"{rows:,} rows under {out} in {time.monotonic() - t0:.1f} s")

@@ -3,9 +3,13 @@
 Writes the same rows, files and partitions as the nodes (broker/history.py,
 docs/history.md): N nodes, M providers spread over them, K rpcs each provided
 by a few providers, windows over a time span; load follows a daily curve with
-noise; providers named in ``slow`` answer ~10x slower, those in ``failing``
-fail ~20% of their calls, those in ``hogs`` get twice their share (as if the choice
-were unfair). Deterministic for a given ``seed``.
+noise and cluster-wide minute-to-minute bursts (every node sees them at once);
+providers named in ``slow`` answer ~10x slower, those in ``failing`` fail ~20% of
+their calls (``NAME@A-B``: only from minute A to minute B), those in ``hogs`` get
+twice their share (as if the choice were unfair), those in ``starved`` stay connected
+but get no call after their first minute. Like the nodes, a provider with no call in
+a window gets a presence row. A node in ``skew`` stamps its rows with a clock that
+many seconds off. Deterministic for a given ``seed``.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ from rpcbus.schema import HISTORY_SCHEMA_VERSION as SCHEMA_VERSION
 def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours: float = 1.0,
              window: float = 10.0, start: float | None = None, slow: tuple[str, ...] = (),
              failing: tuple[str, ...] = (), hogs: tuple[str, ...] = (), seed: int = 1,
-             rate: float = 50.0) -> int:
+             rate: float = 50.0, starved: tuple[str, ...] = (),
+             skew: dict[str, float] | None = None) -> int:
     """Write the history under ``out``; returns the number of rows."""
     rng = random.Random(seed)
+    slow_at, failing_at = _spans(slow), _spans(failing)
+    skew = skew or {}
     start = start if start is not None else 1_793_000_000.0    # 2026-10-27, a fixed instant
     start -= start % window
     node_names = [f"n{i + 1}" for i in range(nodes)]
@@ -37,21 +44,36 @@ def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours:
                for r in rpc_names}
     files: dict[str, Any] = {}
     rows = 0
+    burst = 1.0
     try:
         for w in range(int(hours * 3600 / window)):
             t = start + w * window
+            minute = int((t - start) // 60)
+            if (t - start) % 60 < window:      # a new minute: the cluster's load moves
+                burst = rng.lognormvariate(0.0, 0.4)
             daily = 1.0 + 0.5 * math.sin(2 * math.pi * (t % 86400) / 86400)
             for rpc, provs in serving.items():
+                calls_of = _split(rng, provs, node_names, rate * daily * burst * window
+                                  / nodes, hogs, starved if minute > 0 else ())
                 for prov in provs:
+                    served = home[prov]
+                    stamp = t + skew.get(served, 0.0)
+                    worked = False
                     for routed_by in node_names:
-                        calls = int(rng.expovariate(1.0) * rate * daily * window / nodes
-                                    * (2 if prov in hogs else 1))
+                        calls = calls_of[(prov, routed_by)]
                         if calls == 0:
                             continue
-                        row = _row(rng, t, window, rpc, prov, home[prov], routed_by, calls,
-                                   prov in slow, prov in failing)
-                        f = _file(files, out, home[prov], t)
-                        f.write(json.dumps(row, separators=(",", ":")) + "\n")
+                        row = _row(rng, stamp, window, rpc, prov, served, routed_by, calls,
+                                   _within(slow_at.get(prov), minute),
+                                   _within(failing_at.get(prov), minute))
+                        _file(files, out, served, stamp).write(
+                            json.dumps(row, separators=(",", ":")) + "\n")
+                        rows += 1
+                        worked = True
+                    if not worked:                  # connected, given nothing: presence
+                        _file(files, out, served, stamp).write(json.dumps(
+                            _presence(stamp, window, rpc, prov, served),
+                            separators=(",", ":")) + "\n")
                         rows += 1
     finally:
         for f in files.values():
@@ -85,6 +107,49 @@ def _row(rng: random.Random, t: float, window: float, rpc: str, prov: str, serve
             "latency_max_s": round(hi, 6) if sampled else None,
             "peak_in_flight": max(1, int(calls / window * 0.01 * (10 if slow else 1))),
             "bytes_in": calls * 120, "bytes_out": ok * 480, "weight": 1.0}
+
+
+def _split(rng: random.Random, provs: list[str], nodes: list[str], mean: float,
+           hogs: tuple[str, ...], starved: Any) -> dict[tuple[str, str], int]:
+    """Each routing node's calls of an rpc in a window (about ``mean`` per provider, with
+    noise), spread over the providers as a weighted random choice spreads them: a hog
+    weighs 2, a starved provider 0, the others 1."""
+    weight = {p: 0.0 if p in starved else 2.0 if p in hogs else 1.0 for p in provs}
+    out = {}
+    for node in nodes:
+        left = int(rng.expovariate(1.0) * mean * len(provs))
+        for i, p in enumerate(provs):         # binomial draws, one provider after another
+            rest = sum(weight[q] for q in provs[i:])
+            share = weight[p] / rest if rest else 0.0
+            n = 0 if share == 0 else left if share >= 1 else max(0, min(left, round(
+                rng.gauss(left * share, (left * share * (1 - share)) ** 0.5))))
+            out[(p, node)] = n
+            left -= n
+    return out
+
+
+def _spans(named: tuple[str, ...]) -> dict[str, tuple[float, float]]:
+    """``NAME`` (always) or ``NAME@A-B`` (minutes A to B from the start) per provider."""
+    spans = {}
+    for item in named:
+        name, _, when = item.partition("@")
+        first, _, last = when.partition("-")
+        spans[name] = (float(first or 0), float(last or math.inf))
+    return spans
+
+
+def _within(span: tuple[float, float] | None, minute: int) -> bool:
+    return span is not None and span[0] <= minute < span[1]
+
+
+def _presence(t: float, window: float, rpc: str, prov: str, served_by: str) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "window_start": t, "window_end": t + window,
+            "rpc": rpc, "provider": prov, "served_by": served_by, "routed_by": served_by,
+            "calls": 0, "ok": 0, "rejected": 0, "errors": 0, "ack_timeouts": 0,
+            "response_timeouts": 0, "latency_bounds_s": list(BOUNDS),
+            "latency_buckets": [0] * (len(BOUNDS) + 1), "latency_sampled": 0,
+            "latency_sum_s": 0.0, "latency_min_s": None, "latency_max_s": None,
+            "peak_in_flight": 0, "bytes_in": 0, "bytes_out": 0, "weight": 1.0}
 
 
 def _file(files: dict[str, Any], out: str, node: str, t: float) -> Any:

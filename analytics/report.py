@@ -3,11 +3,10 @@ that says in plain words what the tables found, with the charts beside it as fil
 and ``findings.json``: the small tables (all but the per-minute and per-hour ones) as
 JSON for scripts.
 
-Reads the small tables the job wrote (``per_provider``, ``fairness``, ``outliers``,
-``hot_rpcs``, ``peak_minutes``, ``weights``, and ``per_minute`` summed per node) back
-through Spark and
-draws with matplotlib (Agg: no screen needed). Charts show every flagged provider and
-the busiest others up to ``TOP``; the tables hold everything.
+Reads the small tables the job wrote (``TABLES``, and ``per_minute`` summed per node)
+back through Spark and draws with matplotlib (Agg: no screen needed). The findings are
+worded and ranked by analytics/report_findings.py. Charts show every flagged provider
+(named in red) and the busiest others up to ``TOP``; the tables hold everything.
 """
 
 from __future__ import annotations
@@ -16,12 +15,21 @@ import base64
 import html
 import io
 import json
+import math
 import os
 import time
 from collections import defaultdict
 from typing import Any
 
-TOP = 24
+from rpcbus.analytics.report_findings import duration, findings
+from rpcbus.analytics.report_findings import ms as _ms
+from rpcbus.analytics.report_findings import pct as _pct
+from rpcbus.analytics.report_findings import when as _when
+
+TOP = 24          # bars on a chart: every flagged pair, then the busiest others
+HEAT_MAX = 40     # rows and columns of the heatmap
+TABLES = ("per_provider", "fairness", "outliers", "episodes", "hot_rpcs", "peak_minutes",
+          "weights", "clock_skew")
 
 
 def write(spark: Any, out: str, directory: str | None = None,
@@ -34,57 +42,95 @@ def write(spark: Any, out: str, directory: str | None = None,
     from pyspark.sql import functions as F
 
     t = {name: [r.asDict() for r in spark.read.parquet(f"{out}/{name}").collect()]
-         for name in ("per_provider", "fairness", "outliers", "hot_rpcs", "peak_minutes",
-                      "weights")}
+         for name in TABLES}
     with open(os.path.join(directory, "findings.json"), "w", encoding="utf-8") as f:
         json.dump({**t, "history": history or {}}, f, indent=1)
     t["per_minute"] = [r.asDict() for r in spark.read.parquet(f"{out}/per_minute")
-                       .groupBy("served_by", "period_start").agg(F.sum("calls").alias("calls"))
-                       .collect()]   # per node and minute: small even for a long history
+                       .groupBy("served_by", "period_start")
+                       .agg(F.sum("calls_per_s").alias("calls_per_s")).collect()]
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    flagged = ({(o["rpc"], o["provider"]) for o in t["outliers"]}
+               | {(ep["rpc"], ep["provider"]) for ep in t["episodes"]})
+    unfair = {(r["rpc"], r["provider"]) for r in t["fairness"] if r["took"]}
     charts = [("throughput", "Throughput per serving node (calls/s, per minute)",
                _throughput(t["per_minute"])),
-              ("latency", "Latency percentiles per provider (merged histograms)",
-               _latency(t["per_provider"], {(o["rpc"], o["provider"]) for o in t["outliers"]})),
+              ("latency", "Latency percentiles per provider (interpolated in the "
+               "histogram buckets)", _latency(t["per_provider"], flagged)),
               ("fairness", "Share of calls against the share the weights should give",
-               _fairness(t["fairness"])),
-              ("heatmap", "Calls per rpc and provider", _heatmap(t["per_provider"]))]
+               _fairness(t["fairness"], unfair)),
+              ("heatmap", "Calls per rpc and provider",
+               _heatmap(t["per_provider"], flagged | unfair))]
     made = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
-    parts = [f"<h1>rpcbus load history report</h1><p>Made {made}"
-             f" from <code>{html.escape(out)}</code>. {_span(t['per_provider'])}"
+    parts = [f"<h1>rpcbus load history report</h1><p>Made {made} from "
+             f"<code>{html.escape(out)}</code>. {_span(t['per_provider'], t['clock_skew'])}"
              f"{_rows(history)}</p>",
-             "<h2>Findings</h2><ul>" + "".join(f"<li>{line}</li>" for line in findings(t))
-             + "</ul>", "<p><small>Latency percentiles (p50, p95, p99) are the upper bounds "
-             "of the histogram buckets the nodes record (…, 10, 25, 50, 100, 250 ms, …): the "
-             "true value lies in the bucket below the bound, so a figure may overstate it "
-             "up to 2.5×. Mean latencies are exact over the sampled calls.</small></p>"]
+             "<h2>Findings</h2><p><small>Most severe first: doubts about the history itself, "
+             "then problems by the calls they touched, then what is worth knowing, then "
+             "weights that would change.</small></p><ul>"
+             + "".join(f"<li>{line}</li>" for line in findings(t)) + "</ul>",
+             "<p><small>Latency percentiles (p50, p95, p99) come from the histograms the "
+             "nodes record (bucket bounds …, 1, 2.5, 5, 10, 25, 50, 100 ms, …): the bucket "
+             "that holds a percentile is exact, the value within it is interpolated "
+             "(log-linearly) and kept within the sampled min and max, so it is off by at "
+             "most that bucket's width (2-2.5×) and usually far less. Mean latencies are "
+             "exact over the sampled calls (one in 16).</small></p>"]
     for name, title, fig in charts:
         if fig is None:
             continue
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-        fig.clf()
+        plt.close(fig)      # pyplot keeps every figure until closed
         png = buf.getvalue()
         with open(os.path.join(directory, f"{name}.png"), "wb") as f:
             f.write(png)
         parts.append(f"<h2>{html.escape(title)}</h2><img alt='{name}' src='data:image/png;"
                      f"base64,{base64.b64encode(png).decode()}'>")
-    parts.append("<h2>Recommended weights</h2>" + _table(
-        ["rpc", "provider", "calls", "recent failure rate", "recent mean latency", "weight"],
-        [[w["rpc"], w["provider"], f"{w['calls']:,}", _pct(w["recent_failure_rate"]),
-          _ms(w["recent_latency_s"]), f"{w['weight']:g}"]
-         for w in sorted(t["weights"], key=lambda w: (w["rpc"], w["provider"]))]))
+    parts.append(_weights_table(t["weights"]))
     path = os.path.join(directory, "report.html")
     with open(path, "w", encoding="utf-8") as f:
-        f.write("<!doctype html><meta charset='utf-8'><title>rpcbus report</title><style>"
-                "body{font:15px system-ui,sans-serif;max-width:70em;margin:2em auto;color:#222}"
-                "img{max-width:100%}table{border-collapse:collapse}"
+        f.write("<!doctype html><meta charset='utf-8'>"
+                "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+                "<title>rpcbus report</title><style>"
+                "body{font:15px system-ui,sans-serif;max-width:70em;margin:2em auto;"
+                "padding:0 1em;color:#222}"
+                "img{max-width:100%;height:auto}table{border-collapse:collapse}"
+                ".wide{overflow-x:auto}"
                 "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
                 "td:first-child,td:nth-child(2){text-align:left}</style>"
                 + "\n".join(parts))
     return path
+
+
+def _weights_table(weights: list[dict[str, Any]]) -> str:
+    """The recommended weights, changes first (largest first); the unchanged folded."""
+    def change(w: dict[str, Any]) -> float:
+        return float(w["weight"] - (w.get("current") or 1.0))
+
+    def row(w: dict[str, Any]) -> list[str]:
+        return [w["rpc"], w["provider"], f"{w.get('current') or 1.0:g}", f"{w['weight']:g}",
+                f"{change(w):+.3g}" if abs(change(w)) >= 0.0005 else "", f"{w['calls']:,}",
+                _pct(w["recent_failure_rate"]), _ms(w["recent_latency_s"])]
+
+    head = ["rpc", "provider", "now", "recommended", "change", "calls weighed",
+            "recent failure rate", "recent mean latency"]
+    changed = sorted((w for w in weights if abs(change(w)) >= 0.0005),
+                     key=lambda w: (-abs(change(w)), w["rpc"], w["provider"]))
+    same = sorted((w for w in weights if abs(change(w)) < 0.0005),
+                  key=lambda w: (w["rpc"], w["provider"]))
+    text = ("<h2>Recommended weights</h2><p><small>weights.json holds them all; "
+            "nodes load it as <code>rpc.weights_file</code>.</small></p>")
+    if changed:
+        text += "<div class='wide'>" + _table(head, [row(w) for w in changed]) + "</div>"
+    else:
+        text += "<p>No weight would change.</p>"
+    if same:
+        text += (f"<details><summary>{len(same):,} unchanged</summary><div class='wide'>"
+                 + _table(head, [row(w) for w in same]) + "</div></details>")
+    return text
 
 
 def _rows(history: dict[str, int] | None) -> str:
@@ -101,57 +147,12 @@ def _rows(history: dict[str, int] | None) -> str:
     return text
 
 
-def findings(t: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """The flagged findings of the tables, one sentence each (HTML-escaped)."""
-    e = html.escape
-    lines = []
-    for o in sorted(t["outliers"], key=lambda o: (o["rpc"], o["provider"], o["kind"])):
-        if o["kind"] == "slow":
-            lines.append(f"<b>{e(o['provider'])}</b> is slow on <b>{e(o['rpc'])}</b>: p99 "
-                         f"{_ms(o['value'])} against a median of {_ms(o['peers_median'])} "
-                         f"for its {o['peers']} peer(s).")
-        else:
-            lines.append(f"<b>{e(o['provider'])}</b> is failing on <b>{e(o['rpc'])}</b>: "
-                         f"{_pct(o['value'])} of its calls failed or timed out, against "
-                         f"{_pct(o['peers_median'])} for its peers.")
-    for f in sorted(t["fairness"], key=lambda f: (f["rpc"], f["provider"])):
-        if f["took"] and not f.get("because_of"):
-            lesser = sorted(g["provider"] for g in t["fairness"]
-                            if g["rpc"] == f["rpc"] and f["provider"] in (g.get("because_of")
-                                                                          or "").split(","))
-            also = (f" Its peers took less as a result: {e(', '.join(lesser))}."
-                    if lesser else "")
-            lines.append(f"<b>{e(f['provider'])}</b> took {f['took']} than its share of "
-                         f"<b>{e(f['rpc'])}</b>: {_pct(f['share'])} of the calls where its "
-                         f"weight gives {_pct(f['expected_share'])} ({f['calls']:,} calls, "
-                         f"{f['expected_calls']:,.0f} expected).{also}")
-    for h in sorted(t["hot_rpcs"], key=lambda h: h["rank"]):
-        if h["hot"]:
-            lines.append(f"<b>{e(h['rpc'])}</b> is hot: {_pct(h['share'])} of all calls "
-                         f"({h['calls_per_s']:,.1f} calls/s on average, "
-                         f"{h['peak_minute_calls_per_s']:,.1f} in its busiest minute).")
-    peaks = sorted((p for p in t["peak_minutes"] if p["rpc"] == "*"), key=lambda p: p["rank"])
-    if peaks:
-        lines.append("Busiest minutes overall: " + "; ".join(
-            f"{_when(p['minute'])} ({p['calls_per_s']:,.1f} calls/s, p99 {_ms(p['p99_s'])})"
-            for p in peaks) + ".")
-    lowered = [w for w in t["weights"] if w["weight"] < 0.95]
-    for w in sorted(lowered, key=lambda w: w["weight"]):
-        lines.append(f"Recommended weight {w['weight']:g} for <b>{e(w['provider'])}</b> on "
-                     f"<b>{e(w['rpc'])}</b> (recent failure rate "
-                     f"{_pct(w['recent_failure_rate'])}, speed against peers {w['speed']:.2f}).")
-    if not lines:
-        lines.append("Nothing stands out: no provider is unfairly loaded, slow or failing "
-                     "against its peers.")
-    return lines
-
-
 def _throughput(per_minute: list[dict[str, Any]]) -> Any:
     import matplotlib.pyplot as plt
 
     series: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for r in per_minute:
-        series[r["served_by"]][r["period_start"]] += r["calls"] / 60.0
+        series[r["served_by"]][r["period_start"]] += r["calls_per_s"] or 0.0
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(10, 3.5))
@@ -159,7 +160,9 @@ def _throughput(per_minute: list[dict[str, Any]]) -> Any:
         points = sorted(series[node].items())
         ax.plot([_minutes_dt(m) for m, _ in points], [v for _, v in points], label=_plain(node))
     ax.set_ylabel("calls/s")
-    ax.legend(loc="upper left", fontsize="small")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(_plain_numbers())
+    ax.legend(loc="upper left", fontsize="small", ncol=max(1, len(series) // 8))
     fig.autofmt_xdate()
     return fig
 
@@ -170,36 +173,55 @@ def _latency(per_provider: list[dict[str, Any]], flagged: set[tuple[str, str]]) 
     rows = _busiest([r for r in per_provider if r["p99_s"]], flagged)
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(10, 4))
+    fig, ax = plt.subplots(figsize=(max(8, 0.35 * len(rows) + 2), 4))
     x = range(len(rows))
+    values = [r[q] * 1000 for r in rows for q in ("p50_s", "p95_s", "p99_s") if r[q]]
+    floor = 10 ** math.floor(math.log10(min(values) / 2))  # a decade below: no slivers
     for i, (q, color) in enumerate((("p50_s", "#8ab"), ("p95_s", "#469"), ("p99_s", "#123"))):
-        ax.bar([v + (i - 1) * 0.27 for v in x], [r[q] * 1000 for r in rows], width=0.27,
-               label=q[:-2], color=color)
+        ax.bar([v + (i - 1) * 0.27 for v in x], [(r[q] or 0) * 1000 - floor for r in rows],
+               bottom=floor, width=0.27, label=q[:-2], color=color)
     ax.set_yscale("log")
-    ax.set_ylabel("ms (bucket upper bound)")
-    _provider_ticks(ax, rows)
-    ax.legend(fontsize="small")
+    ax.set_ylim(bottom=floor, top=max(values) * 1.5)
+    ax.yaxis.set_major_formatter(_plain_numbers())
+    ax.yaxis.set_minor_formatter(_plain_numbers(minor=True))
+    ax.set_ylabel("ms (log scale)")
+    _provider_ticks(ax, rows, flagged)
+    ax.legend(fontsize="small", title="red names: flagged", title_fontsize="small")
     return fig
 
 
-def _fairness(fairness: list[dict[str, Any]]) -> Any:
+def _fairness(fairness: list[dict[str, Any]], flagged: set[tuple[str, str]]) -> Any:
     import matplotlib.pyplot as plt
 
     rows = _busiest([r for r in fairness if r["share"] is not None
-                     and r["expected_share"] is not None],
-                    {(r["rpc"], r["provider"]) for r in fairness if r["took"]})
+                     and r["expected_share"] is not None], flagged)
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(10, 4))
+    fig, ax = plt.subplots(figsize=(max(8, 0.3 * len(rows) + 2), 4))
     x = range(len(rows))
     ax.bar([v - 0.2 for v in x], [r["share"] * 100 for r in rows], width=0.4, label="share",
            color=["#c33" if r["took"] else "#469" for r in rows])
     ax.bar([v + 0.2 for v in x], [r["expected_share"] * 100 for r in rows], width=0.4,
            label="expected (weights)", color="#bbb")
     ax.set_ylabel("% of the rpc's calls")
-    _provider_ticks(ax, rows)
+    ax.yaxis.set_major_formatter(_plain_numbers())
+    _provider_ticks(ax, rows, flagged)
     ax.legend(fontsize="small", title="red: flagged", title_fontsize="small")
     return fig
+
+
+def _plain_numbers(minor: bool = False) -> Any:
+    """Tick labels as plain numbers (1, 2.5, 100; never 6×10⁰); minor ticks only at 2
+    and 5 of each decade, so a log axis reads without crowding."""
+    from matplotlib.ticker import FuncFormatter
+
+    def label(v: float, _: Any) -> str:
+        if v <= 0:
+            return "0"
+        if minor and round(v / 10 ** math.floor(math.log10(v) + 1e-9), 6) not in (2, 5):
+            return ""
+        return f"{v:,.6g}"
+    return FuncFormatter(label)
 
 
 def _busiest(rows: list[dict[str, Any]],
@@ -219,31 +241,60 @@ def _plain(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def _provider_ticks(ax: Any, rows: list[dict[str, Any]]) -> None:
+def _provider_ticks(ax: Any, rows: list[dict[str, Any]],
+                    flagged: set[tuple[str, str]] = frozenset()) -> None:
     ax.set_xticks(range(len(rows)), [_plain(f"{r['provider']}\n{r['rpc']}") for r in rows],
                   fontsize=7, rotation=60, ha="right")
+    for label, r in zip(ax.get_xticklabels(), rows, strict=True):
+        if (r["rpc"], r["provider"]) in flagged:
+            label.set_color("#c33")
 
 
-def _heatmap(per_provider: list[dict[str, Any]]) -> Any:
+def _heatmap(per_provider: list[dict[str, Any]],
+             flagged: set[tuple[str, str]] = frozenset()) -> Any:
+    """Rows and columns chosen together: the rpcs of flagged pairs first, then the busiest,
+    each bringing its providers, while both stay within ``HEAT_MAX``; providers ordered by
+    the first rpc they serve, so each rpc's providers sit together. Log colours; a pair
+    with no calls is blank."""
     import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
 
     calls: dict[tuple[str, str], int] = {(r["rpc"], r["provider"]): r["calls"]
                                          for r in per_provider}
     if not calls:
         return None
-    by_rpc, by_provider = defaultdict(int), defaultdict(int)
-    for (rpc, provider), n in calls.items():
+    by_rpc: dict[str, int] = defaultdict(int)
+    serving: dict[str, list[str]] = defaultdict(list)
+    for (rpc, provider), n in sorted(calls.items()):
         by_rpc[rpc] += n
-        by_provider[provider] += n
-    rpcs = sorted(sorted(by_rpc, key=lambda k: -by_rpc[k])[:TOP])
-    providers = sorted(sorted(by_provider, key=lambda k: -by_provider[k])[:TOP])
-    grid = [[calls.get((rpc, p), 0) for p in providers] for rpc in rpcs]
-    fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(providers) + 3),
-                                    max(2.5, 0.4 * len(rpcs) + 1.5)))
-    image = ax.imshow(grid, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(providers)), [_plain(p) for p in providers], rotation=60,
-                  ha="right", fontsize=8)
-    ax.set_yticks(range(len(rpcs)), [_plain(r) for r in rpcs], fontsize=8)
+        serving[rpc].append(provider)
+    order = sorted(by_rpc, key=lambda k: (not any((k, p) in flagged for p in serving[k]),
+                                          -by_rpc[k], k))
+    rpcs: list[str] = []
+    providers: list[str] = []
+    for rpc in order:
+        more = [p for p in serving[rpc] if p not in providers]
+        if rpcs and (len(rpcs) >= HEAT_MAX or len(providers) + len(more) > HEAT_MAX):
+            continue
+        rpcs.append(rpc)
+        providers += more
+    import numpy as np
+
+    grid = np.ma.masked_less_equal(
+        np.array([[calls.get((rpc, p), 0) for p in providers] for rpc in rpcs], dtype=float),
+        0)
+    fig, ax = plt.subplots(figsize=(max(5, 0.22 * len(providers) + 3),
+                                    max(2.5, 0.22 * len(rpcs) + 1.5)))
+    image = ax.imshow(grid, cmap="viridis", aspect="auto",
+                      norm=LogNorm(vmin=max(1, grid.min()), vmax=max(2, grid.max())))
+    small = 8 if max(len(rpcs), len(providers)) <= 30 else 6
+    ax.set_xticks(range(len(providers)), [_plain(p) for p in providers], rotation=90,
+                  fontsize=small)
+    ax.set_yticks(range(len(rpcs)), [_plain(r) for r in rpcs], fontsize=small)
+    left = len(by_rpc) - len(rpcs)
+    if left:
+        ax.set_title(f"{len(rpcs)} of {len(by_rpc)} rpcs (those with findings, then the "
+                     f"busiest); per_provider has all", fontsize=8)
     fig.colorbar(image, ax=ax, label="calls")
     return fig
 
@@ -255,34 +306,23 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
                       for row in rows) + "</table>")
 
 
-def _span(per_provider: list[dict[str, Any]]) -> str:
+def _span(per_provider: list[dict[str, Any]], skew: list[dict[str, Any]]) -> str:
     if not per_provider:
         return "The history is empty."
     first = min(r["first_window"] for r in per_provider)
     last = max(r["last_window"] for r in per_provider)
     calls = sum(r["calls"] for r in per_provider)
-    return (f"History from {_when(first)} to {_when(last)}: {calls:,} attempts, "
-            f"{len({r['provider'] for r in per_provider})} providers, "
+    text = (f"History from {_when(first)} to {_when(last)} ({duration(last - first)}): "
+            f"{calls:,} attempts, {len({r['provider'] for r in per_provider})} providers, "
             f"{len({r['rpc'] for r in per_provider})} rpcs.")
+    if skew:
+        text += (" <b>That span includes the clock skew below ("
+                 + ", ".join(f"{html.escape(s['node'])} {s['offset_s']:+,.0f} s" for s in skew)
+                 + "): the cluster's real span is shorter.</b>")
+    return text
 
 
 def _minutes_dt(t: float) -> Any:
     from datetime import datetime, timezone
 
     return datetime.fromtimestamp(t, timezone.utc)
-
-
-def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
-
-
-def _ms(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    if seconds == float("inf"):
-        return "> 60 s"
-    return f"{seconds * 1000:,.3g} ms"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:.3g}%"

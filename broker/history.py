@@ -3,7 +3,9 @@
 Recorded by the router on the node where the provider is connected (it saw
 every attempt), per window of ``history.window`` seconds and per
 (rpc, provider, routing node). One row per key and window that had any
-activity; the schema (``SCHEMA_VERSION``) is in docs/history.md.
+activity, and a presence row (no calls, ``peak_in_flight`` 0) per window for each
+(rpc, provider) provided here that had none, so the analysis sees a provider that
+was given nothing; the schema (``SCHEMA_VERSION``) is in docs/history.md.
 
 Cost on the hot path: an attempt at a provider finds its ``Row`` (one dict
 lookup in the provider connection's row cache) and counts its start; an
@@ -143,17 +145,24 @@ class History:
                 row.peak = n
 
     def roll(self, now_wall: float, pending: dict[Row, int], force: bool = False,
-             weights: Any = None) -> int:
+             weights: Any = None, provided: Any = None) -> int:
         """Close the window if it is over (or ``force``): hand its rows to the writer.
         ``pending``: the attempts pending now per row (``Router.history_pending``);
         ``weights`` (rpcbus.broker.weights.Weights, or None: all 1) are the weights in use,
-        recorded with each row. Returns how many rows were written."""
+        recorded with each row; ``provided``: None, or a function giving the (rpc, provider
+        name) pairs provided here now (``Router.provided_pairs``, called only when the
+        window closes): one with no row of work in the window gets a presence row (no
+        calls, ``peak_in_flight`` 0), so a provider given nothing is seen. Returns how many
+        rows were written."""
         end = self.window_start + self.window
         if now_wall < end and not force:
             return 0
         rows = [self._record(row, self.window_start, end, weights, pending.get(row, 0))
                 for row in self.rows.values()
                 if row.started or row.pending or any(row.outcomes)]
+        worked = {(r["rpc"], r["provider"]) for r in rows}
+        rows += [self._presence(rpc, provider, self.window_start, end, weights)
+                 for rpc, provider in sorted(set(provided() if provided else ()) - worked)]
         for key in [k for k, r in self.rows.items() if not r.users and r not in pending]:
             del self.rows[key]  # rows of providers gone leave (once written)
         for row in self.rows.values():
@@ -186,6 +195,21 @@ class History:
             "peak_in_flight": max(row.peak, pending, 1),
             "bytes_in": round(row.in_mean * sum(o)),
             "bytes_out": round(row.out_mean * o[Outcome.OK]),
+            "weight": 1.0 if weights is None else weights.of(rpc, provider),
+        }
+
+
+    def _presence(self, rpc: str, provider: str, start: float, end: float,
+                  weights: Any) -> dict[str, Any]:
+        """The row of a provided (rpc, provider) that had no work in the window."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "window_start": round(start, 3), "window_end": round(end, 3),
+            "rpc": rpc, "provider": provider, "served_by": self.node, "routed_by": self.node,
+            "calls": 0, **dict.fromkeys(OUTCOMES, 0),
+            "latency_bounds_s": list(BOUNDS), "latency_buckets": [0] * (len(BOUNDS) + 1),
+            "latency_sampled": 0, "latency_sum_s": 0.0, "latency_min_s": None,
+            "latency_max_s": None, "peak_in_flight": 0, "bytes_in": 0, "bytes_out": 0,
             "weight": 1.0 if weights is None else weights.of(rpc, provider),
         }
 

@@ -176,7 +176,8 @@ class Node:
             self.gate.close()
             if self.history is not None:  # the last (partial) window, then the file
                 self.history.roll(time.time(), self.router.history_pending(), force=True,
-                                  weights=self.router.weights)
+                                  weights=self.router.weights,
+                                  provided=self.router.provided_pairs)
                 await asyncio.to_thread(self.history.writer.close)
             log.info("node_stopped", node=self.name, **self.router.stats.as_dict())
 
@@ -312,7 +313,8 @@ class Node:
                 history_due = now + SCAN_INTERVAL
                 pending = router.history_pending()
                 self.history.scan(pending)
-                self.history.roll(time.time(), pending, weights=router.weights)
+                self.history.roll(time.time(), pending, weights=router.weights,
+                                  provided=router.provided_pairs)
             if self.weights_file is not None and now >= weights_due:
                 weights_due = now + WEIGHTS_CHECK
                 self._reload_weights()

@@ -266,6 +266,11 @@ class Router:
                 counts[row] = counts.get(row, 0) + 1
         return counts
 
+    def provided_pairs(self) -> set[tuple[str, str]]:
+        """(rpc, provider name) of every provider connected here (load-history presence)."""
+        return {(name, p.provider_name) for name, peers in self._providers.items()
+                for p in peers}
+
     def provider_counts(self) -> dict[str, int]:
         return {name: len(peers) for name, peers in self._providers.items()}
 

@@ -3,6 +3,7 @@ of what runs in a browser: the dashboard, the JavaScript SDK (the ``browser`` fi
 tests/conftest.py)."""
 
 import asyncio
+import base64
 import itertools
 import json
 import subprocess
@@ -66,6 +67,18 @@ class Browser:
             page = await self.value("document.body && document.body.innerText")
             raise AssertionError(f"never true: {expression}\npage:\n{page}") from None
         return value
+
+    async def screenshot(self, url, width, height, path):
+        """Open ``url`` in a ``width`` x ``height`` viewport, wait for its images, and save
+        the whole page (beyond the viewport) as a PNG at ``path``."""
+        await self.send("Emulation.setDeviceMetricsOverride", width=width, height=height,
+                        deviceScaleFactor=1, mobile=False)
+        await self.send("Page.navigate", url=url)
+        await self.wait_for("document.readyState === 'complete' && "
+                            "[...document.images].every(i => i.complete)")
+        shot = await self.send("Page.captureScreenshot", format="png",
+                               captureBeyondViewport=True)
+        path.write_bytes(base64.b64decode(shot["data"]))
 
     async def close(self):
         if self.ws is not None:

@@ -12,20 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from rpcbus.analytics import analysis, findings
+from rpcbus.analytics import analysis, findings, rollup
+from rpcbus.analytics import episodes as episodes_mod
 from rpcbus.analytics.historygen import generate
 from rpcbus.broker.rpcstats import BOUNDS
 from rpcbus.broker.weights import load as load_weights
 
-COUNTS = analysis.COUNTS
+from .conftest import PYSPARK_WARNINGS, history_row, write_rows
+
+COUNTS = rollup.COUNTS
 HALF_LIFE = 1800.0
 
-# PySpark starts its JVM with a stdin pipe it never closes (the JVM watches it to exit with
-# the driver): that pipe's ResourceWarning is PySpark's, at garbage collection.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:unclosed file <_io.BufferedWriter:ResourceWarning"),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
-]
+pytestmark = PYSPARK_WARNINGS
 
 
 def history_rows(history):
@@ -39,33 +37,45 @@ def history_rows(history):
     return rows
 
 
-def quantiles(buckets):
-    """The bound of the first bucket whose running count reaches q (integer arithmetic)."""
+def quantiles(buckets, lo=None, hi=None):
+    """The bucket whose running count reaches q (integer arithmetic), then log-linear
+    interpolation in it by rank, clamped to the sampled min and max."""
     total, cum, qs = sum(buckets), 0, {}
+    lows, highs = [0.0, *BOUNDS], [*BOUNDS, math.inf]
     for pos, n in enumerate(buckets):
+        for q in rollup.QUANTILES:
+            pct = round(q * 100)
+            if q not in qs and total > 0 and (cum + n) * 100 >= total * pct:
+                a, b = lows[pos], highs[pos] if highs[pos] != math.inf else (hi or lows[pos])
+                frac = (total * pct / 100 - cum) / n
+                v = a * (b / a) ** frac if a > 0 and b > a else a + (b - a) * frac
+                qs[q] = min(max(v, lo or 0.0), hi if hi is not None else math.inf)
         cum += n
-        for q in analysis.QUANTILES:
-            if q not in qs and total > 0 and cum * 100 >= total * round(q * 100):
-                qs[q] = (list(BOUNDS) + [math.inf])[pos]
-    return {f"p{int(q * 100)}_s": qs.get(q) for q in analysis.QUANTILES}
+    return {f"p{int(q * 100)}_s": qs.get(q) for q in rollup.QUANTILES}
 
 
 def aggregate(rows, key):
     groups = {}
     for r in rows:
-        g = groups.setdefault(key(r), {"counts": [0] * len(COUNTS), "peak": 0, "bytes": [0, 0],
-                                       "buckets": [0] * (len(BOUNDS) + 1)})
+        g = groups.setdefault(key(r), {"counts": [0] * len(COUNTS), "peaks": defaultdict(int),
+                                       "bytes": [0, 0], "buckets": [0] * (len(BOUNDS) + 1),
+                                       "lo": [], "hi": []})
         g["counts"] = [a + r[c] for a, c in zip(g["counts"], COUNTS, strict=True)]
         g["buckets"] = [a + b for a, b in zip(g["buckets"], r["latency_buckets"], strict=True)]
-        g["peak"] = max(g["peak"], r["peak_in_flight"])
+        # the routing nodes' peaks of one window add up (they were in flight together)
+        g["peaks"][(r["served_by"], r["window_start"])] += r["peak_in_flight"]
         g["bytes"] = [g["bytes"][0] + r["bytes_in"], g["bytes"][1] + r["bytes_out"]]
+        g["lo"] += [r["latency_min_s"]] if r["latency_min_s"] is not None else []
+        g["hi"] += [r["latency_max_s"]] if r["latency_max_s"] is not None else []
     out = {}
     for k, g in groups.items():
         c = dict(zip(COUNTS, g["counts"], strict=True))
-        out[k] = {**c, "peak_in_flight": g["peak"], "bytes_in": g["bytes"][0],
-                  "bytes_out": g["bytes"][1], **quantiles(g["buckets"]),
+        out[k] = {**c, "peak_in_flight": max(g["peaks"].values()), "bytes_in": g["bytes"][0],
+                  "bytes_out": g["bytes"][1],
+                  **quantiles(g["buckets"], min(g["lo"], default=None),
+                              max(g["hi"], default=None)),
                   "failure_rate": (c["errors"] + c["ack_timeouts"] + c["response_timeouts"])
-                  / c["calls"]}
+                  / c["calls"] if c["calls"] else None}
     return out
 
 
@@ -75,10 +85,15 @@ def minute(r):
 
 def fairness(rows):
     per_min = defaultdict(lambda: [0, []])
+    busy = defaultdict(bool)          # (provider, rpc, node, minute): any call or peak
     for r in rows:
         g = per_min[(r["rpc"], r["provider"], minute(r))]
         g[0] += r["calls"]
         g[1].append(r["weight"])
+        busy[(r["provider"], r["rpc"], r["served_by"], minute(r))] |= bool(
+            r["calls"] or r["peak_in_flight"])
+    recording = {k[2] for k, b in busy.items() if not b}      # nodes writing presence rows
+    exact = {(r["rpc"], r["provider"]) for r in rows if r["served_by"] in recording}
     w = {k: statistics.fmean(v[1]) for k, v in per_min.items()}
     span, rpc_min = {}, defaultdict(int)
     for (rpc, prov, m), (calls, _) in per_min.items():
@@ -87,12 +102,15 @@ def fairness(rows):
         s["ws"].append(w[(rpc, prov, m)])
         s["calls"] += calls
         rpc_min[(rpc, m)] += calls
-    expected = defaultdict(float)
+    expected, present_min, idle_min = defaultdict(float), defaultdict(int), defaultdict(int)
     for (rpc, m), n in rpc_min.items():
         present = {p: w.get((rpc, p, m), statistics.fmean(s["ws"]))
-                   for (r, p), s in span.items() if r == rpc and s["first"] <= m <= s["last"]}
+                   for (r, p), s in span.items() if r == rpc and s["first"] <= m <= s["last"]
+                   and ((r, p) not in exact or (r, p, m) in per_min)}
         for p, wp in present.items():
             expected[(rpc, p)] += n * wp / sum(present.values())
+            present_min[(rpc, p)] += 1
+            idle_min[(rpc, p)] += per_min.get((rpc, p, m), [0])[0] == 0
     out = {}
     for rpc in {r for r, _ in span}:
         mine = {p: s for (r, p), s in span.items() if r == rpc}
@@ -104,6 +122,8 @@ def fairness(rows):
             flagged = (abs(ratio - 1) > findings.FAIR_TOLERANCE
                        and abs(s["calls"] - e) > findings.FAIR_Z * math.sqrt(e))
             out[(rpc, p)] = {"calls": s["calls"], "rpc_calls": total, "expected_calls": e,
+                             "present_minutes": present_min[(rpc, p)],
+                             "idle_minutes": idle_min[(rpc, p)],
                              "share": s["calls"] / total, "expected_share": e / total,
                              "ratio": ratio, "cv": statistics.pstdev(ratios.values()) / mean,
                              "max_over_mean": max(ratios.values()) / mean,
@@ -131,34 +151,94 @@ def outliers(per_provider):
     return out
 
 
-def weights(rows):
+def against_peers(rows):
+    acc = defaultdict(lambda: [0, 0, 0.0, 0])
+    for r in rows:
+        a = acc[(r["rpc"], r["provider"], minute(r))]
+        a[0] += r["calls"]
+        a[1] += r["errors"] + r["ack_timeouts"] + r["response_timeouts"]
+        a[2] += r["latency_sum_s"]
+        a[3] += r["latency_sampled"]
+    per = {k: {"calls": a[0], "failed": a[1], "lat_sum": a[2], "sampled": a[3],
+               "lat": a[2] / a[3] if a[3] else None, "fr": a[1] / a[0] if a[0] else None}
+           for k, a in acc.items()}
+    by_minute = defaultdict(dict)
+    for (rpc, p, m), v in per.items():
+        by_minute[(rpc, m)][p] = v
+    for (rpc, p, m), v in per.items():
+        others = [o for q, o in by_minute[(rpc, m)].items() if q != p]
+        for f in ("lat", "fr"):
+            values = [o[f] for o in others if o[f] is not None]
+            v["peers_" + f] = statistics.median(values) if values else None
+    return per
+
+
+def episodes(rows):
+    per, newest = against_peers(rows), max(minute(r) for r in rows)
+    bad = defaultdict(list)
+    for (rpc, p, m), v in per.items():
+        if (v["sampled"] >= episodes_mod.MIN_SAMPLED and (v["peers_lat"] or 0) > 0
+                and v["lat"] > findings.SLOW_FACTOR * v["peers_lat"]):
+            bad[(rpc, p, "slow")].append(m)
+        if (v["failed"] >= episodes_mod.MIN_FAILED and v["peers_fr"] is not None
+                and v["fr"] >= v["peers_fr"] + findings.FAIL_MARGIN
+                and v["fr"] >= findings.FAIL_FACTOR * v["peers_fr"]):
+            bad[(rpc, p, "failing")].append(m)
+    out = []
+    for (rpc, p, kind), ms in bad.items():
+        runs = [[]]
+        for m in sorted(ms):
+            if runs[-1] and m - runs[-1][-1] > 60 * episodes_mod.GAP + 60:
+                runs.append([])
+            runs[-1].append(m)
+        for run in runs:
+            if len(run) < episodes_mod.MIN_MINUTES:
+                continue
+            vs = [per[(rpc, p, m)] for m in run]
+            calls, failed = sum(v["calls"] for v in vs), sum(v["failed"] for v in vs)
+            peers = statistics.median(v["peers_lat" if kind == "slow" else "peers_fr"]
+                                      for v in vs)
+            out.append({"rpc": rpc, "provider": p, "kind": kind, "start": run[0],
+                        "end": run[-1] + 60, "bad_minutes": len(run), "calls": calls,
+                        "peers_value": peers,
+                        "value": (sum(v["lat_sum"] for v in vs) / sum(v["sampled"] for v in vs)
+                                  if kind == "slow" else failed / calls),
+                        "ongoing": run[-1] >= newest - 60 * episodes_mod.GAP})
+    return out
+
+
+def weights(rows, found):
     newest = max(minute(r) for r in rows)
+    since = {}
+    for ep in found:
+        if ep["end"] - 60 <= newest - 60 * findings.RECOVERED:
+            key = (ep["rpc"], ep["provider"])
+            since[key] = max(since.get(key, 0), ep["end"])
     acc = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for r in rows:
+        if minute(r) < since.get((r["rpc"], r["provider"]), 0):
+            continue
         d = 0.5 ** ((newest - minute(r)) / HALF_LIFE)
         a = acc[(r["rpc"], r["provider"])]
         a[0] += d * r["calls"]
         a[1] += d * (r["errors"] + r["ack_timeouts"] + r["response_timeouts"])
         a[2] += d * r["latency_sum_s"]
         a[3] += d * r["latency_sampled"]
-    recent = {k: (a[1] / a[0] if a[0] else 0.0, a[2] / a[3] if a[3] else None)
+    recent = {k: (a[1] / a[0] if a[0] else None, a[2] / a[3] if a[3] else None)
               for k, a in acc.items()}
     score = {}
     for (rpc, p), (fail, lat) in recent.items():
-        peers = [v[1] for (r, q), v in recent.items() if r == rpc and q != p and v[1] is not None]
-        speed = min(1.0, statistics.median(peers) / lat) if peers and lat else 1.0
-        score[(rpc, p)] = (1 - fail) ** findings.FAILURE_POWER * speed
+        others = [v for (r, q), v in recent.items() if r == rpc and q != p]
+        lats = [v[1] for v in others if v[1] is not None]
+        speed = (min(1.0, findings.LATENCY_BAND * statistics.median(lats) / lat)
+                 if lats and lat else 1.0)
+        fails = [v[0] for v in others if v[0] is not None]
+        excess = max(0.0, (fail or 0.0) - (statistics.median(fails) if fails else 0.0)
+                     - findings.FAILURE_NOISE)
+        score[(rpc, p)] = (1 - excess) ** findings.FAILURE_POWER * speed
     return {k: (s, max(findings.MIN_WEIGHT, round(s / max(v for (r, _), v in score.items()
                                                            if r == k[0]), 3)))
             for k, s in score.items()}
-
-
-@pytest.fixture(scope="module")
-def spark():
-    s = analysis.session("local[2]")
-    s.sparkContext.setLogLevel("ERROR")
-    yield s
-    analysis.stop(s)
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +246,7 @@ def job(spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("job")
     history, out = tmp / "history", tmp / "out"
     n = generate(str(history), nodes=2, providers=4, rpcs=3, hours=1.5, window=10,
-                 slow=("p2",), failing=("p3",), hogs=("p4",), seed=1)
+                 slow=("p2", "p1@20-35"), failing=("p3",), hogs=("p4",), seed=1)
     assert n > 1000
     with open(next(iter(glob.glob(f"{history}/**/*.jsonl", recursive=True))), "a") as f:
         f.write('{"schema_version": 99, "rpc": "x"}\nnot json at all\n')   # skipped, counted
@@ -182,6 +262,7 @@ def job(spark, tmp_path_factory):
 def test_period_and_provider_tables_equal_the_reference(job):
     rows, written, table, _ = job
     assert written["rows_read"] == len(rows) + 2 and written["rows_skipped"] == 2
+    first, last = min(r["window_start"] for r in rows), max(r["window_end"] for r in rows)
     for name, seconds in analysis.PERIODS.items():
         want = aggregate(rows, lambda r, s=seconds: (r["provider"], r["rpc"], r["served_by"],
                                                     int(math.floor(r["window_start"] / s) * s)))
@@ -191,7 +272,9 @@ def test_period_and_provider_tables_equal_the_reference(job):
         for key, fields in want.items():
             for field, value in fields.items():
                 assert got[key][field] == pytest.approx(value), (name, key, field)
-            assert got[key]["calls_per_s"] == pytest.approx(fields["calls"] / seconds)
+            period = key[3]       # a partial first or last period: divided by its real span
+            assert got[key]["calls_per_s"] == pytest.approx(
+                fields["calls"] / (min(period + seconds, last) - max(period, first)))
     want = aggregate(rows, lambda r: (r["rpc"], r["provider"]))
     got = {(r["rpc"], r["provider"]): r for r in table("per_provider")}
     assert got.keys() == want.keys()
@@ -222,7 +305,8 @@ def test_findings_equal_the_reference_and_flag_what_was_injected(job):
     assert got.keys() == want.keys()
     for key, value in want.items():
         assert got[key] == pytest.approx(value)
-    assert {(p, k) for _, p, k in got} == {("p2", "slow"), ("p3", "failing")}
+    # p1's 15 slow minutes show in its whole-span p99 too; the report lists the episode
+    assert {(p, k) for _, p, k in got} == {("p1", "slow"), ("p2", "slow"), ("p3", "failing")}
 
     calls = defaultdict(int)
     per_minute = defaultdict(int)
@@ -243,20 +327,40 @@ def test_findings_equal_the_reference_and_flag_what_was_injected(job):
                                                     if r == rpc)
     for (_, m), v in list(per_minute.items()):
         per_minute[("*", m)] += v
+    first, last = min(r["window_start"] for r in rows), max(r["window_end"] for r in rows)
+
+    def rate(m, v):      # a partial first or last minute is divided by its real span
+        return v / (min(m + 60, last) - max(m, first))
     got = {(r["rpc"], r["rank"]): (r["minute"], r["calls"]) for r in table("peak_minutes")}
     for rpc in [*calls, "*"]:
         top = sorted(((m, v) for (r, m), v in per_minute.items() if r == rpc),
-                     key=lambda mv: (-mv[1], mv[0]))[:findings.PEAKS]
+                     key=lambda mv: (-rate(*mv), -mv[1], mv[0]))[:findings.PEAKS]
         assert [got[(rpc, i + 1)] for i in range(len(top))] == top
 
-    want = weights(rows)
+    found = episodes(rows)
+    got = {(r["rpc"], r["provider"], r["kind"], r["start"]): r for r in table("episodes")}
+    assert got.keys() == {(e["rpc"], e["provider"], e["kind"], e["start"]) for e in found}
+    for e in found:
+        g = got[(e["rpc"], e["provider"], e["kind"], e["start"])]
+        for field, value in e.items():
+            assert g[field] == pytest.approx(value), ("episodes", e, field)
+    # p1 was slow from minute 20 to 35 only: one episode there, over long before the end
+    p1 = [e for e in found if e["provider"] == "p1"]
+    assert p1 and all(e["kind"] == "slow" and not e["ongoing"] for e in p1)
+    assert all(abs(e["start"] - (1_793_000_000 + 20 * 60)) <= 120 for e in p1)
+    assert {(e["provider"], e["kind"]) for e in found if e["ongoing"]} == {
+        ("p2", "slow"), ("p3", "failing")}
+
+    want = weights(rows, found)
     got = {(r["rpc"], r["provider"]): r for r in table("weights")}
     assert got.keys() == want.keys()
     for key, (score, weight) in want.items():
         assert got[key]["score"] == pytest.approx(score)
         assert got[key]["weight"] == pytest.approx(weight, abs=0.0011)
-    assert all(w["weight"] < 0.2 for w in got.values() if w["provider"] == "p2")   # slow
+    # slow: on svc1 its one peer, p1, was slow for a while too (weighed, decayed: 2x p1's)
+    assert all(w["weight"] < 0.4 for w in got.values() if w["provider"] == "p2")
     assert all(w["weight"] < 0.6 for w in got.values() if w["provider"] == "p3")   # failing
+    assert all(w["weight"] == 1.0 for w in got.values() if w["provider"] == "p1")  # recovered
 
 
 def test_the_weights_file_loads_in_a_node_and_the_report_says_what_was_found(job):
@@ -309,23 +413,6 @@ def test_the_same_job_runs_under_spark_submit_as_docs_history_md_says(tmp_path):
         assert any(p.suffix == ".parquet" for p in (out / table).iterdir())
 
 
-def _row(window, rpc, provider, calls, node="n1"):
-    buckets = [0] * (len(BOUNDS) + 1)
-    buckets[4] = (calls + 15) // 16
-    return {"schema_version": 1, "window_start": 1_795_000_000.0 + window * 10,
-            "window_end": 1_795_000_010.0 + window * 10, "rpc": rpc, "provider": provider,
-            "served_by": node, "routed_by": node, "calls": calls, "ok": calls, "rejected": 0,
-            "errors": 0, "ack_timeouts": 0, "response_timeouts": 0, "latency_buckets": buckets,
-            "latency_sampled": sum(buckets), "latency_sum_s": 0.002 * sum(buckets),
-            "latency_min_s": None, "latency_max_s": None, "peak_in_flight": 1 if calls else 0,
-            "bytes_in": 0, "bytes_out": 0, "weight": 1.0}
-
-
-def _write(path, rows):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
 def test_histories_at_the_edges_run_and_say_what_they_hold(spark, tmp_path):
     """An rpc with no finished call (rows of calls 0: calls still running), two rpcs at
     97 % / 3 %, a node-hour file copied twice, a history with no usable row, no history."""
@@ -333,10 +420,10 @@ def test_histories_at_the_edges_run_and_say_what_they_hold(spark, tmp_path):
 
     history = tmp_path / "history"
     part = history / "date=2026-11-19" / "hour=10"
-    rows = [_row(w, rpc, p, calls) for w in range(12) for p in ("p1", "p2")
+    rows = [history_row(w, rpc, p, calls) for w in range(12) for p in ("p1", "p2")
             for rpc, calls in (("busy", 485), ("rare", 15), ("idle", 0))]
-    _write(part / "node=n1" / "part-1.jsonl", rows)
-    _write(part / "node=n1" / "copy-of-part-1.jsonl", rows[:30])
+    write_rows(part / "node=n1" / "part-1.jsonl", rows)
+    write_rows(part / "node=n1" / "copy-of-part-1.jsonl", rows[:30])
     written = analysis.analyze(spark, str(history), str(tmp_path / "out"), report=True)
     assert (written["rows_read"], written["rows_duplicate"]) == (len(rows) + 30, 30)
 
@@ -354,7 +441,7 @@ def test_histories_at_the_edges_run_and_say_what_they_hold(spark, tmp_path):
     assert "30 left out as exact copies" in report and "<b>busy</b> is hot" in report
 
     junk = tmp_path / "junk"
-    _write(junk / "part.jsonl", [{"schema_version": 99, "rpc": "x"}])
+    write_rows(junk / "part.jsonl", [{"schema_version": 99, "rpc": "x"}])
     with pytest.raises(analysis.NothingToAnalyse, match="no usable history rows"):
         analysis.analyze(spark, str(junk), str(tmp_path / "out2"))
     with pytest.raises(analysis.NothingToAnalyse, match="in the span asked for"):

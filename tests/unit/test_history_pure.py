@@ -39,3 +39,11 @@ def test_history_derives_answers_from_starts_and_pending_across_windows():
     assert (w2["calls"], w2["ok"], w2["rejected"], w2["peak_in_flight"]) == (2, 1, 1, 2)
     assert h.roll(30.0, r.history_pending()) == 0      # no work: no row
     assert r.pending == 0
+    # with presence: a provided rpc with no work still gets a row, so an analysis sees it
+    r.provide(p, ["y"])
+    r.request(caller, 9, "y", {}, None, now=0.0)
+    assert h.roll(40.0, r.history_pending(), provided=r.provided_pairs) == 2
+    rows_40 = {w["rpc"]: w for w in rows.rows[-1]}
+    assert (rows_40["x"]["calls"], rows_40["x"]["peak_in_flight"]) == (0, 0)
+    assert rows_40["x"]["provider"] == "w1" and rows_40["x"]["served_by"] == "n1"
+    assert rows_40["y"]["peak_in_flight"] == 1                  # a row of work, not presence

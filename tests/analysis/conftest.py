@@ -1,0 +1,44 @@
+"""A Spark session (local[2]) per test module here (each module ends its processes:
+tests/conftest.py checks), and history rows to build histories from."""
+
+import json
+
+import pytest
+
+from rpcbus.analytics import analysis
+from rpcbus.broker.rpcstats import BOUNDS
+
+# PySpark starts its JVM with a stdin pipe it never closes (the JVM watches it to exit with
+# the driver): that pipe's ResourceWarning is PySpark's, at garbage collection.
+PYSPARK_WARNINGS = [
+    pytest.mark.filterwarnings("ignore:unclosed file <_io.BufferedWriter:ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = analysis.session("local[2]")
+    s.sparkContext.setLogLevel("ERROR")
+    yield s
+    analysis.stop(s)
+
+
+def history_row(window, rpc, provider, calls, node="n1"):
+    """A history row of 10 s window number ``window`` (from a fixed instant): ``calls``
+    answered, one in 16 sampled at 1-2.5 ms."""
+    buckets = [0] * (len(BOUNDS) + 1)
+    buckets[4] = (calls + 15) // 16
+    return {"schema_version": 1, "window_start": 1_795_000_000.0 + window * 10,
+            "window_end": 1_795_000_010.0 + window * 10, "rpc": rpc, "provider": provider,
+            "served_by": node, "routed_by": node, "calls": calls, "ok": calls, "rejected": 0,
+            "errors": 0, "ack_timeouts": 0, "response_timeouts": 0, "latency_buckets": buckets,
+            "latency_sampled": sum(buckets), "latency_sum_s": 0.002 * sum(buckets),
+            "latency_min_s": None, "latency_max_s": None, "peak_in_flight": 1 if calls else 0,
+            "bytes_in": 0, "bytes_out": 0, "weight": 1.0}
+
+
+def write_rows(path, rows):
+    """Rows as the JSON lines a node writes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -1,0 +1,54 @@
+"""Clock skew from the nodes' rows (analytics/skew.py, pure): the node that is off is named
+with its offset; nodes that merely joined late, or agree, are not."""
+
+import random
+
+from rpcbus.analytics import skew
+
+T0 = 1_793_000_000 - 1_793_000_000 % 60
+
+
+def nodes(*offsets, spans=None):
+    """Nodes whose calls per minute follow one cluster-wide load (each with a little noise
+    of its own), stamped by clocks ``offsets`` seconds off."""
+    rng = random.Random(3)
+    load = [rng.lognormvariate(0, 0.4) for _ in range(240)]
+    out = {}
+    for i, offset in enumerate(offsets):
+        minutes = (spans or {}).get(i, range(120))
+        shift = offset - offset % 60           # rows are filed per minute of their own clock
+        out[f"n{i + 1}"] = {
+            "first": T0 + minutes[0] * 60 + offset, "last": T0 + (minutes[-1] + 1) * 60 + offset,
+            "calls": {T0 + m * 60 + shift: int(1000 * load[m] * rng.uniform(0.9, 1.1))
+                      for m in minutes}}
+    return out
+
+
+def test_the_node_an_hour_ahead_or_90_s_ahead_is_named_and_only_it():
+    [found] = skew.find(nodes(0, 0, 3600))
+    assert (found["node"], found["offset_s"], found["method"]) == ("n3", 3600.0, "ends+load")
+    [found] = skew.find(nodes(0, 90, 0, 0))
+    assert (found["node"], found["offset_s"]) == ("n2", 90.0)
+    [found] = skew.find(nodes(-600, 0, 0))
+    assert (found["node"], found["offset_s"]) == ("n1", -600.0)
+
+
+def test_two_nodes_have_no_majority_the_finding_names_both():
+    [found] = skew.find(nodes(0, 120))
+    assert (found["node"], found["relative_to"], found["offset_s"]) == ("n2", "n1", 120.0)
+
+
+def test_agreeing_clocks_and_a_node_that_joined_late_raise_nothing():
+    assert skew.find(nodes(0, 0, 0)) == []
+    assert skew.find(nodes(0, 0, 0, spans={2: range(30, 90)})) == []
+    assert skew.find(nodes(0, 30)) == []                 # under a minute: not reported
+    assert skew.find(nodes(0)) == []
+
+
+def test_a_node_that_worked_one_minute_then_idled_is_not_lined_up_with_a_busy_minute():
+    for span in (range(30), range(60), range(120)):
+        found = nodes(0, 0, spans={0: span, 1: span})
+        first = min(found["n2"]["calls"])
+        # n2's only provider was starved after its first minute: presence rows, 0 calls
+        found["n2"]["calls"] = {m: (5000 if m == first else 0) for m in found["n2"]["calls"]}
+        assert skew.find(found) == [], len(span)

@@ -6,10 +6,10 @@ Scenarios:
   cross    two nodes; providers on n1, callers on n2 (every call crosses Redis)
   cluster  --nodes nodes (3); providers and callers spread over all
 
-Everything runs in its own process (nodes, an embedded redis-server, provider
-and caller processes), on loopback, and stops by itself (--duration and
---max-calls); --url aims at running nodes instead. Calls/s count each call once,
-on its caller's node. Each run writes to --out:
+Everything runs in its own process (nodes, an embedded redis-server or, with
+--redis-shards N, Redis Cluster, provider and caller processes), on loopback,
+and stops by itself (--duration and --max-calls); --url aims at running nodes
+instead. Calls/s count each call once, on its caller's node. Each run writes to --out:
 
 \b
   result.json     calls/s; latency p50/p90/p99/p99.9/max (HDR histogram); errors

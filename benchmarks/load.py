@@ -135,6 +135,8 @@ def run_callers(urls: list[str], args: SimpleNamespace, cpu_of: Any = None,
         out["cpu_us_per_call_by_node"] = [u * 1e6 / measured for u in used]
     if rcpu0 is not None and measured:
         out["redis_cpu_us_per_call"] = sum(rcpu1) * 1e6 / measured - sum(rcpu0) * 1e6 / measured
+        out["redis_cpu_us_per_call_by_server"] = [  # a Redis Cluster: per shard master
+            (b - a) * 1e6 / measured for a, b in zip(rcpu0, rcpu1, strict=True)]
     if s0:
         def delta(section: str, key: str) -> float:
             return sum(((b.get(section) or {}).get(key, 0) - (a.get(section) or {}).get(key, 0))
@@ -243,6 +245,10 @@ def options(command: Any) -> Any:
         click.option("--seal", type=click.Choice(["none", "sign", "encrypt"]), default="none",
                      show_default=True, help="With several nodes: how the cluster bus is "
                      "sealed (a fresh key)."),
+        click.option("--redis-shards", type=click.IntRange(min=0), default=0,
+                     show_default=True, help="With several nodes: run the bus on an embedded "
+                     "Redis Cluster of this many masters (3 or more; sharded pub/sub) "
+                     "instead of one redis-server."),
         click.option("--no-baseline", is_flag=True, help="Skip the direct echo baseline."),
     )):
         command = decorator(command)
@@ -311,7 +317,8 @@ def run(args: SimpleNamespace) -> dict[str, Any]:
             nodes = [NodeProcess().start()]
             node_urls = [nodes[0].url]
         else:
-            cluster = LocalCluster(nodes=args.nodes, env=_seal_env(args.seal)).start()
+            cluster = LocalCluster(nodes=args.nodes, env=_seal_env(args.seal),
+                                   redis_shards=args.redis_shards).start()
             nodes = cluster.nodes
             node_urls = [n.url for n in nodes]
         if len(node_urls) > 1 and args.layout == "cross":
@@ -323,10 +330,12 @@ def run(args: SimpleNamespace) -> dict[str, Any]:
                             "--rpc", args.rpc) for i in range(args.providers)]
         for prov in providers:
             _first_line(prov)
-        redis_pid = cluster.redis.proc.pid if cluster and cluster.redis else None
+        servers = ([] if cluster is None else [cluster.redis] if cluster.redis
+                   else cluster.redis_cluster.servers if cluster.redis_cluster else [])
+        redis_pids = [s.proc.pid for s in servers if s.proc is not None]
         result["rpcbus"] = run_callers(
             caller_urls, args, cpu_of=_cpu_reader([n.pid for n in nodes]) if nodes else None,
-            stats_urls=node_urls, redis_cpu=_cpu_reader([redis_pid]) if redis_pid else None)
+            stats_urls=node_urls, redis_cpu=_cpu_reader(redis_pids) if redis_pids else None)
         result["rpcbus"]["nodes"] = [n.name or n.url for n in nodes] or node_urls
         if nodes:
             import psutil
@@ -386,7 +395,10 @@ def _summary(result: dict[str, Any]) -> str:
         if "msgs_per_publish" in r or "redis_cpu_us_per_call" in r:
             lines.append(f"{'':10} msgs/PUBLISH {r.get('msgs_per_publish', float('nan')):.1f}, "
                          f"bus msgs/call {r.get('bus_msgs_per_call', float('nan')):.2f}, "
-                         f"Redis CPU µs/call {r.get('redis_cpu_us_per_call', float('nan')):.2f}")
+                         f"Redis CPU µs/call {r.get('redis_cpu_us_per_call', float('nan')):.2f}"
+                         + (" (by shard: " + ", ".join(
+                             f"{x:.2f}" for x in r["redis_cpu_us_per_call_by_server"]) + ")"
+                            if len(r.get("redis_cpu_us_per_call_by_server", ())) > 1 else ""))
         by_node = r.get("by_node") or []
         if len(by_node) > 1:
             names = r.get("nodes") or [f"n{i + 1}" for i in range(len(by_node))]

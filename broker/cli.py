@@ -180,8 +180,15 @@ def cluster() -> None:
               help="First node's port; the others follow (0: any free ports).")
 @click.option("--redis", "redis_url", default=None,
               help="Use this Redis instead of starting an embedded redis-server.")
-def cluster_up(nodes: int, base_port: int, redis_url: str | None) -> None:
-    """Run redis-server and N nodes until Ctrl-C or SIGTERM, then stop them all."""
+@click.option("--redis-shards", type=click.IntRange(min=0), default=0,
+              help="Start an embedded Redis Cluster of this many masters (3 or more) "
+              "instead of one redis-server; the bus uses sharded pub/sub.")
+@click.option("--redis-replicas", type=click.IntRange(min=0), default=0,
+              help="Replicas per master of the --redis-shards cluster.")
+def cluster_up(nodes: int, base_port: int, redis_url: str | None, redis_shards: int,
+               redis_replicas: int) -> None:
+    """Run redis-server (or a Redis Cluster) and N nodes until Ctrl-C or SIGTERM, then
+    stop them all."""
     import threading
 
     from rpcbus.broker.local import LocalCluster
@@ -190,9 +197,19 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    local = LocalCluster(nodes=nodes, base_port=base_port, redis_url=redis_url)
-    click.echo(f"starting {nodes} node(s) on {local.redis_url} "
-               f"({'embedded redis-server' if local.redis else 'given Redis'}) ...")
+    if redis_shards and redis_url:
+        raise click.UsageError("--redis-shards starts a Redis Cluster; --redis uses one "
+                               "already running: give one of them")
+    if 0 < redis_shards < 3:
+        raise click.UsageError("--redis-shards: a Redis Cluster needs 3 masters or more")
+    if redis_replicas and not redis_shards:
+        raise click.UsageError("--redis-replicas goes with --redis-shards N")
+    local = LocalCluster(nodes=nodes, base_port=base_port, redis_url=redis_url,
+                         redis_shards=redis_shards, redis_replicas=redis_replicas,
+                         redis_node_timeout_ms=5000)
+    kind = ("given Redis" if redis_url else "embedded redis-server" if local.redis else
+            f"embedded Redis Cluster: {redis_shards} masters, {redis_replicas} replicas each")
+    click.echo(f"starting {nodes} node(s) on {local.redis_url} ({kind}) ...")
     try:
         try:
             local.start()
@@ -211,7 +228,8 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None) -> None:
 
 @main.command()
 @click.option("--redis", "redis_url", default=None,
-              help="Redis of the cluster [the config's, else redis://127.0.0.1:6379/0].")
+              help="Redis of the cluster, any form a node takes (redis+cluster://h1:p1,h2:p2/ "
+              "too) [the config's, else redis://127.0.0.1:6379/0].")
 @click.option("--namespace", default=None, help="Topic prefix [the config's: rpcbus].")
 @click.option("--listen", default=2.5, show_default=True,
               help="Seconds to listen for heartbeats (longer than the nodes' "
@@ -238,12 +256,12 @@ def status(redis_url: str | None, namespace: str | None, listen: float,
 
     def once() -> dict[str, Any]:
         try:
-            return asyncio.run(collect(redis_url, ns, listen, sealer))
+            return asyncio.run(collect(redis_url, ns, listen, sealer, cfg.redis_tls_ca))
         except asyncio.CancelledError:
             # Ctrl-C as collect's own listen timeout fires: asyncio.run sees two
             # cancellations and raises this instead of KeyboardInterrupt
             raise KeyboardInterrupt from None
-        except Exception as exc:  # OSError, and redis-py's errors, which do not share it
+        except Exception as exc:  # OSError, ConnectionError, a bad URL (ValueError), ...
             raise click.ClickException(f"cannot read {redis_url}: {exc}") from None
 
     if not watch:

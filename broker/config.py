@@ -241,6 +241,12 @@ def _validate(config: Config) -> None:
     except AuthConfigError as exc:
         raise ConfigError(str(exc)) from None
     cluster = config.cluster
+    if cluster.redis_url:
+        from rpcbus.cluster.redisconn import check_url
+        try:
+            check_url(cluster.redis_url)
+        except ValueError as exc:
+            raise ConfigError(f"cluster.redis_url: {exc}") from None
     if cluster.seal != "none":
         from rpcbus.cluster.seal import SealError, load_keys
         try:

@@ -1,7 +1,8 @@
 """A local cluster for development, demos and tests: an embedded redis-server and nodes.
 
 ``RedisServer`` runs ``redis-server`` on a free loopback port with nothing
-kept on disk (tests kill, pause and restart it on the same port).
+kept on disk (tests kill, pause and restart it on the same port);
+``RedisCluster`` a Redis Cluster of such servers (``redis-cli --cluster create``).
 ``LocalCluster`` adds N node processes (broker/process.py) and stops
 everything — nodes first, with SIGTERM so they drain — on ``stop()``.
 """
@@ -13,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from typing import Any
 
@@ -92,7 +94,8 @@ class RedisServer:
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning",
              *self.args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)  # a Ctrl-C at the terminal: stopped after the nodes
         wait_for_server(self.proc, self.port, timeout)
         return self
 
@@ -119,15 +122,140 @@ class RedisServer:
                 self.kill()
 
 
+class RedisCluster:
+    """A Redis Cluster on free loopback ports: ``shards`` masters (at least 3, as
+    ``redis-cli --cluster create`` wants), each with ``replicas`` replicas, nothing kept on
+    disk but each server's cluster config (in ``directory``). ``node_timeout_ms``: how long
+    a master may be silent before its replica takes over (Redis' default is 15,000).
+    ``user``: (name, password, ACL rules) of a user the URL names (the default user, which
+    administers the cluster here, stays as it is)."""
+
+    def __init__(self, shards: int = 3, replicas: int = 0, directory: str = "",
+                 node_timeout_ms: int = 2000, user: tuple[str, str, str] | None = None
+                 ) -> None:
+        if shards < 3:
+            raise ValueError("a Redis Cluster needs at least 3 shards (masters)")
+        self.shards, self.replicas, self.user = shards, replicas, user
+        self._made_directory = not directory  # removed on stop() only if made here
+        self.directory = directory or tempfile.mkdtemp(prefix="rpcbus-redis-cluster-")
+        acl = [] if user is None else ["--user", user[0], "on", f">{user[1]}",
+                                       *user[2].split()]
+        self.servers = [RedisServer(args=[
+            "--cluster-enabled", "yes", "--cluster-port", str(free_port()),
+            "--cluster-config-file", "", "--cluster-node-timeout", str(node_timeout_ms),
+            "--cluster-require-full-coverage", "no", "--dir", self.directory, *acl])
+            for _ in range(shards * (1 + replicas))]
+        for server in self.servers:  # each its own config file, named after its port
+            server.args[server.args.index("--cluster-config-file") + 1] = \
+                f"nodes-{server.port}.conf"
+
+    @property
+    def url(self) -> str:
+        """The URL nodes take: every server as a seed."""
+        creds = "" if self.user is None else f"{self.user[0]}:{self.user[1]}@"
+        return (f"redis+cluster://{creds}"
+                + ",".join(f"127.0.0.1:{s.port}" for s in self.servers) + "/")
+
+    def start(self, timeout: float = 30.0) -> "RedisCluster":
+        exe = shutil.which("redis-cli")
+        if exe is None:
+            raise RuntimeError("redis-cli is not installed (./dev setup installs it)")
+        try:
+            for server in self.servers:
+                server.start()
+            subprocess.run(  # the first `shards` servers become the masters
+                [exe, "--cluster", "create", *(f"127.0.0.1:{s.port}" for s in self.servers),
+                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, timeout=timeout)
+            deadline = time.monotonic() + timeout
+            while not all(self.ready(s) for s in self.servers):  # child processes: poll
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Redis Cluster did not become ready "
+                                       f"in {timeout:g} s")
+                time.sleep(0.1)
+        except subprocess.CalledProcessError as exc:
+            self.stop()
+            raise RuntimeError("redis-cli --cluster create failed: "
+                               + exc.stderr.decode(errors="replace").strip()) from None
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def command(self, server: RedisServer, *args: str) -> Any:
+        """One command to ``server`` (redis-py; raises on an error reply)."""
+        import redis
+
+        with redis.Redis(port=server.port, socket_timeout=5) as client:
+            return client.execute_command(*args)
+
+    def slots(self, server: RedisServer | None = None) -> list[Any]:
+        """``CLUSTER SLOTS`` as ``server`` (else the first live one) sees it."""
+        for one in [server] if server else self.servers:
+            if one.proc is not None and one.proc.poll() is None:
+                return self.command(one, "CLUSTER", "SLOTS")  # type: ignore[no-any-return]
+        raise RuntimeError("no server of the Redis Cluster is running")
+
+    def master_of(self, channel: str) -> RedisServer:
+        """The server that owns ``channel``'s slot now."""
+        from redis.crc import key_slot
+
+        slot = key_slot(channel.encode())
+        for first, last, master, *_ in self.slots():
+            if first <= slot <= last:
+                return next(s for s in self.servers if s.port == int(master[1]))
+        raise RuntimeError(f"no master owns slot {slot}")
+
+    def move_slot(self, channel: str, to: RedisServer) -> None:
+        """Reshard: move ``channel``'s slot to the master ``to`` (``CLUSTER SETSLOT``
+        IMPORTING / MIGRATING / NODE, as ``redis-cli --cluster reshard`` does per slot; the
+        bus keeps no keys, so there are none to migrate)."""
+        from redis.crc import key_slot
+
+        slot = str(key_slot(channel.encode()))
+        source = self.master_of(channel)
+        ids = {s.port: self.command(s, "CLUSTER", "MYID").decode() for s in (source, to)}
+        self.command(to, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source.port])
+        self.command(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to.port])
+        for server in (to, source):  # then every master learns it from these two
+            self.command(server, "CLUSTER", "SETSLOT", slot, "NODE", ids[to.port])
+
+    def ready(self, server: RedisServer) -> bool:
+        """``server`` sees every slot served and knows every other server."""
+        info = self.command(server, "CLUSTER", "INFO").decode()
+        if not ("cluster_state:ok" in info and "cluster_slots_assigned:16384" in info
+                and f"cluster_known_nodes:{len(self.servers)}" in info):
+            return False
+        replication = self.command(server, "INFO", "replication")  # a replica has its data
+        return replication["role"] == "master" or replication["master_link_status"] == "up"
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        if self._made_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
 class LocalCluster:
     def __init__(self, nodes: int = 3, base_port: int = 0, redis_url: str | None = None,
                  env: dict[str, str] | None = None, echo: bool = False,
                  node_env: list[dict[str, str]] | None = None,
                  redis_args: list[str] | None = None,
-                 node_redis: dict[int, str] | None = None) -> None:
+                 node_redis: dict[int, str] | None = None,
+                 redis_shards: int = 0, redis_replicas: int = 0,
+                 redis_node_timeout_ms: int = 2000) -> None:
         self.count = nodes
         self.base_port = base_port
-        self.redis: RedisServer | None = None if redis_url else RedisServer(args=redis_args)
+        # the embedded Redis: one server, or a Redis Cluster of ``redis_shards`` masters
+        self.redis_cluster: RedisCluster | None = None
+        self.redis: RedisServer | None = None
+        if redis_shards and not redis_url:
+            self.redis_cluster = RedisCluster(redis_shards, redis_replicas,
+                                              node_timeout_ms=redis_node_timeout_ms)
+            redis_url = self.redis_cluster.url
+        elif not redis_url:
+            self.redis = RedisServer(args=redis_args)
         self.redis_url = redis_url or self.redis.url  # type: ignore[union-attr]
         self.env = env or {}
         self.node_env = node_env or []   # per node i, on top of env
@@ -139,6 +267,8 @@ class LocalCluster:
         try:
             if self.redis is not None:
                 self.redis.start()
+            if self.redis_cluster is not None:
+                self.redis_cluster.start()
             for i in range(self.count):
                 port = self.base_port + i if self.base_port else 0
                 self.nodes.append(NodeProcess(
@@ -175,4 +305,6 @@ class LocalCluster:
             codes[node.name or "?"] = node.wait_exit()
         if self.redis is not None:
             self.redis.stop()
+        if self.redis_cluster is not None:
+            self.redis_cluster.stop()
         return codes

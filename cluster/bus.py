@@ -2,10 +2,13 @@
 
 ``publish(topic, msg)`` only queues. One writer task sends everything queued
 per topic as one PUBLISH of one batch (cluster/messages.py), all topics of a
-round in one ``write()``; while a round is at Redis the next one gathers, so
-batches grow with load (per-message PUBLISH through redis-py stalls near 8k/s).
-The subscribed connection hands every batch it reads to ``on_batch`` at once.
-Both connections are cluster/resp.py's lean RESP connections (hiredis).
+round in one ``write()`` per Redis; while a round is at Redis the next one
+gathers, so batches grow with load (per-message PUBLISH through redis-py stalls
+near 8k/s). The subscribed connection hands every batch it reads to
+``on_batch`` at once. The connections are cluster/resp.py's lean RESP
+connections (hiredis), opened by cluster/shards.py: on one Redis a publishing
+and a subscribed one; on a Redis Cluster sharded pub/sub (SPUBLISH to the master
+owning a topic's slot, SSUBSCRIBE there), one ``write()`` per master in a round.
 
 With a ``Sealer`` (cluster/seal.py) every batch is sealed on the way out; on
 the way in, a batch that does not open (no or bad seal, unknown key id, clock
@@ -19,8 +22,9 @@ queue holds messages for one incarnation: queueing for a newer one drops what
 waited for the older (that process is gone), and a message for an older one is
 dropped (counted in ``dropped``).
 
-Faults: any error in a session — Redis, the network, or anything else (a bug, a
-message msgpack cannot pack) — or ``stale()`` (the owner noticed its own
+Faults: any error in a session — Redis, the network, a Redis Cluster slot
+that moved or a shard master lost, or anything else (a bug, a message msgpack
+cannot pack) — or ``stale()`` (the owner noticed its own
 heartbeats stopped coming back: a paused or cut-off Redis) ends the session;
 the bus reports ``on_down``, drops what it had queued (counted in ``dropped``),
 waits with ``Backoff`` and connects again, then reports ``on_up`` so the owner
@@ -47,8 +51,10 @@ from redis.exceptions import RedisError
 from rpcbus.backoff import Backoff
 from rpcbus.cluster import resp
 from rpcbus.cluster.messages import BadBatch, Batch, decode_batch, encode_batch
+from rpcbus.cluster.redisconn import is_cluster
 from rpcbus.cluster.resp import RespConnection
 from rpcbus.cluster.seal import ReplayGuard, Sealer, SealError, SkewError
+from rpcbus.cluster.shards import Links, Seeds, open_links
 
 log = structlog.get_logger(module="rpcbus.bus")
 
@@ -99,6 +105,7 @@ class Bus:
         self._idle = asyncio.Event()  # set while nothing is queued or being written
         self._idle.set()
         self._session: asyncio.Task[None] | None = None
+        self._seeds = Seeds(url) if is_cluster(url) else None  # kept between sessions
 
     @staticmethod
     def topic_of(node: str, namespace: str) -> str:
@@ -218,23 +225,20 @@ class Bus:
             await asyncio.sleep(delay)
 
     async def _serve_once(self) -> None:
-        pub: RespConnection | None = None
-        sub: RespConnection | None = None
+        links: Links | None = None
         writer: asyncio.Task[None] | None = None
         try:
-            pub = await resp.connect(self.url, self._tls_ca)
-            sub = await resp.connect(self.url, self._tls_ca, on_message=self._deliver)
-            await sub.request(b"SUBSCRIBE", self.control.encode(), self.private.encode(),
-                              replies=2)
-            await pub.request(b"PING")
+            links = await open_links(self.url, [self.control, self.private], self._deliver,
+                                     self._tls_ca, self._seeds)
             self.up = True
             self._backoff.reset()
-            log.info("bus_up", url=_safe(self.url), control=self.control, private=self.private)
+            log.info("bus_up", url=_safe(self.url), control=self.control, private=self.private,
+                     where=_safe(links.where))
             self._on_up()
             self._send_held()
-            writer = asyncio.create_task(self._write(pub))
-            done, _ = await asyncio.wait((writer, pub.closed, sub.closed),
-                                         return_when=asyncio.FIRST_COMPLETED)
+            writer = asyncio.create_task(self._write(links))
+            ends: list[asyncio.Future[Any]] = [writer, *(c.closed for c in links.all)]
+            done, _ = await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
             for ended in done:
                 reason = ended.result()  # the writer raises; a connection says why it closed
                 if isinstance(reason, BaseException):
@@ -243,17 +247,18 @@ class Bus:
             if writer is not None:  # a session ended by stale() leaves it running
                 writer.cancel()
                 writer.add_done_callback(_retrieve)
-            for conn in (pub, sub):
-                if conn is not None:
-                    conn.abort(ConnectionError("bus session over"))
+            if links is not None:
+                links.close()
 
-    async def _write(self, pub: RespConnection) -> None:
+    async def _write(self, links: Links) -> None:
         """Send what is queued, one PUBLISH per topic, all topics of a round in one
-        ``write()``; at most ``ROUNDS_IN_FLIGHT`` rounds unanswered (while they are at
-        Redis the next round gathers: batches grow with load, with no timer). A round
-        Redis does not answer within ``ROUND_TIMEOUT`` ends the session."""
+        ``write()`` per Redis (per shard master on a Redis Cluster); at most
+        ``ROUNDS_IN_FLIGHT`` rounds unanswered (while they are at Redis the next round
+        gathers: batches grow with load, with no timer). A round Redis does not answer
+        within ``ROUND_TIMEOUT`` ends the session; a round is answered once every Redis it
+        went to answered."""
         rounds: deque[list[Any]] = deque()  # the holds of each round not yet answered
-        heads: dict[str, bytes] = {}
+        route = links.route
         free = asyncio.Event()  # set while fewer than ROUNDS_IN_FLIGHT rounds are out
         free.set()
 
@@ -268,6 +273,15 @@ class Bus:
             if not rounds and not self._out:
                 self._idle.set()
 
+        def each_answered(left: list[Any], error: BaseException | None) -> None:
+            """One Redis of a round spread over several answered: the round is once all
+            have (or at the first error)."""
+            if left[0] == 0:  # already concluded (an error)
+                return
+            left[0] = 0 if error is not None else left[0] - 1
+            if left[0] == 0:
+                answered(error, left[1])
+
         while True:
             await self._wake.wait()
             if len(rounds) >= ROUNDS_IN_FLIGHT:
@@ -278,7 +292,8 @@ class Bus:
                 except TimeoutError:
                     raise TimeoutError(f"Redis did not answer a PUBLISH round in "
                                        f"{ROUND_TIMEOUT:g} s") from None
-            await pub.writable()
+            for conn in links.all:
+                await conn.writable()
             self._wake.clear()
             out, self._out = self._out, {}
             to, self._to = self._to, {}
@@ -286,16 +301,17 @@ class Bus:
             holds, self._holds = self._holds, []
             sent_at = time.monotonic()
             sealer = self._sealer
-            parts = []
+            parts: dict[RespConnection, list[bytes]] = {}
             for topic, msgs in out.items():
                 batch = self._encode(topic, to[topic], sent_at, msgs)
                 if batch is None:
                     continue
-                head = heads.get(topic)
-                if head is None:
-                    head = heads[topic] = resp.publish_head(topic)
-                parts.append(resp.publish(head, batch if sealer is None
-                                          else sealer.seal(topic, batch)))
+                conn, head = route(topic)
+                mine = parts.get(conn)
+                if mine is None:
+                    mine = parts[conn] = []
+                mine.append(resp.publish(head, batch if sealer is None
+                                         else sealer.seal(topic, batch)))
                 self.stats["messages_out"] += len(msgs)
             if not parts:  # nothing (or nothing encodable) to send
                 for callback in then:
@@ -303,9 +319,16 @@ class Bus:
                 if not rounds and not self._out:
                     self._idle.set()
                 continue
-            self.stats["batches_out"] += len(parts)
             rounds.append(holds)
-            pub.send(b"".join(parts), len(parts), partial(answered, then=then))
+            if len(parts) == 1:
+                for conn, mine in parts.items():
+                    self.stats["batches_out"] += len(mine)
+                    conn.send(b"".join(mine), len(mine), partial(answered, then=then))
+                continue
+            left = [len(parts), then]
+            for conn, mine in parts.items():
+                self.stats["batches_out"] += len(mine)
+                conn.send(b"".join(mine), len(mine), partial(each_answered, left))
 
     def _deliver(self, channel: bytes, data: bytes) -> None:
         """One batch from a subscribed topic (called as the connection reads it)."""

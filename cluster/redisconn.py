@@ -1,10 +1,14 @@
-"""Redis clients for a ``cluster.redis_url``: one Redis, or a master found through Sentinel.
+"""The forms of a ``cluster.redis_url`` and how to read them (the bus connects with
+cluster/resp.py and cluster/shards.py; redis-py reads the plain URLs).
 
 - ``redis://[user:password@]host:port/db`` and ``rediss://`` (TLS): redis-py's own URLs.
 - ``redis+sentinel://[user:password@]host1:26379,host2:26379/MASTER[/db]``: ask the
   Sentinels which Redis is the master named MASTER and connect there; after a
   failover the connection breaks, the bus reconnects (with backoff) and the
   Sentinels name the new master. The credentials are the master's.
+- ``redis+cluster://[user:password@]host1:7000,host2:7001/`` (``rediss+cluster://``: TLS,
+  with ``?ssl_cert_reqs=none`` as for ``rediss://``): a Redis Cluster, found from these
+  seed nodes; the bus uses sharded pub/sub on it (cluster/shards.py). Only database 0.
 """
 
 from __future__ import annotations
@@ -12,20 +16,10 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote
 
-import redis.asyncio as aioredis
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.connection import parse_url
 
 SENTINEL = "redis+sentinel://"
-
-
-def client(url: str, **options: Any) -> aioredis.Redis:
-    """A client for ``url`` (see the module docstring); ``options`` go to redis-py."""
-    if not url.startswith(SENTINEL):
-        return aioredis.Redis.from_url(url, **options)
-    sentinels, master, auth = parse_sentinel_url(url)
-    finder = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": 2.0,
-                                                  "socket_connect_timeout": 2.0})
-    return finder.master_for(master, **auth, **options)
+CLUSTER = ("redis+cluster://", "rediss+cluster://")
 
 
 def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, Any]]:
@@ -51,3 +45,46 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, dict[str, 
         raise ValueError("a sentinel URL names the master: redis+sentinel://h:26379/MASTER")
     auth["db"] = int(parts[1]) if len(parts) > 1 else 0
     return sentinels, parts[0], auth
+
+
+def is_cluster(url: str) -> bool:
+    return url.startswith(CLUSTER)
+
+
+def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], dict[str, Any], bool]:
+    """(seed addresses, redis-py's options for each shard: credentials, ``ssl_cert_reqs``,
+    TLS or not) of a ``redis+cluster://`` or ``rediss+cluster://`` URL. Raises ValueError
+    saying what is wrong."""
+    secure = url.startswith("rediss+")
+    scheme, _, rest = url.partition("://")
+    netloc, slash, tail = rest.partition("/")
+    creds, at, hosts = netloc.rpartition("@")
+    seeds = []
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":")
+        if not name or not port.isdigit():
+            raise ValueError(f"Redis Cluster seed {host!r}: want host:port "
+                             f"({scheme}://host1:7000,host2:7001/)")
+        seeds.append((name.strip("[]"), int(port)))
+    path, _, query = tail.partition("?")
+    if path.strip("/") not in ("", "0"):
+        raise ValueError(f"Redis Cluster has only database 0, not {path.strip('/')!r}")
+    # one seed as a plain URL: redis-py reads the credentials and TLS options as usual
+    one = f"{'rediss' if secure else 'redis'}://{creds}{at}{hosts.split(',')[0]}/0"
+    options = dict(parse_url(one + (f"?{query}" if query else "")))
+    for key in ("host", "port", "db"):
+        options.pop(key, None)
+    return seeds, options, secure
+
+
+def check_url(url: str) -> None:
+    """Raise ValueError saying what is wrong with a ``cluster.redis_url`` (any form above)."""
+    if is_cluster(url):
+        parse_cluster_url(url)
+    elif url.startswith(SENTINEL):
+        parse_sentinel_url(url)
+    elif not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"{url!r}: want redis://, rediss://, unix://, redis+sentinel:// "
+                         "or redis+cluster:// (docs/operations.md)")
+    else:
+        parse_url(url)

@@ -12,14 +12,18 @@ the master through Sentinel, and serves everything off the hot path
 
 ``connect()`` opens one connection (TCP, TLS for ``rediss://``, a Unix socket
 for ``unix://``; through Sentinel for ``redis+sentinel://``) and
-authenticates. On it, ``send(data, replies, done)`` writes pre-encoded
-commands and calls ``done()`` once that many replies have come back, in order
-(RESP pipelining); ``request()`` awaits one command's replies. A connection
-given ``on_message`` treats ``["message", channel, data]`` replies as pushes
-(a subscribed connection). An error reply, a protocol error or an exception in
-``on_message`` closes the connection: ``closed`` then holds the reason, and
-nothing more is delivered. Cancelling ``connect()`` or ``request()`` leaves no
-connection open.
+authenticates; ``connect_to()`` opens one to a given address with a URL's
+credentials and TLS (a Redis Cluster's shards, cluster/shards.py). On it,
+``send(data, replies, done)`` writes pre-encoded commands and calls ``done()``
+once that many replies have come back, in order (RESP pipelining);
+``request()`` awaits one command's replies and returns them. A connection
+given ``on_message`` treats ``["message", channel, data]`` and sharded
+``["smessage", channel, data]`` replies as pushes (a subscribed connection);
+on it an ``sunsubscribe`` nobody asked for (Redis Cluster moved the slot of a
+sharded channel away) closes the connection with ``SlotMoved``. An error
+reply (``MOVED`` too), a protocol error or an exception in ``on_message``
+closes the connection: ``closed`` then holds the reason, and nothing more is
+delivered. Cancelling ``connect()`` or ``request()`` leaves no connection open.
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ from rpcbus.cluster.redisconn import SENTINEL, parse_sentinel_url
 
 
 class RedisReplyError(ConnectionError):
-    """Redis answered a bus command with an error (an ACL refusal, a full memory...)."""
+    """Redis answered a bus command with an error (an ACL refusal, a full memory, MOVED...)."""
+
+
+class SlotMoved(ConnectionError):
+    """Redis Cluster unsubscribed a sharded channel: its slot now lives elsewhere."""
 
 
 def encode(*args: bytes) -> bytes:
@@ -54,6 +62,12 @@ def publish_head(topic: str) -> bytes:
     return b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%b\r\n" % (len(name), name)
 
 
+def spublish_head(topic: str) -> bytes:
+    """The start of a sharded PUBLISH (Redis Cluster: the shard owning the topic's slot)."""
+    name = topic.encode()
+    return b"*3\r\n$8\r\nSPUBLISH\r\n$%d\r\n%b\r\n" % (len(name), name)
+
+
 def publish(head: bytes, payload: bytes) -> bytes:
     return b"%b$%d\r\n%b\r\n" % (head, len(payload), payload)
 
@@ -64,7 +78,8 @@ class RespConnection(asyncio.Protocol):
     def __init__(self, on_message: Callable[[bytes, bytes], None] | None = None) -> None:
         self._reader = hiredis.Reader()
         self._on_message = on_message
-        self._waiting: deque[list[Any]] = deque()  # [replies left, done(error | None)]
+        # [replies left, done(error | None), the replies' list (request()) or None]
+        self._waiting: deque[list[Any]] = deque()
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[BaseException | None] = (
             asyncio.get_running_loop().create_future())
@@ -83,15 +98,21 @@ class RespConnection(asyncio.Protocol):
         waiting = self._waiting
         try:
             while (reply := reader.gets()) is not False:
-                if (on_message is not None and type(reply) is list
-                        and reply[0] == b"message"):
-                    on_message(reply[1], reply[2])
-                    continue
+                if on_message is not None and type(reply) is list:
+                    kind = reply[0]
+                    if kind == b"message" or kind == b"smessage":
+                        on_message(reply[1], reply[2])
+                        continue
+                    if kind == b"sunsubscribe":  # never asked for: the slot moved away
+                        raise SlotMoved(f"Redis Cluster moved the slot of "
+                                        f"{reply[1].decode(errors='replace')}")
                 if isinstance(reply, hiredis.ReplyError):
                     raise RedisReplyError(f"Redis: {reply}")
                 if not waiting:
                     raise ConnectionError(f"Redis sent a reply nobody asked for: {reply!r}")
                 head = waiting[0]
+                if head[2] is not None:
+                    head[2].append(reply)
                 head[0] -= 1
                 if head[0] == 0:
                     waiting.popleft()
@@ -110,18 +131,20 @@ class RespConnection(asyncio.Protocol):
 
     # -- use ---------------------------------------------------------------------------
 
-    def send(self, data: bytes, replies: int, done: Callable[[BaseException | None], None]
-             ) -> None:
+    def send(self, data: bytes, replies: int, done: Callable[[BaseException | None], None],
+             into: list[Any] | None = None) -> None:
         """Write ``data`` (``replies`` commands); ``done(None)`` once all are answered,
-        ``done(reason)`` if the connection closes first."""
+        ``done(reason)`` if the connection closes first. ``into``: a list the replies are
+        appended to."""
         if self.closed.done() or self.transport is None:
             done(self.closed.result() if self.closed.done() else ConnectionError("not open"))
             return
-        self._waiting.append([replies, done])
+        self._waiting.append([replies, done, into])
         self.transport.write(data)
 
-    async def request(self, *args: bytes, replies: int = 1) -> None:
-        """Send one command and wait for its ``replies`` (a SUBSCRIBE to n channels: n)."""
+    async def request(self, *args: bytes, replies: int = 1) -> list[Any]:
+        """Send one command, wait for its ``replies`` (a SUBSCRIBE to n channels: n) and
+        return them. Raises the connection's reason if it closes first."""
         answered: asyncio.Future[BaseException | None] = (
             asyncio.get_running_loop().create_future())
 
@@ -129,10 +152,12 @@ class RespConnection(asyncio.Protocol):
             if not answered.done():
                 answered.set_result(error)
 
-        self.send(encode(*args), replies, done)
+        got: list[Any] = []
+        self.send(encode(*args), replies, done, got)
         error = await answered
         if error is not None:
             raise error
+        return got
 
     async def writable(self) -> None:
         """Wait while the transport's buffer is over its high-water mark."""
@@ -148,7 +173,7 @@ class RespConnection(asyncio.Protocol):
             self.closed.set_result(reason)
         self._can_write.set()
         waiting, self._waiting = self._waiting, deque()
-        for _, done in waiting:
+        for _, done, _ in waiting:
             done(reason)
 
 
@@ -157,7 +182,6 @@ async def connect(url: str, tls_ca: str = "", timeout: float = 2.0,
                   ) -> RespConnection:
     """An open, authenticated connection to the Redis of ``url`` (or its master, through
     Sentinel). Raises OSError / ConnectionError / ValueError (a bad URL)."""
-    loop = asyncio.get_running_loop()
     if url.startswith(SENTINEL):
         sentinels, master, options = parse_sentinel_url(url)
         finder = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": timeout,
@@ -172,6 +196,17 @@ async def connect(url: str, tls_ca: str = "", timeout: float = 2.0,
     else:
         options = dict(parse_url(url))
         secure = url.startswith("rediss:")
+    return await connect_to(options, secure, tls_ca, timeout, on_message)
+
+
+async def connect_to(options: dict[str, Any], secure: bool = False, tls_ca: str = "",
+                     timeout: float = 2.0,
+                     on_message: Callable[[bytes, bytes], None] | None = None
+                     ) -> RespConnection:
+    """An open, authenticated connection to ``options``' address (redis-py's URL options:
+    ``host`` and ``port`` or ``path``; ``username``, ``password``, ``ssl_cert_reqs``), over
+    TLS if ``secure``. Raises OSError / ConnectionError (a refused login: RedisReplyError)."""
+    loop = asyncio.get_running_loop()
     context = None
     if secure:
         context = ssl.create_default_context(cafile=tls_ca or None)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import msgpack
 
 from rpcbus.cluster import messages as m
-from rpcbus.cluster import redisconn
 from rpcbus.cluster.seal import Sealer, SealError, SkewError
+from rpcbus.cluster.shards import open_links
 
 CLOCK_WARN_S = 1.0  # a node's clock this far off this machine's gets a line of its own
 
@@ -24,43 +25,44 @@ def stamp_offset(sealed: bytes) -> float | None:
 
 
 async def collect(url: str, namespace: str, listen_s: float,
-                  sealer: Sealer | None = None) -> dict[str, dict[str, Any]]:
-    """The latest STATE of every node heard within ``listen_s`` seconds, by node name.
+                  sealer: Sealer | None = None, tls_ca: str = "") -> dict[str, dict[str, Any]]:
+    """The latest STATE of every node heard within ``listen_s`` seconds, by node name, on
+    any Redis URL a node takes (a Redis Cluster: the control topic's shard).
 
     With a ``sealer`` (a sealed cluster) only batches that open with its keys count.
+    Raises OSError / ConnectionError / ValueError if Redis cannot be read.
     """
-    client = redisconn.client(url, socket_connect_timeout=3.0)
-    pubsub = client.pubsub()
-    nodes: dict[str, dict[str, Any]] = {}
+    heard: list[tuple[bytes, bytes]] = []
+    links = await open_links(url, [f"{namespace}:ctrl"],
+                             lambda channel, data: heard.append((channel, data)), tls_ca)
     try:
-        await pubsub.subscribe(f"{namespace}:ctrl")
-        deadline = time.monotonic() + listen_s
-        while (left := deadline - time.monotonic()) > 0:
-            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
-            if msg is None or msg.get("type") != "message":
-                continue
-            offset, refused = None, False
-            try:
-                data = msg["data"]
-                if sealer is not None:
-                    try:
-                        data = sealer.open(msg["channel"].decode(), data)[0]
-                        offset = stamp_offset(msg["data"])
-                    except SkewError as exc:  # genuine, but its clock is off: say so
-                        data, offset, refused = exc.batch, exc.offset_s, True
-                batch = m.decode_batch(data)
-            except (m.BadBatch, SealError):
-                continue
-            for x in batch.messages:
-                if x[0] == m.STATE:
-                    node = nodes[batch.sender] = {"state": x[1], "url": x[2], "started": x[3],
-                                                  **x[4]}
-                    if offset is not None:  # its wall clock minus this machine's (+ transit)
-                        node["clock_offset_s"] = round(offset, 3)
-                        node["clock_refused"] = refused
+        closed = [c.closed for c in links.all]
+        done, _ = await asyncio.wait(closed, timeout=listen_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        for ended in done:
+            raise ended.result() or ConnectionError("Redis closed the connection")
     finally:
-        await pubsub.aclose()
-        await client.aclose()
+        links.close()
+    nodes: dict[str, dict[str, Any]] = {}
+    for channel, data in heard:
+        offset, refused = None, False
+        try:
+            if sealer is not None:
+                try:
+                    sealed, data = data, sealer.open(channel.decode(), data)[0]
+                    offset = stamp_offset(sealed)
+                except SkewError as exc:  # genuine, but its clock is off: say so
+                    data, offset, refused = exc.batch, exc.offset_s, True
+            batch = m.decode_batch(data)
+        except (m.BadBatch, SealError):
+            continue
+        for x in batch.messages:
+            if x[0] == m.STATE:
+                node = nodes[batch.sender] = {"state": x[1], "url": x[2], "started": x[3],
+                                              **x[4]}
+                if offset is not None:  # its wall clock minus this machine's (+ transit)
+                    node["clock_offset_s"] = round(offset, 3)
+                    node["clock_refused"] = refused
     return nodes
 
 

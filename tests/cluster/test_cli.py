@@ -5,15 +5,20 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+
+import pytest
 
 import rpcbus
 
 
-async def test_cluster_up_status_and_a_clean_stop():
+@pytest.mark.parametrize("redis", [[], ["--redis-shards", "3", "--redis-replicas", "1"]],
+                         ids=["redis-server", "redis-cluster"])
+async def test_cluster_up_status_and_a_clean_stop(redis):
     up = subprocess.Popen([sys.executable, "-m", "rpcbus.broker", "cluster", "up", "--nodes", "2",
-                           "--base-port", "0"], stdout=subprocess.PIPE, text=True)
+                           "--base-port", "0", *redis], stdout=subprocess.PIPE, text=True)
     lines = []
     try:
         async with asyncio.timeout(30):
@@ -23,8 +28,10 @@ async def test_cluster_up_status_and_a_clean_stop():
         text = "".join(lines)
         urls = re.findall(r"ws://127\.0\.0\.1:\d+", text)
         pids = [int(p) for p in re.findall(r"pid (\d+)", text)]
-        redis_url = re.search(r"redis://\S+", text).group(0)
+        redis_url = re.search(r"redis(\+cluster)?://\S+", text).group(0)
+        redis_ports = [int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", redis_url)]
         assert len(urls) == 2 and len(pids) == 2
+        assert len(redis_ports) == (6 if redis else 1), redis_url   # 3 masters + 3 replicas
         async with rpcbus.connect(urls[0]) as prov:
             await prov.provide("billing.charge", lambda d: d)
             status = await asyncio.to_thread(
@@ -66,6 +73,9 @@ async def test_cluster_up_status_and_a_clean_stop():
                 raise AssertionError(f"node pid {pid} still runs")
             except ProcessLookupError:
                 pass
+        for port in redis_ports:  # nor redis-servers
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
     finally:
         if up.poll() is None:
             up.kill()
@@ -76,8 +86,6 @@ async def test_cluster_up_status_and_a_clean_stop():
 def test_cluster_up_says_at_once_why_a_node_did_not_start():
     """A node that dies on start (its port taken) is reported in one line, in its own
     words, when it dies (not after the 30 s ready timeout, not as a traceback)."""
-    import socket
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

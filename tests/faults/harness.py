@@ -1,6 +1,7 @@
 """A steady load through a real cluster, a ledger of every call, and the checks on it.
 
-Every scenario: two nodes (n1, n2) on an embedded redis-server, providers on both,
+Every scenario: two nodes (n1, n2) on an embedded redis-server (or Redis Cluster),
+providers on both,
 callers on both with several hundred calls in flight, one fault, then these checks:
 
 * every call made ended exactly once: its own data back, or an error whose code is
@@ -101,10 +102,13 @@ class Scenario:
     """The cluster, providers and callers of one scenario, and its checks."""
 
     def __init__(self, name: str, tmp: str, nodes: int = 2, proxied: int | None = None,
-                 node_env: list[dict[str, str]] | None = None, **env: str) -> None:
+                 node_env: list[dict[str, str]] | None = None, redis_shards: int = 0,
+                 redis_replicas: int = 0, **env: str) -> None:
         self.name = name
         self.tmp = tmp
-        cluster = LocalCluster(nodes=nodes, env={**ENV, **env}, node_env=node_env)
+        cluster = LocalCluster(nodes=nodes, env={**ENV, **env}, node_env=node_env,
+                               redis_shards=redis_shards, redis_replicas=redis_replicas,
+                               redis_node_timeout_ms=1000)
         self.proxy: Proxy | None = None   # between node ``proxied`` and Redis
         if proxied is not None:
             assert cluster.redis is not None

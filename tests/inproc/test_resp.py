@@ -65,3 +65,33 @@ async def test_a_refused_login_fails_connect(tmp_path):
         conn.abort(ConnectionError("done"))
     finally:
         server.stop()
+
+
+async def test_a_redis_cluster_slot_moving_away_ends_the_subscription_and_the_publish():
+    """Sharded pub/sub (cluster/shards.py): a topic's pushes arrive from its slot's master;
+    when a reshard moves the slot, Redis unsubscribes the channel (``SlotMoved``) and a
+    SPUBLISH to the old master is answered MOVED: both end the connection, with the reason."""
+    from rpcbus.broker.local import RedisCluster
+    from rpcbus.cluster.shards import open_links
+
+    cluster = await asyncio.to_thread(RedisCluster(shards=3).start)
+    got: list[tuple[bytes, bytes]] = []
+    links = await open_links(cluster.url, ["t:moving"], lambda ch, d: got.append((ch, d)))
+    try:
+        pub, head = links.route("t:moving")
+        assert head.startswith(b"*3\r\n$8\r\nSPUBLISH")
+        await pub.request(b"SPUBLISH", b"t:moving", b"before")
+        async with asyncio.timeout(5):
+            while not got:
+                await asyncio.sleep(0.01)
+        assert got == [(b"t:moving", b"before")]
+        owner = cluster.master_of("t:moving")
+        await asyncio.to_thread(cluster.move_slot, "t:moving",
+                                next(s for s in cluster.servers if s is not owner))
+        reason = await asyncio.wait_for(links.subscribed[0].closed, 5)
+        assert isinstance(reason, resp.SlotMoved) and "t:moving" in str(reason)
+        with pytest.raises(resp.RedisReplyError, match="MOVED"):
+            await pub.request(b"SPUBLISH", b"t:moving", b"after")
+    finally:
+        links.close()
+        await asyncio.to_thread(cluster.stop)

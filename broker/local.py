@@ -128,14 +128,17 @@ class RedisCluster:
     disk but each server's cluster config (in ``directory``). ``node_timeout_ms``: how long
     a master may be silent before its replica takes over (Redis' default is 15,000).
     ``user``: (name, password, ACL rules) of a user the URL names (the default user, which
-    administers the cluster here, stays as it is)."""
+    administers the cluster here, stays as it is). ``tls``: (certificate, key) PEM files
+    (the certificate also the CA): clients and the cluster bus then speak TLS on each
+    server's ``tls_port``, which the cluster announces; its plain port stays for
+    administration here."""
 
     def __init__(self, shards: int = 3, replicas: int = 0, directory: str = "",
-                 node_timeout_ms: int = 2000, user: tuple[str, str, str] | None = None
-                 ) -> None:
+                 node_timeout_ms: int = 2000, user: tuple[str, str, str] | None = None,
+                 tls: tuple[str, str] | None = None) -> None:
         if shards < 3:
             raise ValueError("a Redis Cluster needs at least 3 shards (masters)")
-        self.shards, self.replicas, self.user = shards, replicas, user
+        self.shards, self.replicas, self.user, self.tls = shards, replicas, user, tls
         self._made_directory = not directory  # removed on stop() only if made here
         self.directory = directory or tempfile.mkdtemp(prefix="rpcbus-redis-cluster-")
         acl = [] if user is None else ["--user", user[0], "on", f">{user[1]}",
@@ -145,6 +148,13 @@ class RedisCluster:
             "--cluster-config-file", "", "--cluster-node-timeout", str(node_timeout_ms),
             "--cluster-require-full-coverage", "no", "--dir", self.directory, *acl])
             for _ in range(shards * (1 + replicas))]
+        self.tls_ports = {s.port: free_port() for s in self.servers} if tls else {}
+        for server in self.servers if tls else ():
+            assert tls is not None
+            server.args += ["--tls-port", str(self.tls_ports[server.port]),
+                            "--tls-cert-file", tls[0], "--tls-key-file", tls[1],
+                            "--tls-ca-cert-file", tls[0], "--tls-auth-clients", "no",
+                            "--tls-cluster", "yes", "--tls-replication", "yes"]
         for server in self.servers:  # each its own config file, named after its port
             server.args[server.args.index("--cluster-config-file") + 1] = \
                 f"nodes-{server.port}.conf"
@@ -153,8 +163,11 @@ class RedisCluster:
     def url(self) -> str:
         """The URL nodes take: every server as a seed."""
         creds = "" if self.user is None else f"{self.user[0]}:{self.user[1]}@"
-        return (f"redis+cluster://{creds}"
-                + ",".join(f"127.0.0.1:{s.port}" for s in self.servers) + "/")
+        return (f"{'rediss' if self.tls else 'redis'}+cluster://{creds}"
+                + ",".join(f"127.0.0.1:{self._client_port(s)}" for s in self.servers) + "/")
+
+    def _client_port(self, server: RedisServer) -> int:
+        return self.tls_ports.get(server.port, server.port)
 
     def start(self, timeout: float = 30.0) -> "RedisCluster":
         exe = shutil.which("redis-cli")
@@ -163,9 +176,11 @@ class RedisCluster:
         try:
             for server in self.servers:
                 server.start()
+            tls = [] if self.tls is None else ["--tls", "--cacert", self.tls[0]]
             subprocess.run(  # the first `shards` servers become the masters
-                [exe, "--cluster", "create", *(f"127.0.0.1:{s.port}" for s in self.servers),
-                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                [exe, "--cluster", "create",
+                 *(f"127.0.0.1:{self._client_port(s)}" for s in self.servers),
+                 "--cluster-replicas", str(self.replicas), "--cluster-yes", *tls],
                 check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE, timeout=timeout)
             deadline = time.monotonic() + timeout
@@ -204,7 +219,7 @@ class RedisCluster:
         slot = key_slot(channel.encode())
         for first, last, master, *_ in self.slots():
             if first <= slot <= last:
-                return next(s for s in self.servers if s.port == int(master[1]))
+                return next(s for s in self.servers if self._client_port(s) == int(master[1]))
         raise RuntimeError(f"no master owns slot {slot}")
 
     def move_slot(self, channel: str, to: RedisServer) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 import rpcbus
 from rpcbus.broker.local import LocalCluster, RedisCluster
+from rpcbus.cluster.shards import ClusterUnavailable, open_links
 
 from .conftest import FAST, stats
 from .test_sealed_bus import sealed
@@ -64,3 +65,28 @@ def _spublishes(redis, server):
     """SPUBLISH commands ``server`` has served."""
     return redis.command(server, "INFO", "commandstats").get("cmdstat_spublish", {}).get(
         "calls", 0)
+
+
+async def test_a_tls_redis_cluster_carries_the_bus(tmp_path):
+    """``rediss+cluster://``: every shard connection verified against the given CA."""
+    from ..integration.test_security import self_signed
+
+    cert, key = self_signed(tmp_path)
+    redis = RedisCluster(shards=3, tls=(str(cert), str(key))).start()
+    nodes = None
+    try:
+        assert redis.url.startswith("rediss+cluster://")
+        nodes = LocalCluster(nodes=2, redis_url=redis.url,
+                             env={**FAST, "RPCBUS_CLUSTER_REDIS_TLS_CA": str(cert)}).start()
+        async with rpcbus.connect(nodes.nodes[0].url) as p1, \
+                rpcbus.connect(nodes.nodes[1].url) as c2:
+            await p1.provide("where", lambda d: ["n1", d])
+            got = await asyncio.gather(*(c2.call("where", i, timeout=5) for i in range(100)))
+        assert got == [["n1", i] for i in range(100)]
+        # without the CA the shards' certificate is refused: the bus would not come up
+        with pytest.raises(ClusterUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+            await open_links(redis.url, ["rpcbus:ctrl"], lambda channel, data: None)
+    finally:
+        codes = nodes.stop() if nodes is not None else {}
+        redis.stop()
+    assert all(code == 0 for code in codes.values()), codes

@@ -130,7 +130,7 @@ class RedisCluster:
     ``user``: (name, password, ACL rules) of a user the URL names (the default user, which
     administers the cluster here, stays as it is). ``tls``: (certificate, key) PEM files
     (the certificate also the CA): clients and the cluster bus then speak TLS on each
-    server's ``tls_port``, which the cluster announces; its plain port stays for
+XX
     administration here."""
 
     def __init__(self, shards: int = 3, replicas: int = 0, directory: str = "",
@@ -143,21 +143,21 @@ class RedisCluster:
         self.directory = directory or tempfile.mkdtemp(prefix="rpcbus-redis-cluster-")
         acl = [] if user is None else ["--user", user[0], "on", f">{user[1]}",
                                        *user[2].split()]
-        self.servers = [RedisServer(args=[
-            "--cluster-enabled", "yes", "--cluster-port", str(free_port()),
-            "--cluster-config-file", "", "--cluster-node-timeout", str(node_timeout_ms),
-            "--cluster-require-full-coverage", "no", "--dir", self.directory, *acl])
-            for _ in range(shards * (1 + replicas))]
-        self.tls_ports = {s.port: free_port() for s in self.servers} if tls else {}
-        for server in self.servers if tls else ():
-            assert tls is not None
-            server.args += ["--tls-port", str(self.tls_ports[server.port]),
-                            "--tls-cert-file", tls[0], "--tls-key-file", tls[1],
-                            "--tls-ca-cert-file", tls[0], "--tls-auth-clients", "no",
-                            "--tls-cluster", "yes", "--tls-replication", "yes"]
-        for server in self.servers:  # each its own config file, named after its port
-            server.args[server.args.index("--cluster-config-file") + 1] = \
-                f"nodes-{server.port}.conf"
+        self.tls_ports: dict[int, int] = {}
+        self.servers: list[RedisServer] = []
+        for _ in range(shards * (1 + replicas)):
+            port = free_port()
+            args = ["--cluster-enabled", "yes", "--cluster-port", str(free_port()),
+                    "--cluster-config-file", f"nodes-{port}.conf",
+                    "--cluster-node-timeout", str(node_timeout_ms),
+                    "--cluster-require-full-coverage", "no", "--dir", self.directory, *acl]
+            if tls:
+                self.tls_ports[port] = free_port()
+                args += ["--tls-port", str(self.tls_ports[port]), "--tls-cert-file", tls[0],
+                         "--tls-key-file", tls[1], "--tls-ca-cert-file", tls[0],
+                         "--tls-auth-clients", "no", "--tls-cluster", "yes",
+                         "--tls-replication", "yes"]
+            self.servers.append(RedisServer(port, args))
 
     @property
     def url(self) -> str:

@@ -274,8 +274,8 @@ class Bus:
                 self._idle.set()
 
         def each_answered(left: list[Any], error: BaseException | None) -> None:
-            """One Redis of a round spread over several answered: the round is once all
-            have (or at the first error)."""
+            """One Redis of a round answered: the round is once all it went to have (or
+            at the first error)."""
             if left[0] == 0:  # already concluded (an error)
                 return
             left[0] = 0 if error is not None else left[0] - 1
@@ -292,7 +292,7 @@ class Bus:
                 except TimeoutError:
                     raise TimeoutError(f"Redis did not answer a PUBLISH round in "
                                        f"{ROUND_TIMEOUT:g} s") from None
-            for conn in links.all:
+            for conn in links.publishing:
                 await conn.writable()
             self._wake.clear()
             out, self._out = self._out, {}
@@ -320,11 +320,6 @@ class Bus:
                     self._idle.set()
                 continue
             rounds.append(holds)
-            if len(parts) == 1:
-                for conn, mine in parts.items():
-                    self.stats["batches_out"] += len(mine)
-                    conn.send(b"".join(mine), len(mine), partial(answered, then=then))
-                continue
             left = [len(parts), then]
             for conn, mine in parts.items():
                 self.stats["batches_out"] += len(mine)

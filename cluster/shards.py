@@ -85,18 +85,27 @@ class SlotMap:
 
 
 class Links:
-    """One bus session's connections. ``route(topic)`` is the connection and the start of
-    the publish command (``resp.publish_head`` / ``spublish_head``) for ``topic``;
-    ``all`` every connection (the session ends when one closes), ``subscribed`` those
-    subscribed to the session's topics."""
+    """One bus session's connections: ``publishing`` (one per Redis master) and
+    ``subscribed`` (to the session's topics); ``all`` both (the session ends when one
+    closes). ``route(topic)`` is the connection and the start of the publish command
+    (``resp.publish_head`` / ``spublish_head``) for ``topic``, worked out once per topic
+    by ``target``."""
 
-    def __init__(self, route: Callable[[str], tuple[RespConnection, bytes]],
-                 conns: list[RespConnection], subscribed: list[RespConnection],
+    def __init__(self, target: Callable[[str], tuple[RespConnection, bytes]],
+                 publishing: list[RespConnection], subscribed: list[RespConnection],
                  where: str) -> None:
-        self.route = route
-        self.all = conns
+        self._target = target
+        self._routes: dict[str, tuple[RespConnection, bytes]] = {}
+        self.publishing = publishing
         self.subscribed = subscribed
+        self.all = publishing + subscribed
         self.where = where  # for the log: the Redis, or the shards and who owns what
+
+    def route(self, topic: str) -> tuple[RespConnection, bytes]:
+        known = self._routes.get(topic)
+        if known is None:
+            known = self._routes[topic] = self._target(topic)
+        return known
 
     def close(self) -> None:
         for conn in self.all:
@@ -133,15 +142,7 @@ async def open_links(url: str, topics: list[str], on_message: Callable[[bytes, b
                 if conn is not None:
                     conn.abort(ConnectionError("connect failed"))
             raise
-        heads: dict[str, bytes] = {}
-
-        def route(topic: str) -> tuple[RespConnection, bytes]:
-            head = heads.get(topic)
-            if head is None:
-                head = heads[topic] = resp.publish_head(topic)
-            return pub, head
-
-        return Links(route, [pub, sub], [sub], url)
+        return Links(lambda topic: (pub, resp.publish_head(topic)), [pub], [sub], url)
     return await _open_sharded(topics, on_message, tls_ca, seeds or Seeds(url), timeout)
 
 
@@ -149,19 +150,17 @@ async def slot_map(seeds: Seeds, tls_ca: str = "", timeout: float = 2.0) -> Slot
     """The slot map from the first of ``seeds.order()`` that answers ``CLUSTER SLOTS``."""
     failures = []
     for address in seeds.order():
+        conn = None
         try:
             conn = await _connect(address, seeds, tls_ca, timeout)
-        except (OSError, ConnectionError) as exc:
-            failures.append(f"{address[0]}:{address[1]}: {exc or type(exc).__name__}")
-            continue
-        try:
             async with asyncio.timeout(timeout):
                 reply = (await conn.request(b"CLUSTER", b"SLOTS"))[0]
-        except (OSError, ConnectionError, TimeoutError) as exc:
+        except (OSError, ConnectionError) as exc:  # TimeoutError is an OSError
             failures.append(f"{address[0]}:{address[1]}: {exc or type(exc).__name__}")
             continue
         finally:
-            conn.abort(ConnectionError("slot map read"))
+            if conn is not None:
+                conn.abort(ConnectionError("slot map read"))
         found = SlotMap.parse(reply, address)
         seeds.known = found.nodes
         return found
@@ -178,19 +177,16 @@ async def _connect(address: Address, seeds: Seeds, tls_ca: str, timeout: float,
 async def _open_sharded(topics: list[str], on_message: Callable[[bytes, bytes], None],
                         tls_ca: str, seeds: Seeds, timeout: float) -> Links:
     found = await slot_map(seeds, tls_ca, timeout)
-    conns: list[RespConnection] = []
+    pubs: dict[Address, RespConnection] = {}
     subs: list[RespConnection] = []
     try:
-        pubs = {}
         for master in found.masters():
             pubs[master] = await _connect(master, seeds, tls_ca, timeout)
-            conns.append(pubs[master])
         by_owner: dict[Address, list[str]] = {}
         for topic in topics:
             by_owner.setdefault(found.owner(topic), []).append(topic)
         for owner, mine in by_owner.items():
             sub = await _connect(owner, seeds, tls_ca, timeout, on_message)
-            conns.append(sub)
             subs.append(sub)
             # one SSUBSCRIBE per channel: a command's channels must share one slot
             for topic in mine:
@@ -198,16 +194,9 @@ async def _open_sharded(topics: list[str], on_message: Callable[[bytes, bytes], 
         for pub in pubs.values():
             await pub.request(b"PING")
     except BaseException:
-        for conn in conns:
+        for conn in [*pubs.values(), *subs]:
             conn.abort(ConnectionError("connect failed"))
         raise
-    routes: dict[str, tuple[RespConnection, bytes]] = {}
-
-    def route(topic: str) -> tuple[RespConnection, bytes]:
-        known = routes.get(topic)
-        if known is None:
-            known = routes[topic] = (pubs[found.owner(topic)], resp.spublish_head(topic))
-        return known
-
     where = ", ".join(f"{t} on {h}:{p}" for (h, p), ts in by_owner.items() for t in ts)
-    return Links(route, conns, subs, f"Redis Cluster of {len(pubs)} masters ({where})")
+    return Links(lambda topic: (pubs[found.owner(topic)], resp.spublish_head(topic)),
+                 list(pubs.values()), subs, f"Redis Cluster of {len(pubs)} masters ({where})")

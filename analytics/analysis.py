@@ -39,9 +39,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rpcbus.analytics.rollup import COUNTS, KEYS, aggregate, per_period, rollup
+import numpy as np
 
-WRITERS = 4   # tables written at once
+from rpcbus.analytics import findings, series
+from rpcbus.analytics.rollup import COUNTS, KEYS, per_period, rollup
+
+WRITERS = 4   # tables Spark writes at once
 PERIODS = {"per_minute": 60, "per_hour": 3600}
 
 
@@ -163,8 +166,6 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     from that rollup, which merges exactly like the rows themselves."""
     from pyspark.sql import functions as F
 
-    from rpcbus.analytics import findings
-
     rows = read_history(spark, history, fmt, since, until)
     if since is not None:
         rows = rows.where(F.col("window_start") >= since)
@@ -200,34 +201,52 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
             + (" in the span asked for" if since is not None or until is not None else "")
             + f" ({written['rows_read']:,} read, {written['rows_skipped']:,} skipped)")
     minutes = every.where(F.col("_ok")).drop("_ok", "_suspect")
-    tables = {name: per_period(minutes, seconds, span) for name, seconds in PERIODS.items()}
-    tables["per_provider"] = (
-        aggregate(minutes, ["rpc", "provider"], extra=[
-            F.array_join(F.sort_array(F.collect_set("served_by")), ",").alias("served_by")])
-        .withColumnRenamed("window_start", "first_window")
-        .withColumnRenamed("window_end", "last_window")).localCheckpoint()
-    tables.update(findings.tables(minutes, tables["per_provider"], half_life, newest, span))
 
-    def write(name: str) -> int:
-        tables[name].write.mode("overwrite").parquet(f"{out}/{name}")
-        return spark.read.parquet(f"{out}/{name}").count()
+    def write(name: str, table: Any) -> None:
+        table.write.mode("overwrite").parquet(f"{out}/{name}")
 
-    # Every table comes from the small rollup in memory: their queries cost mostly
-    # planning and code generation on the driver, which threads overlap with each
-    # other's execution (3M rows on 2 cores: 37 -> 35 s; more with more cores).
+    # The driver collects the rollup once and computes the small tables from it
+    # (analytics/series.py says why) while Spark writes the per-minute and per-hour
+    # tables, as big as the rollup (other threads); then Spark writes the small ones.
     with ThreadPoolExecutor(WRITERS) as pool:
-        written.update(zip(tables, pool.map(write, tables), strict=True))
-    doc = findings.weights_doc(spark.read.parquet(f"{out}/weights"),
-                               {"history": history, "since": since, "until": until,
-                                "half_life_s": half_life})
-    write_text(spark, f"{out}/weights.json", json.dumps(doc, indent=1) + "\n")
-    every.unpersist()
-    if report:
-        from rpcbus.analytics import report as report_mod
+        series_ = series.collect(minutes)
+        big = [pool.submit(write, name, per_period(minutes, seconds, span))
+               for name, seconds in PERIODS.items()]
+        for name, seconds in PERIODS.items():
+            written[name] = sum(len(np.unique(s.minutes // seconds)) for s in series_)
+        found = findings.tables(series_, half_life, newest, span)
+        small = [pool.submit(write, name, spark.createDataFrame(
+                     [tuple(r.values()) for r in rows], findings.SCHEMAS[name]))
+                 for name, rows in found.items()]
+        written.update((name, len(rows)) for name, rows in found.items())
+        doc = findings.weights_doc(found["weights"], {
+            "history": history, "since": since, "until": until, "half_life_s": half_life})
+        write_text(spark, f"{out}/weights.json", json.dumps(doc, indent=1) + "\n")
+        if report:
+            from rpcbus.analytics import report as report_mod
 
-        report_mod.write(spark, out, report_dir, history={
-            k: written[k] for k in ("rows_read", "rows_skipped", "rows_duplicate")})
+            report_mod.write(out, report_dir, found, throughput(series_, span), history={
+                k: written[k] for k in ("rows_read", "rows_skipped", "rows_duplicate")})
+        for future in [*big, *small]:
+            future.result()
+    every.unpersist()
     return written
+
+
+def throughput(found: list[series.Series],
+               span: tuple[float, float]) -> dict[str, dict[int, float]]:
+    """Per serving node, its calls per second minute by minute (the report's chart: the
+    ``per_minute`` table's ``calls_per_s`` added up per node)."""
+    nodes: dict[str, list[series.Series]] = {}
+    for s in found:
+        nodes.setdefault(s.served_by, []).append(s)
+    out = {}
+    for node, mine in nodes.items():
+        m = series.merge(mine)
+        per_s = findings.calls_per_s(m.minutes, m.cols["calls"], 60, span)
+        out[node] = {int(t): (0.0 if v != v else v)
+                     for t, v in zip(m.minutes.tolist(), per_s.tolist(), strict=True)}
+    return out
 
 
 def _rollup_once(rows: Any) -> tuple[Any, list[Any]]:

@@ -1,6 +1,7 @@
-"""What ``rpcbus analyze`` concludes from the history: fairness, outliers, episodes
-(analytics/episodes.py), hot rpcs, peak minutes, recommended weights and clock skew
-(analytics/skew.py) (PySpark; docs/history.md has every rule in words).
+"""What ``rpcbus analyze`` concludes from the history: the span-wide ``per_provider`` table,
+fairness, outliers, episodes (analytics/episodes.py), hot rpcs, peak minutes,
+recommended weights and clock skew (analytics/skew.py); docs/history.md has every rule
+in words. Pure: numpy over the rollup on the driver (analytics/series.py), no Spark.
 
 - ``fairness``: per rpc and provider, the calls it got against the calls its weight
   should have given it. Minute by minute, a provider present (from its first to its
@@ -32,15 +33,25 @@
   rounded to 3 decimals. ``weights.json`` is what ``rpc.weights_file`` loads
   (broker/weights.py).
 - ``clock_skew``: nodes whose clocks look off (analytics/skew.py).
+
+Every table is a list of dicts of plain Python values (None for null), the columns of
+``SCHEMAS`` (the Parquet tables' Spark DDL).
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from rpcbus.analytics import episodes as episodes_mod
-from rpcbus.analytics.rollup import aggregate, calls_per_s
+from rpcbus.analytics import skew
+from rpcbus.analytics.rollup import COUNTS, QUANTILE_COLUMNS, QUANTILES
+from rpcbus.analytics.series import Merged, Series, failed, merge, others_median, quantiles, ratio
 
 FAIR_TOLERANCE = 0.10   # |ratio - 1| above this ...
 FAIR_Z = 4.0            # ... and |calls - expected| above this many sqrt(expected)
@@ -55,240 +66,365 @@ LATENCY_BAND = 2.0   # a mean latency up to this many times the peers' does not 
 FAILURE_NOISE = 0.01  # nor does a failure rate up to this much over the peers' median
 RECOVERED = 10       # minutes after an episode ended: its minutes no longer weigh
 
-
-def tables(minutes: Any, per_provider: Any, half_life: float, newest: int,
-           span: tuple[float, float]) -> dict[str, Any]:
-    """The findings tables from the per-minute rollup of the history (analytics/analysis.py
-    ``rollup``: a ``minute`` column and summed counters), the span-wide ``per_provider``,
-    the ``newest`` minute (the weights' decay counts back from it) and the history's
-    ``span`` (first window start, last window end: partial minutes' rates)."""
-    # Tables two findings read are computed once, up front (``localCheckpoint``): their
-    # queries then read a small result instead of planning and running it again.
-    per_rpc_minute = aggregate(minutes, ["rpc", "minute"]).withColumn(
-        "calls_per_s", calls_per_s("minute", 60, span)).localCheckpoint()
-    found = episodes_mod.episodes(episodes_mod.minutes_against_peers(minutes),
-                                  newest).localCheckpoint()
-    return {"fairness": fairness(minutes), "outliers": outliers(per_provider),
-            "episodes": found, "hot_rpcs": hot_rpcs(minutes, per_rpc_minute, per_provider),
-            "peak_minutes": peak_minutes(minutes, per_rpc_minute, span),
-            "weights": weights(minutes, half_life, newest, found),
-            "clock_skew": clock_skew(minutes)}
-
-
-def _others_median(table: Any, columns: dict[str, str]) -> Any:
-    """Per rpc and provider of ``table``: the exact median of each column over the rpc's
-    *other* providers (``columns``: column -> name of its median), and ``peers``. A
-    provider alone on its rpc has no row."""
-    from pyspark.sql import functions as F
-
-    peers = table.select("rpc", F.col("provider").alias("_peer"),
-                         *[F.col(c).alias(f"_{c}") for c in columns])
-    return (table.select("rpc", "provider").join(peers, "rpc")
-            .where(F.col("provider") != F.col("_peer")).groupBy("rpc", "provider")
-            .agg(*[F.expr(f"percentile(_{c}, 0.5)").alias(median)
-                   for c, median in columns.items()], F.count("_peer").alias("peers")))
+_FIGURES = ", ".join(
+    [*(f"{c} BIGINT" for c in COUNTS),
+     *(f"{c}_rate DOUBLE" for c in ("error", "reject", "timeout", "failure")),
+     "peak_in_flight BIGINT, latency_sampled BIGINT, latency_sum_s DOUBLE, "
+     "latency_min_s DOUBLE, latency_max_s DOUBLE, latency_mean_s DOUBLE",
+     *(f"{c} DOUBLE" for c in QUANTILE_COLUMNS),
+     "bytes_in BIGINT, bytes_out BIGINT, weight DOUBLE, first_window DOUBLE, "
+     "last_window DOUBLE"])
+SCHEMAS = {
+    "per_provider": f"rpc STRING, provider STRING, {_FIGURES}, served_by STRING",
+    "fairness": "rpc STRING, provider STRING, calls BIGINT, rpc_calls BIGINT, "
+                "expected_calls DOUBLE, share DOUBLE, expected_share DOUBLE, ratio DOUBLE, "
+                "weight DOUBLE, providers BIGINT, cv DOUBLE, max_over_mean DOUBLE, "
+                "present_minutes BIGINT, idle_minutes BIGINT, took STRING, because_of STRING",
+    "outliers": "rpc STRING, provider STRING, calls BIGINT, peers BIGINT, kind STRING, "
+                "value DOUBLE, peers_median DOUBLE",
+    "episodes": episodes_mod.SCHEMA,
+    "hot_rpcs": f"rpc STRING, {_FIGURES}, providers BIGINT, peak_minute_calls BIGINT, "
+                "peak_minute_calls_per_s DOUBLE, share DOUBLE, rpcs BIGINT, "
+                "others_median_share DOUBLE, hot BOOLEAN, calls_per_s DOUBLE, rank INT",
+    "peak_minutes": "rpc STRING, rank INT, minute BIGINT, calls BIGINT, calls_per_s DOUBLE, "
+                    "failure_rate DOUBLE, p50_s DOUBLE, p99_s DOUBLE",
+    "weights": "rpc STRING, provider STRING, calls BIGINT, recent_failure_rate DOUBLE, "
+               "peers_failure_rate DOUBLE, recent_latency_s DOUBLE, peers_latency_s DOUBLE, "
+               "speed DOUBLE, score DOUBLE, weight DOUBLE, current DOUBLE, recovered_at BIGINT",
+    "clock_skew": "node STRING, offset_s DOUBLE, method STRING, relative_to STRING, "
+                  "correlation DOUBLE, first_window DOUBLE, last_window DOUBLE",
+}
 
 
-def fairness(minutes: Any) -> Any:
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
+@dataclass
+class Rpc:
+    """One rpc on a grid: its providers (sorted) x its minutes (every minute with a row),
+    ``grid``: per cell the sums over serving nodes (``calls``, ``failed``, ``lat_sum``,
+    ``sampled``, ``weight_sum``, ``nrows``) and ``has`` (a row that minute, 1/0);
+    ``totals``: per provider, everything over the span; ``by_minute``: everything per
+    minute over the providers; ``exact``: per provider, served by a node that writes
+    presence rows; ``served_by``: per provider, its serving nodes."""
 
+    name: str
+    providers: list[str]
+    minutes: np.ndarray
+    grid: dict[str, np.ndarray]
+    totals: list[Merged]
+    by_minute: Merged
+    exact: np.ndarray
+    served_by: list[list[str]]
+
+
+def rpcs(series: list[Series]) -> list[Rpc]:
+    """The rollup's series arranged per rpc (``Rpc``), by rpc name."""
     # A node that records presence writes a row (no calls, peak_in_flight 0) per window
     # for every provider connected to it: its providers are present exactly in the minutes
     # they have a row. Elsewhere (older nodes), from the first to the last minute with one.
-    recording = (minutes.where((F.col("calls") == 0) & (F.col("peak_in_flight") == 0))
-                 .select("served_by").distinct().withColumn("_exact", F.lit(True)))
-    per_min = (minutes.join(F.broadcast(recording), "served_by", "left")
-               .groupBy("rpc", "provider", "minute")
-               .agg(F.sum("calls").alias("calls"),
-                    (F.sum("weight_sum") / F.sum("nrows")).alias("w"),
-                    F.max(F.coalesce("_exact", F.lit(False))).alias("exact")))
-    span = per_min.groupBy("rpc", "provider").agg(
-        F.min("minute").alias("first"), F.max("minute").alias("last"),
-        F.avg("w").alias("w_avg"), F.sum("calls").alias("calls"),
-        F.max("exact").alias("exact"))
-    rpc_min = per_min.groupBy("rpc", "minute").agg(F.sum("calls").alias("rpc_calls"))
-    present = (span.select("rpc", "provider", "first", "last", "w_avg", "exact")
-               .join(rpc_min, "rpc")
-               .where(F.col("minute").between(F.col("first"), F.col("last")))
-               .join(per_min.select("rpc", "provider", "minute", "w",
-                                    F.col("calls").alias("own")),
-                     ["rpc", "provider", "minute"], "left")
-               .where(~F.col("exact") | F.col("w").isNotNull())
-               .withColumn("w", F.coalesce("w", "w_avg")))
-    present = present.withColumn("expected", F.try_divide(
-        F.col("rpc_calls") * F.col("w"), F.sum("w").over(Window.partitionBy("rpc", "minute"))))
-    expected = present.groupBy("rpc", "provider").agg(
-        F.sum("expected").alias("expected_calls"),
-        F.count(F.lit(1)).alias("present_minutes"),
-        F.sum(F.when(F.coalesce("own", F.lit(0)) == 0, 1).otherwise(0)).alias("idle_minutes"))
-    by_rpc = Window.partitionBy("rpc")
-    table = (span.join(expected, ["rpc", "provider"])
-             .withColumn("rpc_calls", F.sum("calls").over(by_rpc))
-             .withColumn("share", F.try_divide("calls", "rpc_calls"))
-             .withColumn("expected_share", F.try_divide("expected_calls", "rpc_calls"))
-             .withColumn("ratio", F.when(F.col("expected_calls") > 0,
-                                         F.col("calls") / F.col("expected_calls"))))
-    mean = F.avg("ratio").over(by_rpc)
-    table = (table.withColumn("cv", F.try_divide(F.stddev_pop("ratio").over(by_rpc), mean))
-             .withColumn("max_over_mean", F.try_divide(F.max("ratio").over(by_rpc), mean))
-             .withColumn("providers", F.count("provider").over(by_rpc)))
-    off = F.abs(F.col("calls") - F.col("expected_calls"))
-    flagged = ((F.abs(F.col("ratio") - 1) > FAIR_TOLERANCE)
-               & (off > FAIR_Z * F.sqrt(F.col("expected_calls"))))
-    took = F.when(flagged & (F.col("ratio") > 1), F.lit("more")).when(flagged, F.lit("less"))
-    table = table.withColumn("took", took)
-    # A provider that took less while another of the rpc took more lost its calls to it:
-    # the cause is named once (``because_of``: the providers that took more).
-    more = F.array_join(F.sort_array(F.collect_set(
-        F.when(F.col("took") == "more", F.col("provider"))).over(by_rpc)), ",")
-    return table.select(
-        "rpc", "provider", "calls", "rpc_calls", "expected_calls", "share", "expected_share",
-        "ratio", F.col("w_avg").alias("weight"), "providers", "cv", "max_over_mean",
-        "present_minutes", "idle_minutes", "took",
-        F.when((F.col("took") == "less") & (more != ""), more).alias("because_of"))
+    recording = {s.served_by for s in series
+                 if np.any((s.cols["calls"] == 0) & (s.cols["peak_in_flight"] == 0))}
+    grouped: dict[str, dict[str, list[Series]]] = defaultdict(lambda: defaultdict(list))
+    for s in series:
+        grouped[s.rpc][s.provider].append(s)
+    out = []
+    for name in sorted(grouped):
+        providers = sorted(grouped[name])
+        mine = [grouped[name][p] for p in providers]
+        by_minute = merge([s for group in mine for s in group])
+        grid = {c: np.zeros((len(providers), len(by_minute.minutes)))
+                for c in ("calls", "failed", "lat_sum", "sampled", "weight_sum", "nrows", "has")}
+        for i, group in enumerate(mine):
+            own = merge(group)
+            at = np.searchsorted(by_minute.minutes, own.minutes)
+            for c, values in (("calls", own.cols["calls"]), ("failed", failed(own.cols)),
+                              ("lat_sum", own.cols["latency_sum_s"]),
+                              ("sampled", own.cols["latency_sampled"]),
+                              ("weight_sum", own.cols["weight_sum"]),
+                              ("nrows", own.cols["nrows"]), ("has", 1.0)):
+                grid[c][i, at] = values
+        out.append(Rpc(name, providers, by_minute.minutes, grid,
+                       [merge(group, by_minute=False) for group in mine], by_minute,
+                       np.array([any(s.served_by in recording for s in g) for g in mine]),
+                       [sorted({s.served_by for s in g}) for g in mine]))
+    return out
 
 
-def outliers(per_provider: Any) -> Any:
-    from pyspark.sql import functions as F
-
-    joined = (per_provider.select("rpc", "provider", "calls", "p99_s", "failure_rate")
-              .join(_others_median(per_provider, {"p99_s": "peers_p99_s",
-                                                  "failure_rate": "peers_failure_rate"}),
-                    ["rpc", "provider"]))
-    slow = (joined.where((F.col("peers_p99_s") > 0)
-                         & (F.col("p99_s") > SLOW_FACTOR * F.col("peers_p99_s")))
-            .select("rpc", "provider", "calls", "peers", F.lit("slow").alias("kind"),
-                    F.col("p99_s").alias("value"), F.col("peers_p99_s").alias("peers_median")))
-    failing = (joined.where((F.col("failure_rate") >= F.col("peers_failure_rate") + FAIL_MARGIN)
-                            & (F.col("failure_rate")
-                               >= FAIL_FACTOR * F.col("peers_failure_rate")))
-               .select("rpc", "provider", "calls", "peers", F.lit("failing").alias("kind"),
-                       F.col("failure_rate").alias("value"),
-                       F.col("peers_failure_rate").alias("peers_median")))
-    return slow.unionByName(failing)
-
-
-def hot_rpcs(minutes: Any, per_rpc_minute: Any, per_provider: Any) -> Any:
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    # providers counted from per_provider: a distinct count among the sums would make
-    # Spark plan the whole aggregation twice over (seconds on any history)
-    providers = per_provider.groupBy("rpc").agg(F.count(F.lit(1)).alias("providers"))
-    table = (aggregate(minutes, ["rpc"]).join(providers, "rpc")
-             .withColumnRenamed("window_start", "first_window")
-             .withColumnRenamed("window_end", "last_window"))
-    busiest = per_rpc_minute.groupBy("rpc").agg(
-        F.max("calls").alias("peak_minute_calls"),
-        F.max("calls_per_s").alias("peak_minute_calls_per_s"))
-    everything = Window.partitionBy()
-    table = (table.join(busiest, "rpc")
-             .withColumn("share", F.try_divide("calls", F.sum("calls").over(everything)))
-             .withColumn("rpcs", F.count("rpc").over(everything)))
-    shares = table.select(F.col("rpc").alias("_other"), F.col("share").alias("_share"))
-    others = (table.select("rpc").join(shares, F.col("rpc") != F.col("_other"))
-              .groupBy("rpc").agg(F.expr("percentile(_share, 0.5)")
-                                  .alias("others_median_share")))
-    hot = ((F.col("share") > 1.0 / F.col("rpcs"))
-           & (F.col("share") >= HOT_FACTOR * F.col("others_median_share")))
-    return (table.join(others, "rpc", "left")
-            .withColumn("hot", F.coalesce(hot, F.lit(False)))
-            .withColumn("calls_per_s", F.try_divide(
-                "calls", F.col("last_window") - F.col("first_window")))
-            .withColumn("rank", F.row_number().over(everything.orderBy(F.desc("calls"),
-                                                                       "rpc"))))
+def tables(series: list[Series], half_life: float, newest: int,
+           span: tuple[float, float]) -> dict[str, list[dict[str, Any]]]:
+    """Every findings table (and ``per_provider``) from the rollup's series, the ``newest``
+    minute (the weights' decay counts back from it) and the history's ``span`` (first
+    window start, last window end: partial minutes' rates)."""
+    arranged = rpcs(series)
+    per_provider = [{"rpc": r.name, "provider": p, **figures(t)[0],
+                     "served_by": ",".join(r.served_by[i])}
+                    for r in arranged for i, (p, t) in enumerate(zip(r.providers, r.totals,
+                                                                     strict=True))]
+    found = episodes_mod.episodes(arranged, newest)
+    made = {"per_provider": per_provider, "fairness": fairness(arranged),
+            "outliers": outliers(per_provider), "episodes": found,
+            "hot_rpcs": hot_rpcs(arranged, span), "peak_minutes": peak_minutes(arranged, span),
+            "weights": weights(arranged, half_life, newest, found),
+            "clock_skew": clock_skew(series)}
+    return {name: typed(rows, SCHEMAS[name]) for name, rows in made.items()}
 
 
-def peak_minutes(minutes: Any, per_rpc_minute: Any, span: tuple[float, float]) -> Any:
+def typed(rows: list[dict[str, Any]], ddl: str) -> list[dict[str, Any]]:
+    """``rows`` with exactly the columns of ``ddl`` (Spark DDL), in its order, as plain
+    Python values of its types: NaN becomes None (null), numpy numbers Python's."""
+    cast = {"BIGINT": int, "INT": int, "DOUBLE": float, "BOOLEAN": bool, "STRING": str}
+    columns = [(name, cast[kind]) for name, kind in (c.split() for c in ddl.split(", "))]
+
+    def value(x: Any, to: Any) -> Any:
+        if x is None or (isinstance(x, float | np.floating) and x != x):
+            return None
+        return to(x)
+    return [{name: value(r[name], to) for name, to in columns} for r in rows]
+
+
+def figures(m: Merged) -> list[dict[str, Any]]:
+    """Per minute of ``m``: what people read from a rollup (analytics/rollup.py ``finish``:
+    counts, rates, mean latency, interpolated percentiles, the mean weight, first and
+    last window)."""
+    c = m.cols
+    lo, hi = c["latency_min_s"], c["latency_max_s"]
+    qs = quantiles(m.buckets, lo, hi, QUANTILES)
+    columns = {k: c[k] for k in COUNTS}
+    columns.update({"error_rate": ratio(c["errors"], c["calls"]),
+                    "reject_rate": ratio(c["rejected"], c["calls"]),
+                    "timeout_rate": ratio(c["ack_timeouts"] + c["response_timeouts"],
+                                          c["calls"]),
+                    "failure_rate": ratio(failed(c), c["calls"]),
+                    "peak_in_flight": c["peak_in_flight"],
+                    "latency_sampled": c["latency_sampled"], "latency_sum_s": c["latency_sum_s"],
+                    "latency_min_s": lo, "latency_max_s": hi,
+                    "latency_mean_s": ratio(c["latency_sum_s"], c["latency_sampled"]),
+                    **{name: qs[q] for name, q in zip(QUANTILE_COLUMNS, QUANTILES, strict=True)},
+                    "bytes_in": c["bytes_in"], "bytes_out": c["bytes_out"],
+                    "weight": ratio(c["weight_sum"], c["nrows"]),
+                    "first_window": c["window_start"], "last_window": c["window_end"]})
+    names = list(columns)
+    return [dict(zip(names, row, strict=True))
+            for row in zip(*(columns[n].tolist() for n in names), strict=True)]
+
+
+def calls_per_s(minutes: np.ndarray, calls: np.ndarray, seconds: float,
+                span: tuple[float, float]) -> np.ndarray:
+    """Calls per second of the periods starting at ``minutes``: over the seconds of each
+    period inside ``span`` (NaN where none is), as analytics/rollup.py ``calls_per_s``."""
+    inside = np.maximum(0.0, np.minimum(minutes + seconds, span[1]) - np.maximum(minutes,
+                                                                               span[0]))
+    return ratio(calls, inside)
+
+
+def fairness(arranged: list[Rpc]) -> list[dict[str, Any]]:
+    out = []
+    for r in arranged:
+        g = r.grid
+        has = g["has"] > 0
+        w = ratio(g["weight_sum"], g["nrows"])
+        columns = np.arange(len(r.minutes))
+        first = np.argmax(has, axis=1)
+        last = len(r.minutes) - 1 - np.argmax(has[:, ::-1], axis=1)
+        w_avg = np.nanmean(np.where(has, w, np.nan), axis=1)
+        present = ((columns[None, :] >= first[:, None]) & (columns[None, :] <= last[:, None])
+                   & (~r.exact[:, None] | has))
+        weight = np.where(present, np.where(has, w, w_avg[:, None]), 0.0)
+        expected_cells = np.where(present, ratio(g["calls"].sum(axis=0), weight.sum(axis=0))
+                                  [None, :] * weight, np.nan)
+        counted = ~np.isnan(expected_cells)
+        expected = np.where(counted.any(axis=1), np.nansum(expected_cells, axis=1), np.nan)
+        calls = g["calls"].sum(axis=1)
+        total = calls.sum()
+        ratios = ratio(calls, expected)
+        kept = ratios[~np.isnan(ratios)]
+        mean = float(kept.mean()) if len(kept) else math.nan
+        spread = float(kept.std()) / mean if len(kept) and mean else math.nan
+        top = float(kept.max()) / mean if len(kept) and mean else math.nan
+        rows = []
+        for i, p in enumerate(r.providers):
+            e, q = float(expected[i]), float(ratios[i])
+            flagged = (abs(q - 1) > FAIR_TOLERANCE and abs(calls[i] - e) > FAIR_Z * math.sqrt(e)
+                       if q == q else False)
+            rows.append({"rpc": r.name, "provider": p, "calls": calls[i], "rpc_calls": total,
+                         "expected_calls": e, "share": _div(calls[i], total),
+                         "expected_share": _div(e, total), "ratio": q,
+                         "weight": float(w_avg[i]), "providers": len(r.providers), "cv": spread,
+                         "max_over_mean": top,
+                         "present_minutes": int(present[i].sum()),
+                         "idle_minutes": int((present[i] & (g["calls"][i] == 0)).sum()),
+                         "took": ("more" if q > 1 else "less") if flagged else None})
+        # A provider that took less while another of the rpc took more lost its calls to
+        # it: the cause is named once (``because_of``: the providers that took more).
+        more = ",".join(x["provider"] for x in rows if x["took"] == "more") or None
+        for x in rows:
+            x["because_of"] = more if x["took"] == "less" else None
+        out += rows
+    return out
+
+
+def outliers(per_provider: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    mine: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for x in per_provider:
+        mine[x["rpc"]].append(x)
+    out = []
+    for rpc, rows in mine.items():
+        if len(rows) < 2:
+            continue
+        p99 = _others(rows, "p99_s")
+        fails = _others(rows, "failure_rate")
+        for x, peers_p99, peers_fail in zip(rows, p99, fails, strict=True):
+            base = {"rpc": rpc, "provider": x["provider"], "calls": x["calls"],
+                    "peers": len(rows) - 1}
+            if peers_p99 > 0 and _gt(x["p99_s"], SLOW_FACTOR * peers_p99):
+                out.append({**base, "kind": "slow", "value": x["p99_s"],
+                            "peers_median": peers_p99})
+            if _ge(x["failure_rate"], peers_fail + FAIL_MARGIN) and _ge(
+                    x["failure_rate"], FAIL_FACTOR * peers_fail):
+                out.append({**base, "kind": "failing", "value": x["failure_rate"],
+                            "peers_median": peers_fail})
+    return out
+
+
+def hot_rpcs(arranged: list[Rpc], span: tuple[float, float]) -> list[dict[str, Any]]:
+    rows = []
+    for r in arranged:
+        per_s = calls_per_s(r.by_minute.minutes, r.by_minute.cols["calls"], 60, span)
+        whole = figures(merge(r.totals, by_minute=False))[0]
+        rows.append({"rpc": r.name, **whole, "providers": len(r.providers),
+                     "peak_minute_calls": max(r.by_minute.cols["calls"]),
+                     "peak_minute_calls_per_s": float(np.nanmax(per_s))
+                     if not np.all(np.isnan(per_s)) else None})
+    total = sum(x["calls"] for x in rows)
+    for x in rows:
+        x["share"] = _div(x["calls"], total)
+        x["rpcs"] = len(rows)
+    for x, other in zip(rows, _others(rows, "share"), strict=True):
+        x["others_median_share"] = other
+        x["hot"] = _gt(x["share"], 1.0 / len(rows)) and _ge(x["share"], HOT_FACTOR * other)
+        x["calls_per_s"] = _div(x["calls"], x["last_window"] - x["first_window"])
+    for rank, x in enumerate(sorted(rows, key=lambda x: (-x["calls"], x["rpc"])), 1):
+        x["rank"] = rank
+    return rows
+
+
+def peak_minutes(arranged: list[Rpc], span: tuple[float, float]) -> list[dict[str, Any]]:
     """The busiest minutes by rate (a partial first or last minute counts its real span)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
+    out = []
+    everything = [("*", merge([r.by_minute for r in arranged]))]
+    for name, m in [(r.name, r.by_minute) for r in arranged] + everything:
+        per_s = calls_per_s(m.minutes, m.cols["calls"], 60, span)
+        order = sorted(range(len(m.minutes)), key=lambda i: (
+            math.isnan(per_s[i]), -_nan0(per_s[i]), -m.cols["calls"][i], m.minutes[i]))
+        top = order[:PEAKS]
+        picked = Merged(m.minutes[top], {c: v[top] for c, v in m.cols.items()},
+                        m.buckets[top])
+        for rank, (i, f) in enumerate(zip(top, figures(picked), strict=True), 1):
+            out.append({"rpc": name, "rank": rank, "minute": m.minutes[i],
+                        "calls": m.cols["calls"][i], "calls_per_s": float(per_s[i]),
+                        "failure_rate": f["failure_rate"], "p50_s": f["p50_s"],
+                        "p99_s": f["p99_s"]})
+    return out
 
-    overall = aggregate(minutes.withColumn("rpc", F.lit("*")), ["rpc", "minute"]).withColumn(
-        "calls_per_s", calls_per_s("minute", 60, span))
-    both = per_rpc_minute.unionByName(overall)
-    rank = F.row_number().over(Window.partitionBy("rpc").orderBy(
-        F.desc_nulls_last("calls_per_s"), F.desc("calls"), "minute"))
-    return (both.withColumn("rank", rank).where(F.col("rank") <= PEAKS)
-            .select("rpc", "rank", "minute", "calls", "calls_per_s", "failure_rate",
-                    "p50_s", "p99_s"))
 
-
-def weights(minutes: Any, half_life: float, newest: int, found: Any) -> Any:
+def weights(arranged: list[Rpc], half_life: float, newest: int,
+            found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Recommended weights from the recent state: minutes decay with ``half_life``, and
     the minutes up to the end of an episode (``found``) that ended ``RECOVERED`` minutes or
     more before ``newest`` no longer count (the provider recovered); a mean latency within
     ``LATENCY_BAND`` times the peers' does not lower the weight (a difference inside the
     histogram's resolution is noise)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    healed = (found.where(F.col("end") - 60 <= newest - 60 * RECOVERED)
-              .groupBy("rpc", "provider").agg(F.max("end").alias("since")))
-    minutes = (minutes.join(healed, ["rpc", "provider"], "left")
-               .where(F.col("since").isNull() | (F.col("minute") >= F.col("since"))))
-    decay = F.pow(F.lit(0.5), (F.lit(newest) - F.col("minute")) / F.lit(half_life))
-    failed = F.col("errors") + F.col("ack_timeouts") + F.col("response_timeouts")
-    recent = minutes.groupBy("rpc", "provider").agg(
-        F.sum("calls").alias("calls"), F.min("since").alias("recovered_at"),
-        F.sum(decay * F.col("calls")).alias("d_calls"),
-        F.sum(decay * failed).alias("d_failed"),
-        F.sum(decay * F.coalesce("latency_sum_s", F.lit(0.0))).alias("d_lat_sum"),
-        F.sum(decay * F.coalesce("latency_sampled", F.lit(0))).alias("d_sampled"),
-        (F.sum("weight_sum") / F.sum("nrows")).alias("current"))
-    recent = (recent.withColumn("recent_failure_rate", F.when(   # null: no recent call
-                  F.col("d_calls") > 0, F.col("d_failed") / F.col("d_calls")))
-              .withColumn("recent_latency_s", F.when(
-                  F.col("d_sampled") > 0, F.col("d_lat_sum") / F.col("d_sampled"))))
-    table = recent.join(_others_median(recent, {"recent_latency_s": "peers_latency_s",
-                                                "recent_failure_rate": "peers_failure_rate"}),
-                        ["rpc", "provider"], "left")
-    # failures count over the peers' rate (what every provider of the rpc fails, bad input
-    # say, is no reason to move calls) and over FAILURE_NOISE more (nor is noise)
-    excess = F.greatest(F.lit(0.0), F.coalesce("recent_failure_rate", F.lit(0.0))
-                        - F.coalesce("peers_failure_rate", F.lit(0.0)) - FAILURE_NOISE)
-    speed = F.when((F.col("recent_latency_s") > 0) & F.col("peers_latency_s").isNotNull(),
-                   F.least(F.lit(1.0), LATENCY_BAND * F.col("peers_latency_s")
-                           / F.col("recent_latency_s"))).otherwise(1.0)
-    score = F.pow(1.0 - excess, float(FAILURE_POWER)) * speed
-    best = F.max("score").over(Window.partitionBy("rpc"))
-    return (table.withColumn("speed", speed).withColumn("score", score)
-            .withColumn("weight", F.greatest(F.lit(MIN_WEIGHT), F.round(
-                F.when(best > 0, F.col("score") / best).otherwise(0.0), 3)))
-            .select("rpc", "provider", "calls", "recent_failure_rate", "peers_failure_rate",
-                    "recent_latency_s", "peers_latency_s", "speed", "score", "weight",
-                    "current", "recovered_at"))
-
-
-SKEW_SCHEMA = ("node STRING, offset_s DOUBLE, method STRING, relative_to STRING, "
-               "correlation DOUBLE, first_window DOUBLE, last_window DOUBLE")
+    healed: dict[tuple[str, str], int] = {}
+    for ep in found:
+        if ep["end"] - 60 <= newest - 60 * RECOVERED:
+            key = (ep["rpc"], ep["provider"])
+            healed[key] = max(healed.get(key, ep["end"]), ep["end"])
+    out = []
+    for r in arranged:
+        g = r.grid
+        since = np.array([healed.get((r.name, p), -math.inf) for p in r.providers])
+        kept = (g["has"] > 0) & (r.minutes[None, :] >= since[:, None])
+        decay = np.where(kept, 0.5 ** ((newest - r.minutes) / half_life)[None, :], 0.0)
+        fail = ratio((decay * g["failed"]).sum(1), (decay * g["calls"]).sum(1))
+        latency = ratio((decay * g["lat_sum"]).sum(1), (decay * g["sampled"]).sum(1))
+        peers_latency, _ = others_median(latency[:, None])
+        peers_fail, _ = others_median(fail[:, None])
+        rows = []
+        for i, p in enumerate(r.providers):
+            if not kept[i].any():
+                continue
+            lat, peers_lat = float(latency[i]), float(peers_latency[i, 0])
+            # failures count over the peers' rate (what every provider of the rpc fails, bad
+            # input say, is no reason to move calls) and over FAILURE_NOISE more (nor is noise)
+            excess = max(0.0, _nan0(fail[i]) - _nan0(peers_fail[i, 0]) - FAILURE_NOISE)
+            speed = (min(1.0, LATENCY_BAND * peers_lat / lat)
+                     if lat > 0 and peers_lat == peers_lat else 1.0)
+            rows.append({"rpc": r.name, "provider": p, "calls": g["calls"][i][kept[i]].sum(),
+                         "recent_failure_rate": float(fail[i]),
+                         "peers_failure_rate": float(peers_fail[i, 0]),
+                         "recent_latency_s": lat, "peers_latency_s": peers_lat, "speed": speed,
+                         "score": (1.0 - excess) ** FAILURE_POWER * speed,
+                         "current": _div(g["weight_sum"][i][kept[i]].sum(),
+                                         g["nrows"][i][kept[i]].sum()),
+                         "recovered_at": healed.get((r.name, p))})
+        best = max((x["score"] for x in rows), default=0.0)
+        for x in rows:   # rounded half up, as Spark's round
+            x["weight"] = max(MIN_WEIGHT, math.floor(x["score"] / best * 1000 + 0.5) / 1000
+                              if best > 0 else 0.0)
+        out += rows
+    return out
 
 
-def clock_skew(minutes: Any) -> Any:
-    """The ``clock_skew`` table (analytics/skew.py) from each serving node's calls per
-    minute and its first and last window (collected: nodes x minutes rows)."""
-    from pyspark.sql import functions as F
+def clock_skew(series: list[Series]) -> list[dict[str, Any]]:
+    """The ``clock_skew`` rows (analytics/skew.py) from each serving node's calls per
+    minute and its first and last window."""
+    nodes: dict[str, list[Series]] = defaultdict(list)
+    for s in series:
+        nodes[s.served_by].append(s)
+    seen = {}
+    for node, mine in nodes.items():
+        m = merge(mine)
+        seen[node] = {"first": float(np.nanmin(m.cols["window_start"])),
+                      "last": float(np.nanmax(m.cols["window_end"])),
+                      "calls": dict(zip(m.minutes.astype(int).tolist(),
+                                        m.cols["calls"].tolist(), strict=True))}
+    return [{"node": f["node"], "offset_s": f["offset_s"], "method": f["method"],
+             "relative_to": f["relative_to"], "correlation": f["correlation"],
+             "first_window": seen[f["node"]]["first"], "last_window": seen[f["node"]]["last"]}
+            for f in skew.find(seen)]
 
-    from rpcbus.analytics import skew
 
-    nodes: dict[str, dict[str, Any]] = {}
-    for r in minutes.groupBy("served_by", "minute").agg(
-            F.sum("calls"), F.min("window_start"), F.max("window_end")).collect():
-        node = nodes.setdefault(r[0], {"first": r[3], "last": r[4], "calls": {}})
-        node["calls"][r[1]] = r[2]
-        node["first"], node["last"] = min(node["first"], r[3]), max(node["last"], r[4])
-    found = [(f["node"], f["offset_s"], f["method"], f["relative_to"], f["correlation"],
-              nodes[f["node"]]["first"], nodes[f["node"]]["last"]) for f in skew.find(nodes)]
-    return minutes.sparkSession.createDataFrame(found, SKEW_SCHEMA)
-
-
-def weights_doc(table: Any, source: dict[str, Any]) -> dict[str, Any]:
+def weights_doc(table: list[dict[str, Any]], source: dict[str, Any]) -> dict[str, Any]:
     """The ``weights`` table as the document nodes load (``rpc.weights_file``)."""
-    rpcs: dict[str, dict[str, float]] = {}
-    for r in table.collect():
-        rpcs.setdefault(r["rpc"], {})[r["provider"]] = r["weight"]
+    rpcs_: dict[str, dict[str, float]] = {}
+    for r in table:
+        rpcs_.setdefault(r["rpc"], {})[r["provider"]] = r["weight"]
     return {"schema_version": 1,
             "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "source": source, "default": 1.0,
-            "rpcs": {rpc: dict(sorted(named.items())) for rpc, named in sorted(rpcs.items())}}
+            "rpcs": {rpc: dict(sorted(named.items())) for rpc, named in sorted(rpcs_.items())}}
+
+
+def _others(rows: list[dict[str, Any]], column: str) -> list[float]:
+    """Per row, the median of ``column`` over the other rows (NaN: none has a value)."""
+    values = np.array([[_nan(x[column])] for x in rows])
+    medians: list[float] = others_median(values)[0][:, 0].tolist()
+    return medians
+
+
+def _nan(x: Any) -> float:
+    return math.nan if x is None else float(x)
+
+
+def _nan0(x: Any) -> float:
+    return 0.0 if x is None or x != x else float(x)
+
+
+def _div(a: Any, b: Any) -> float:
+    return float(a) / float(b) if b else math.nan
+
+
+def _gt(a: Any, b: float) -> bool:
+    return a is not None and a == a and b == b and a > b
+
+
+def _ge(a: Any, b: float) -> bool:
+    return a is not None and a == a and b == b and a >= b

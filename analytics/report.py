@@ -3,8 +3,8 @@ that says in plain words what the tables found, with the charts beside it as fil
 and ``findings.json``: the small tables (all but the per-minute and per-hour ones) as
 JSON for scripts.
 
-Reads the small tables the job wrote (``TABLES``, and ``per_minute`` summed per node)
-back through Spark and draws with matplotlib (Agg: no screen needed). The findings are
+Made from the small tables the job computed (``TABLES``) and each node's throughput,
+drawn with matplotlib (Agg: no screen needed). The findings are
 worded and ranked by analytics/report_findings.py. Charts show every flagged provider
 (named in red) and the busiest others up to ``TOP``; the tables hold everything.
 """
@@ -32,22 +32,18 @@ TABLES = ("per_provider", "fairness", "outliers", "episodes", "hot_rpcs", "peak_
           "weights", "clock_skew")
 
 
-def write(spark: Any, out: str, directory: str | None = None,
-          history: dict[str, int] | None = None) -> str:
+def write(out: str, directory: str | None, tables: dict[str, list[dict[str, Any]]],
+          throughput: dict[str, dict[int, float]], history: dict[str, int] | None = None) -> str:
     """Write ``report.html`` and the PNGs into ``directory`` (default ``out/report``, which
-    must then be a local path); returns the HTML file's path. ``history``: rows read,
-    skipped and left out as duplicates (said in the report and findings.json)."""
+    must then be a local path); returns the HTML file's path. ``tables``: at least
+    ``TABLES`` (analytics/findings.py); ``throughput``: per serving node, calls/s per
+    minute; ``history``: rows read, skipped and left out as duplicates (said in the report
+    and findings.json)."""
     directory = directory or os.path.join(out.removeprefix("file://"), "report")
     os.makedirs(directory, exist_ok=True)
-    from pyspark.sql import functions as F
-
-    t = {name: [r.asDict() for r in spark.read.parquet(f"{out}/{name}").collect()]
-         for name in TABLES}
+    t = {name: tables[name] for name in TABLES}
     with open(os.path.join(directory, "findings.json"), "w", encoding="utf-8") as f:
         json.dump({**t, "history": history or {}}, f, indent=1)
-    t["per_minute"] = [r.asDict() for r in spark.read.parquet(f"{out}/per_minute")
-                       .groupBy("served_by", "period_start")
-                       .agg(F.sum("calls_per_s").alias("calls_per_s")).collect()]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -57,7 +53,7 @@ def write(spark: Any, out: str, directory: str | None = None,
                | {(ep["rpc"], ep["provider"]) for ep in t["episodes"]})
     unfair = {(r["rpc"], r["provider"]) for r in t["fairness"] if r["took"]}
     charts = [("throughput", "Throughput per serving node (calls/s, per minute)",
-               _throughput(t["per_minute"])),
+               _throughput(throughput)),
               ("latency", "Latency percentiles per provider (interpolated in the "
                "histogram buckets)", _latency(t["per_provider"], flagged)),
               ("fairness", "Share of calls against the share the weights should give",
@@ -147,12 +143,9 @@ def _rows(history: dict[str, int] | None) -> str:
     return text
 
 
-def _throughput(per_minute: list[dict[str, Any]]) -> Any:
+def _throughput(series: dict[str, dict[int, float]]) -> Any:
     import matplotlib.pyplot as plt
 
-    series: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for r in per_minute:
-        series[r["served_by"]][r["period_start"]] += r["calls_per_s"] or 0.0
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(10, 3.5))

@@ -1,0 +1,188 @@
+"""The per-minute rollup on the driver: what the findings are computed from.
+
+The findings (analytics/findings.py) read the rollup many ways: per rpc and minute, per
+provider, each provider against the others of its rpc minute by minute. As Spark queries
+that was a dozen jobs over a small table, each paying Spark's fixed cost (planning,
+code generation, scheduling: 35 s of an 80 s analysis of 10M rows, docs/performance.md);
+here the rollup comes to the driver in one query, as one row per (provider, rpc,
+serving node) holding that series' minutes as arrays (``collect``), and everything else
+is numpy. The driver's Python process holds ~300 bytes per (provider, rpc, serving
+node, minute) in numpy and ~1.2 KB per one while they arrive (estimated from its 37
+values, not measured): the benchmark's 10M window-rows are 166,800 of them (~200 MB
+while collected); a day of 100 rpcs x 80 providers on one node is 11.5M (~3.4 GB,
+~14 GB while collected); Spark's driver heap holds them briefly too. ``--since`` and
+``--until`` analyse less at a time.
+
+No I/O but ``collect``; the helpers are pure and tested without Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rpcbus.analytics.rollup import COUNTS
+from rpcbus.schema import BOUNDS
+
+BUCKETS = len(BOUNDS) + 1
+LOWS = np.array([0.0, *BOUNDS])
+HIGHS = np.array([*BOUNDS, np.inf])
+# summed per minute; ``latency_min_s``/``latency_max_s`` NaN when nothing was sampled
+SUMS = [*COUNTS, "latency_sampled", "latency_sum_s", "bytes_in", "bytes_out", "weight_sum",
+        "nrows"]
+FIELDS = ["minute", *SUMS, "peak_in_flight", "latency_min_s", "latency_max_s", "window_start",
+          "window_end"]
+
+
+@dataclass
+class Series:
+    """One (provider, rpc, serving node): its minutes (ascending) and, per minute, every
+    rollup column (``cols``, float64 arrays) and the histogram (``buckets``, minutes x
+    BUCKETS)."""
+
+    provider: str
+    rpc: str
+    served_by: str
+    cols: dict[str, np.ndarray]
+    buckets: np.ndarray
+
+    @property
+    def minutes(self) -> np.ndarray:
+        return self.cols["minute"]
+
+
+def collect(minutes: Any) -> list[Series]:
+    """The rollup ``minutes`` (analytics/analysis.py) as Series: one Spark query, one row
+    per (provider, rpc, serving node), its minutes sorted on the JVM. Nulls become 0 in
+    the sums and NaN in the extremes (so the arrays line up)."""
+    from pyspark.sql import functions as F
+
+    nan = F.lit(float("nan"))
+    parts = [F.col("minute").cast("double").alias("minute"),
+             *(F.coalesce(F.col(c).cast("double"), F.lit(0.0)).alias(c)
+               for c in [*SUMS, "peak_in_flight"]),
+             *(F.coalesce(F.col(c), nan).alias(c)
+               for c in ("latency_min_s", "latency_max_s", "window_start", "window_end")),
+             F.col("latency_buckets")]
+    grouped = (minutes.groupBy("provider", "rpc", "served_by")
+               .agg(F.sort_array(F.collect_list(F.struct(*parts))).alias("s")))
+    rows = grouped.select("provider", "rpc", "served_by",
+                          *(F.col(f"s.{c}").alias(c) for c in FIELDS),
+                          F.flatten("s.latency_buckets").alias("latency_buckets")).collect()
+    out = []
+    for r in rows:
+        cols = {c: np.asarray(r[c], dtype=np.float64) for c in FIELDS}
+        hist = np.asarray([0 if b is None else b for b in r["latency_buckets"]],
+                          dtype=np.int64).reshape(len(cols["minute"]), BUCKETS)
+        out.append(Series(r["provider"], r["rpc"], r["served_by"], cols, hist))
+    return out
+
+
+@dataclass
+class Merged:
+    """Series merged over some keys (e.g. an rpc's providers and serving nodes), per
+    minute: the minutes, the sums and extremes (``cols``), the histograms."""
+
+    minutes: np.ndarray
+    cols: dict[str, np.ndarray] = field(default_factory=dict)
+    buckets: np.ndarray = field(default_factory=lambda: np.zeros((0, BUCKETS), np.int64))
+
+
+def merge(series: Sequence[Series | Merged], by_minute: bool = True) -> Merged:
+    """Add ``series`` minute by minute (``by_minute``) or all into one (minutes: the
+    first). Sums add, ``peak_in_flight`` and ``latency_max_s``/``window_end`` take the
+    most, ``latency_min_s``/``window_start`` the least, as the Spark rollup merges."""
+    minute = np.concatenate([s.minutes for s in series])
+    if by_minute:
+        keys, at = np.unique(minute, return_inverse=True)
+    else:
+        keys, at = minute[:1], np.zeros(len(minute), np.int64)
+    n = len(keys)
+    cols: dict[str, np.ndarray] = {"minute": keys.astype(np.float64)}
+    for c in SUMS:
+        cols[c] = np.bincount(at, np.concatenate([s.cols[c] for s in series]), n)
+    for c, ufunc, start in (("peak_in_flight", np.fmax, -np.inf),
+                            ("latency_max_s", np.fmax, np.nan),
+                            ("window_end", np.fmax, np.nan),
+                            ("latency_min_s", np.fmin, np.nan),
+                            ("window_start", np.fmin, np.nan)):
+        acc = np.full(n, start)
+        ufunc.at(acc, at, np.concatenate([s.cols[c] for s in series]))
+        cols[c] = acc
+    buckets = np.zeros((n, BUCKETS), np.int64)
+    np.add.at(buckets, at, np.concatenate([s.buckets for s in series]))
+    return Merged(keys, cols, buckets)
+
+
+def failed(cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Errors and timeouts: the calls that failed."""
+    total: np.ndarray = cols["errors"] + cols["ack_timeouts"] + cols["response_timeouts"]
+    return total
+
+
+def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """``num / den``, NaN where ``den`` is 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def quantiles(buckets: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+              qs: tuple[float, ...]) -> dict[float, np.ndarray]:
+    """Per row of ``buckets`` (rows x BUCKETS), the q-quantiles of the histogram as
+    analytics/rollup.py ``quantiles`` computes them in SQL (its docstring has the rule):
+    the bucket found exactly in integers, the value interpolated log-linearly within it,
+    clamped to the sampled ``lo``/``hi`` (NaN: not known). NaN where nothing was sampled."""
+    total = buckets.sum(axis=1)
+    below = np.cumsum(buckets, axis=1) - buckets          # samples below each bucket
+    rows = np.arange(len(buckets))
+    out = {}
+    for q in qs:
+        pct = round(q * 100)
+        at = (below[:, 1:] * 100 < (total * pct)[:, None]).sum(axis=1)
+        a, b = LOWS[at], HIGHS[at]
+        b = np.where(np.isinf(b), np.where(np.isnan(hi), a, hi), b)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = (total * pct / 100.0 - below[rows, at]) / buckets[rows, at]
+            value = np.where((a > 0) & (b > a), a * np.power(b / np.where(a > 0, a, 1.0), frac),
+                             a + (b - a) * frac)
+        value = np.minimum(np.maximum(value, np.where(np.isnan(lo), 0.0, lo)),
+                           np.where(np.isnan(hi), np.inf, hi))
+        out[q] = np.where(total > 0, value, np.nan)
+    return out
+
+
+def others_median(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For a matrix of providers x columns (NaN: no value), per cell the median of the
+    column's *other* providers' values (the middle two averaged, like Spark's
+    ``percentile(x, 0.5)``; NaN when none), and per cell how many others have a value.
+
+    A column sorted once serves every provider: leaving out one value moves the middle
+    by at most one place."""
+    p = values.shape[0]
+    order = np.argsort(values, axis=0, kind="stable")   # NaN last
+    ranked = np.take_along_axis(values, order, axis=0)
+    n = (~np.isnan(values)).sum(axis=0)                 # values per column
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(p)[:, None].repeat(values.shape[1], 1), axis=0)
+    mine = ~np.isnan(values)
+    k = n[None, :] - mine                                # the others' values
+    cols = np.arange(values.shape[1])[None, :].repeat(p, 0)
+
+    def nth(j: np.ndarray) -> np.ndarray:               # j-th of the others, in order
+        j = np.clip(j, 0, p - 1)
+        skip = mine & (j >= rank)
+        picked: np.ndarray = ranked[np.clip(j + skip, 0, p - 1), cols]
+        return picked
+
+    low, high = nth((k - 1) // 2), nth(k // 2)
+    median = np.where(k % 2 == 1, low, (low + high) / 2)
+    return np.where(k > 0, median, np.nan), k
+
+
+def median(values: list[float]) -> float | None:
+    """The median of the values that are not NaN (the middle two averaged), None if none."""
+    kept = [v for v in values if v == v]
+    return float(np.median(kept)) if kept else None

@@ -214,7 +214,8 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
                for name, seconds in PERIODS.items()]
         for name, seconds in PERIODS.items():
             written[name] = sum(len(np.unique(s.minutes // seconds)) for s in series_)
-        found = findings.tables(series_, half_life, newest, span)
+        nodes = series.per_node(series_)
+        found = findings.tables(series_, nodes, half_life, newest, span)
         small = [pool.submit(write, name, spark.createDataFrame(
                      [tuple(r.values()) for r in rows], findings.SCHEMAS[name]))
                  for name, rows in found.items()]
@@ -225,28 +226,13 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
         if report:
             from rpcbus.analytics import report as report_mod
 
-            report_mod.write(out, report_dir, found, throughput(series_, span), history={
-                k: written[k] for k in ("rows_read", "rows_skipped", "rows_duplicate")})
+            report_mod.write(out, report_dir, found, findings.throughput(nodes, span),
+                             history={k: written[k] for k in
+                                      ("rows_read", "rows_skipped", "rows_duplicate")})
         for future in [*big, *small]:
             future.result()
     every.unpersist()
     return written
-
-
-def throughput(found: list[series.Series],
-               span: tuple[float, float]) -> dict[str, dict[int, float]]:
-    """Per serving node, its calls per second minute by minute (the report's chart: the
-    ``per_minute`` table's ``calls_per_s`` added up per node)."""
-    nodes: dict[str, list[series.Series]] = {}
-    for s in found:
-        nodes.setdefault(s.served_by, []).append(s)
-    out = {}
-    for node, mine in nodes.items():
-        m = series.merge(mine)
-        per_s = findings.calls_per_s(m.minutes, m.cols["calls"], 60, span)
-        out[node] = {int(t): (0.0 if v != v else v)
-                     for t, v in zip(m.minutes.tolist(), per_s.tolist(), strict=True)}
-    return out
 
 
 def _rollup_once(rows: Any) -> tuple[Any, list[Any]]:

@@ -148,11 +148,12 @@ def rpcs(series: list[Series]) -> list[Rpc]:
     return out
 
 
-def tables(series: list[Series], half_life: float, newest: int,
+def tables(series: list[Series], nodes: dict[str, Merged], half_life: float, newest: int,
            span: tuple[float, float]) -> dict[str, list[dict[str, Any]]]:
-    """Every findings table (and ``per_provider``) from the rollup's series, the ``newest``
-    minute (the weights' decay counts back from it) and the history's ``span`` (first
-    window start, last window end: partial minutes' rates)."""
+    """Every findings table (and ``per_provider``) from the rollup's series, the same
+    merged per serving node (``series.per_node``), the ``newest`` minute (the weights'
+    decay counts back from it) and the history's ``span`` (first window start, last
+    window end: partial minutes' rates)."""
     arranged = rpcs(series)
     per_provider = [{"rpc": r.name, "provider": p, **figures(t)[0],
                      "served_by": ",".join(r.served_by[i])}
@@ -163,7 +164,7 @@ def tables(series: list[Series], half_life: float, newest: int,
             "outliers": outliers(per_provider), "episodes": found,
             "hot_rpcs": hot_rpcs(arranged, span), "peak_minutes": peak_minutes(arranged, span),
             "weights": weights(arranged, half_life, newest, found),
-            "clock_skew": clock_skew(series)}
+            "clock_skew": clock_skew(nodes)}
     return {name: typed(rows, SCHEMAS[name]) for name, rows in made.items()}
 
 
@@ -373,15 +374,11 @@ def weights(arranged: list[Rpc], half_life: float, newest: int,
     return out
 
 
-def clock_skew(series: list[Series]) -> list[dict[str, Any]]:
+def clock_skew(nodes: dict[str, Merged]) -> list[dict[str, Any]]:
     """The ``clock_skew`` rows (analytics/skew.py) from each serving node's calls per
-    minute and its first and last window."""
-    nodes: dict[str, list[Series]] = defaultdict(list)
-    for s in series:
-        nodes[s.served_by].append(s)
+    minute and its first and last window (``series.per_node``)."""
     seen = {}
-    for node, mine in nodes.items():
-        m = merge(mine)
+    for node, m in nodes.items():
         seen[node] = {"first": float(np.nanmin(m.cols["window_start"])),
                       "last": float(np.nanmax(m.cols["window_end"])),
                       "calls": dict(zip(m.minutes.astype(int).tolist(),
@@ -390,6 +387,18 @@ def clock_skew(series: list[Series]) -> list[dict[str, Any]]:
              "relative_to": f["relative_to"], "correlation": f["correlation"],
              "first_window": seen[f["node"]]["first"], "last_window": seen[f["node"]]["last"]}
             for f in skew.find(seen)]
+
+
+def throughput(nodes: dict[str, Merged],
+               span: tuple[float, float]) -> dict[str, dict[int, float]]:
+    """Per serving node (``series.per_node``), its calls per second minute by minute (the
+    report's chart: the ``per_minute`` table's ``calls_per_s`` added up per node)."""
+    out = {}
+    for node, m in nodes.items():
+        per_s = calls_per_s(m.minutes, m.cols["calls"], 60, span)
+        out[node] = {int(t): (0.0 if v != v else v)
+                     for t, v in zip(m.minutes.tolist(), per_s.tolist(), strict=True)}
+    return out
 
 
 def weights_doc(table: list[dict[str, Any]], source: dict[str, Any]) -> dict[str, Any]:

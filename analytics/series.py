@@ -19,7 +19,7 @@ No I/O but ``collect``; the helpers are pure and tested without Spark.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -75,8 +75,8 @@ def collect(minutes: Any) -> list[Series]:
     out = []
     for r in rows:
         cols = {c: np.asarray(r[c], dtype=np.float64) for c in FIELDS}
-        hist = np.asarray([0 if b is None else b for b in r["latency_buckets"]],
-                          dtype=np.int64).reshape(len(cols["minute"]), BUCKETS)
+        hist = np.asarray(r["latency_buckets"], dtype=np.int64).reshape(  # never null
+            len(cols["minute"]), BUCKETS)
         out.append(Series(r["provider"], r["rpc"], r["served_by"], cols, hist))
     return out
 
@@ -87,8 +87,8 @@ class Merged:
     minute: the minutes, the sums and extremes (``cols``), the histograms."""
 
     minutes: np.ndarray
-    cols: dict[str, np.ndarray] = field(default_factory=dict)
-    buckets: np.ndarray = field(default_factory=lambda: np.zeros((0, BUCKETS), np.int64))
+    cols: dict[str, np.ndarray]
+    buckets: np.ndarray
 
 
 def merge(series: Sequence[Series | Merged], by_minute: bool = True) -> Merged:
@@ -115,6 +115,14 @@ def merge(series: Sequence[Series | Merged], by_minute: bool = True) -> Merged:
     buckets = np.zeros((n, BUCKETS), np.int64)
     np.add.at(buckets, at, np.concatenate([s.buckets for s in series]))
     return Merged(keys, cols, buckets)
+
+
+def per_node(series: list[Series]) -> dict[str, Merged]:
+    """Each serving node's series merged minute by minute (clock skew, throughput)."""
+    nodes: dict[str, list[Series]] = {}
+    for s in series:
+        nodes.setdefault(s.served_by, []).append(s)
+    return {node: merge(mine) for node, mine in nodes.items()}
 
 
 def failed(cols: dict[str, np.ndarray]) -> np.ndarray:
@@ -164,11 +172,10 @@ def others_median(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     p = values.shape[0]
     order = np.argsort(values, axis=0, kind="stable")   # NaN last
     ranked = np.take_along_axis(values, order, axis=0)
-    n = (~np.isnan(values)).sum(axis=0)                 # values per column
+    mine = ~np.isnan(values)
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.arange(p)[:, None].repeat(values.shape[1], 1), axis=0)
-    mine = ~np.isnan(values)
-    k = n[None, :] - mine                                # the others' values
+    k = mine.sum(axis=0)[None, :] - mine                 # the others' values
     cols = np.arange(values.shape[1])[None, :].repeat(p, 0)
 
     def nth(j: np.ndarray) -> np.ndarray:               # j-th of the others, in order

@@ -76,6 +76,11 @@ async def test_history_names_the_routing_and_the_serving_node(make_cluster, tmp_
     rows = [json.loads(line) for path in glob.glob(f"{tmp_path}/*/*/node=*/*.jsonl")
             for line in Path(path).read_text().splitlines()]
     far = [r for r in rows if r["rpc"] == "h.far"]
-    assert {(r["served_by"], r["routed_by"], r["provider"]) for r in far} == \
+    worked = [r for r in far if r["calls"]]
+    assert {(r["served_by"], r["routed_by"], r["provider"]) for r in worked} == \
         {("n2", "n1", "far-worker")}
+    # a 0.5 s window in which the provider was connected but got no call has a presence
+    # row from its node (docs/history.md); whether one falls between the calls is timing
+    assert all((r["served_by"], r["routed_by"], r["provider"], r["peak_in_flight"])
+               == ("n2", "n2", "far-worker", 0) for r in far if not r["calls"])
     assert sum(r["ok"] for r in far) == sum(r["calls"] for r in far) == 150

@@ -45,6 +45,7 @@ from rpcbus.analytics import findings, series
 from rpcbus.analytics.rollup import COUNTS, KEYS, per_period, rollup
 
 WRITERS = 4   # tables Spark writes at once
+PART_BYTES = 64 << 20   # the rollup comes to the driver in parts of about this (_part_bytes)
 PERIODS = {"per_minute": 60, "per_hour": 3600}
 
 
@@ -205,17 +206,25 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     def write(name: str, table: Any) -> None:
         table.write.mode("overwrite").parquet(f"{out}/{name}")
 
-    # The driver collects the rollup once and computes the small tables from it
-    # (analytics/series.py says why) while Spark writes the per-minute and per-hour
-    # tables, as big as the rollup (other threads); then Spark writes the small ones.
+    # The driver takes the rollup once, one rpc at a time, and computes the small tables
+    # from it (analytics/series.py says why) while Spark writes the per-minute and
+    # per-hour tables, as big as the rollup (other threads); then Spark writes the small
+    # ones.
     with ThreadPoolExecutor(WRITERS) as pool:
-        series_ = series.collect(minutes)
         big = [pool.submit(write, name, per_period(minutes, seconds, span))
                for name, seconds in PERIODS.items()]
-        for name, seconds in PERIODS.items():
-            written[name] = sum(len(np.unique(s.minutes // seconds)) for s in series_)
-        nodes = series.per_node(series_)
-        found = findings.tables(series_, nodes, half_life, newest, span)
+        arranged: list[findings.Rpc] = []
+        nodes: dict[str, series.Merged] = {}
+        recording: set[str] = set()
+        written.update((name, 0) for name in PERIODS)
+        for rpc in series.stream(minutes, sum(r[6] for r in counted if r[0]),
+                                 _part_bytes(spark)):
+            for name, seconds in PERIODS.items():
+                written[name] += sum(len(np.unique(s.minutes // seconds)) for s in rpc)
+            nodes = series.per_node(rpc, nodes)
+            recording |= series.presence(rpc)
+            arranged.append(findings.arrange(rpc))
+        found = findings.tables(arranged, nodes, recording, half_life, newest, span)
         small = [pool.submit(write, name, spark.createDataFrame(
                      [tuple(r.values()) for r in rows], findings.SCHEMAS[name]))
                  for name, rows in found.items()]
@@ -237,15 +246,24 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
 
 def _rollup_once(rows: Any) -> tuple[Any, list[Any]]:
     """The per-minute rollup of ``rows`` (persisted) and, per ``_ok``: rows, newest minute,
-    windows that may hold a copy, first window start, last window end."""
+    windows that may hold a copy, first window start, last window end, rollup rows."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     every = rollup(rows, [*KEYS, "minute", "_ok"], raw=True).persist(
         StorageLevel.MEMORY_AND_DISK)
     counted = every.groupBy("_ok").agg(F.sum("nrows"), F.max("minute"), F.sum("_suspect"),
-                                       F.min("window_start"), F.max("window_end")).collect()
+                                       F.min("window_start"), F.max("window_end"),
+                                       F.count("*")).collect()
     return every, counted
+
+
+def _part_bytes(spark: Any) -> int:
+    """How much of the rollup the driver takes at a time (series.stream): 64 MB, or a
+    quarter of ``spark.driver.maxResultSize`` (1g unless set; 0: no limit) if less."""
+    limit = spark.sparkContext._jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(
+        spark.sparkContext.getConf().get("spark.driver.maxResultSize", "1g"))
+    return min(PART_BYTES, limit // 4) if limit > 0 else PART_BYTES
 
 
 def write_text(spark: Any, path: str, text: str) -> None:
@@ -305,6 +323,7 @@ def run(history: str, out: str, since: str | None = None, until: str | None = No
     """The whole job (``rpcbus analyze``, analytics/commands.py, says what each argument
     means): a Spark session, the tables, weights and report, a summary on stdout; returns
     the rows written per table. Spark's errors propagate after the session is stopped."""
+    from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
     started = time.monotonic()
@@ -314,8 +333,8 @@ def run(history: str, out: str, since: str | None = None, until: str | None = No
         with _Progress(spark):
             written = analyze(spark, history, out, _instant(since), _instant(until),
                               half_life, fmt, report, report_dir)
-    except PySparkException as exc:   # said while the JVM that holds its text still runs
-        raise Failed(_spark_error(exc, history)) from None
+    except (PySparkException, Py4JJavaError) as exc:   # said while the JVM that holds
+        raise Failed(_spark_error(exc, history)) from None   # its text still runs
     finally:
         stop(spark)
     print(f"  {written.pop('rows_read'):,} history rows read, "
@@ -342,7 +361,11 @@ def _spark_error(exc: Exception, history: str) -> str:
     condition = getattr(exc, "getCondition", getattr(exc, "getErrorClass", lambda: None))()
     if condition == "PATH_NOT_FOUND":
         return f"no history at {history}: give the nodes' history directory (history.dir)"
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    java = getattr(exc, "java_exception", None)   # a failed job: SparkException's text
+    text = str((java.getMessage() or java.toString()) if java is not None else exc)
+    first = (text.strip().splitlines() or [type(exc).__name__])[0]
+    if "OutOfMemoryError" in text or "Java heap space" in text:
+        first += " (give the driver more memory: SPARK_DRIVER_MEMORY=8g, docs/history.md)"
     return f"Spark failed: {first}"
 
 

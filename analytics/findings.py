@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -115,46 +115,45 @@ class Rpc:
     served_by: list[list[str]]
 
 
-def rpcs(series: list[Series]) -> list[Rpc]:
-    """The rollup's series arranged per rpc (``Rpc``), by rpc name."""
+def arrange(series: list[Series]) -> Rpc:
+    """One rpc's series (the rollup's, every one of that rpc) on its grid (``Rpc``);
+    ``exact`` is set by ``tables``, which knows every node."""
+    grouped: dict[str, list[Series]] = defaultdict(list)
+    for s in series:
+        grouped[s.provider].append(s)
+    providers = sorted(grouped)
+    mine = [grouped[p] for p in providers]
+    by_minute = merge(series)
+    grid = {c: np.zeros((len(providers), len(by_minute.minutes)))
+            for c in ("calls", "failed", "lat_sum", "sampled", "weight_sum", "nrows", "has")}
+    for i, group in enumerate(mine):
+        own = merge(group)
+        at = np.searchsorted(by_minute.minutes, own.minutes)
+        for c, values in (("calls", own.cols["calls"]), ("failed", failed(own.cols)),
+                          ("lat_sum", own.cols["latency_sum_s"]),
+                          ("sampled", own.cols["latency_sampled"]),
+                          ("weight_sum", own.cols["weight_sum"]),
+                          ("nrows", own.cols["nrows"]), ("has", 1.0)):
+            grid[c][i, at] = values
+    return Rpc(series[0].rpc, providers, by_minute.minutes, grid,
+               [merge(group, by_minute=False) for group in mine], by_minute,
+               np.zeros(len(providers), bool), [sorted({s.served_by for s in g}) for g in mine])
+
+
+def tables(arranged: list[Rpc], nodes: dict[str, Merged], recording: set[str],
+           half_life: float, newest: int, span: tuple[float, float]
+           ) -> dict[str, list[dict[str, Any]]]:
+    """Every findings table (and ``per_provider``) from the rpcs (``arrange``, any order),
+    the series merged per serving node (``series.per_node``), the serving nodes that
+    write presence rows (``series.presence``), the ``newest`` minute (the weights' decay
+    counts back from it) and the history's ``span`` (first window start, last window end:
+    partial minutes' rates)."""
     # A node that records presence writes a row (no calls, peak_in_flight 0) per window
     # for every provider connected to it: its providers are present exactly in the minutes
     # they have a row. Elsewhere (older nodes), from the first to the last minute with one.
-    recording = {s.served_by for s in series
-                 if np.any((s.cols["calls"] == 0) & (s.cols["peak_in_flight"] == 0))}
-    grouped: dict[str, dict[str, list[Series]]] = defaultdict(lambda: defaultdict(list))
-    for s in series:
-        grouped[s.rpc][s.provider].append(s)
-    out = []
-    for name in sorted(grouped):
-        providers = sorted(grouped[name])
-        mine = [grouped[name][p] for p in providers]
-        by_minute = merge([s for group in mine for s in group])
-        grid = {c: np.zeros((len(providers), len(by_minute.minutes)))
-                for c in ("calls", "failed", "lat_sum", "sampled", "weight_sum", "nrows", "has")}
-        for i, group in enumerate(mine):
-            own = merge(group)
-            at = np.searchsorted(by_minute.minutes, own.minutes)
-            for c, values in (("calls", own.cols["calls"]), ("failed", failed(own.cols)),
-                              ("lat_sum", own.cols["latency_sum_s"]),
-                              ("sampled", own.cols["latency_sampled"]),
-                              ("weight_sum", own.cols["weight_sum"]),
-                              ("nrows", own.cols["nrows"]), ("has", 1.0)):
-                grid[c][i, at] = values
-        out.append(Rpc(name, providers, by_minute.minutes, grid,
-                       [merge(group, by_minute=False) for group in mine], by_minute,
-                       np.array([any(s.served_by in recording for s in g) for g in mine]),
-                       [sorted({s.served_by for s in g}) for g in mine]))
-    return out
-
-
-def tables(series: list[Series], nodes: dict[str, Merged], half_life: float, newest: int,
-           span: tuple[float, float]) -> dict[str, list[dict[str, Any]]]:
-    """Every findings table (and ``per_provider``) from the rollup's series, the same
-    merged per serving node (``series.per_node``), the ``newest`` minute (the weights'
-    decay counts back from it) and the history's ``span`` (first window start, last
-    window end: partial minutes' rates)."""
-    arranged = rpcs(series)
+    arranged = [replace(r, exact=np.array([any(n in recording for n in nodes_)
+                                           for nodes_ in r.served_by], bool))
+                for r in sorted(arranged, key=lambda r: r.name)]
     per_provider = [{"rpc": r.name, "provider": p, **figures(t)[0],
                      "served_by": ",".join(r.served_by[i])}
                     for r in arranged for i, (p, t) in enumerate(zip(r.providers, r.totals,

@@ -5,20 +5,21 @@ provider, each provider against the others of its rpc minute by minute. As Spark
 that was a dozen jobs over a small table, each paying Spark's fixed cost (planning,
 code generation, scheduling: 35 s of an 80 s analysis of 10M rows, docs/performance.md);
 here the rollup comes to the driver in one query, as one row per (provider, rpc,
-serving node) holding that series' minutes as arrays (``collect``), and everything else
-is numpy. The driver's Python process holds ~300 bytes per (provider, rpc, serving
-node, minute) in numpy and ~1.2 KB per one while they arrive (estimated from its 37
-values, not measured): the benchmark's 10M window-rows are 166,800 of them (~200 MB
-while collected); a day of 100 rpcs x 80 providers on one node is 11.5M (~3.4 GB,
-~14 GB while collected); Spark's driver heap holds them briefly too. ``--since`` and
-``--until`` analyse less at a time.
+serving node) holding that series' minutes as arrays, and everything else is numpy.
+
+It comes one rpc at a time (``stream``): Spark sends it in partitions of bounded size,
+each rpc's series whole and in order, and the caller keeps what it needs of an rpc (its
+grid, ~60 bytes per provider and minute) before the next arrives. So neither the
+driver's JVM nor its Python process ever holds the whole rollup (~450 bytes per
+provider, rpc and minute in numpy, several times that while it arrives), and no
+result exceeds ``spark.driver.maxResultSize``.
 
 No I/O but ``collect``; the helpers are pure and tested without Spark.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,10 +55,18 @@ class Series:
         return self.cols["minute"]
 
 
-def collect(minutes: Any) -> list[Series]:
-    """The rollup ``minutes`` (analytics/analysis.py) as Series: one Spark query, one row
-    per (provider, rpc, serving node), its minutes sorted on the JVM. Nulls become 0 in
-    the sums and NaN in the extremes (so the arrays line up)."""
+ROW_BYTES = 600   # a rollup row as Spark sends it to the driver, uncompressed, at most
+
+
+def stream(minutes: Any, rows: int, part_bytes: int) -> Iterator[list[Series]]:
+    """The rollup ``minutes`` (analytics/analysis.py, ``rows`` rows) as Series, one list per
+    rpc (its series by provider and serving node; the rpcs in no particular order), each
+    series' minutes in order. Spark hash-partitions the rollup by rpc into partitions of
+    about ``part_bytes`` on average (an rpc is never split: a partition holds whole
+    rpcs, one bigger than ``part_bytes`` alone) and sends them one at a time
+    (``toLocalIterator``): the driver's JVM holds one partition, Python one rpc. Nulls
+    become 0 in the sums and NaN in the extremes (so the arrays line up). Spark's errors
+    propagate; stopping early (closing the generator) leaves the rest unsent."""
     from pyspark.sql import functions as F
 
     nan = F.lit(float("nan"))
@@ -67,18 +76,26 @@ def collect(minutes: Any) -> list[Series]:
              *(F.coalesce(F.col(c), nan).alias(c)
                for c in ("latency_min_s", "latency_max_s", "window_start", "window_end")),
              F.col("latency_buckets")]
-    grouped = (minutes.groupBy("provider", "rpc", "served_by")
-               .agg(F.sort_array(F.collect_list(F.struct(*parts))).alias("s")))
-    rows = grouped.select("provider", "rpc", "served_by",
+    count = max(1, -(-rows * ROW_BYTES // part_bytes))
+    # partitioned by rpc, the grouping below needs no other shuffle (a range partitioning
+    # would split big rpcs, but first samples the rollup, a job of its own)
+    grouped = (minutes.repartition(count, "rpc").groupBy("provider", "rpc", "served_by")
+               .agg(F.sort_array(F.collect_list(F.struct(*parts))).alias("s"))
+               .sortWithinPartitions("rpc", "provider", "served_by"))
+    sent = grouped.select("provider", "rpc", "served_by",
                           *(F.col(f"s.{c}").alias(c) for c in FIELDS),
-                          F.flatten("s.latency_buckets").alias("latency_buckets")).collect()
-    out = []
-    for r in rows:
+                          F.flatten("s.latency_buckets").alias("latency_buckets"))
+    mine: list[Series] = []
+    for r in sent.toLocalIterator():
+        if mine and mine[0].rpc != r["rpc"]:
+            yield mine
+            mine = []
         cols = {c: np.asarray(r[c], dtype=np.float64) for c in FIELDS}
         hist = np.asarray(r["latency_buckets"], dtype=np.int64).reshape(  # never null
             len(cols["minute"]), BUCKETS)
-        out.append(Series(r["provider"], r["rpc"], r["served_by"], cols, hist))
-    return out
+        mine.append(Series(r["provider"], r["rpc"], r["served_by"], cols, hist))
+    if mine:
+        yield mine
 
 
 @dataclass
@@ -117,12 +134,20 @@ def merge(series: Sequence[Series | Merged], by_minute: bool = True) -> Merged:
     return Merged(keys, cols, buckets)
 
 
-def per_node(series: list[Series]) -> dict[str, Merged]:
-    """Each serving node's series merged minute by minute (clock skew, throughput)."""
-    nodes: dict[str, list[Series]] = {}
+def per_node(series: list[Series], into: dict[str, Merged] | None = None
+             ) -> dict[str, Merged]:
+    """Each serving node's series merged minute by minute (clock skew, throughput), added
+    to ``into`` (the same of earlier series) when given."""
+    nodes: dict[str, list[Series | Merged]] = {n: [m] for n, m in (into or {}).items()}
     for s in series:
         nodes.setdefault(s.served_by, []).append(s)
     return {node: merge(mine) for node, mine in nodes.items()}
+
+
+def presence(series: list[Series]) -> set[str]:
+    """The serving nodes that write presence rows (a row with no calls and no peak)."""
+    return {s.served_by for s in series
+            if np.any((s.cols["calls"] == 0) & (s.cols["peak_in_flight"] == 0))}
 
 
 def failed(cols: dict[str, np.ndarray]) -> np.ndarray:

@@ -1,7 +1,9 @@
 """A Spark session (local[2]) per test module here (each module ends its processes:
 tests/conftest.py checks), and history rows to build histories from."""
 
+import glob
 import json
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +44,15 @@ def write_rows(path, rows):
     """Rows as the JSON lines a node writes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def history_rows(history):
+    """Every row of the JSON lines under ``history`` that parses."""
+    rows = []
+    for path in glob.glob(f"{history}/**/*.jsonl", recursive=True):
+        for line in Path(path).read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    return rows

@@ -1,8 +1,10 @@
 """The per-minute rollup of the history and the figures read from it (PySpark, SQL text).
 
-Every table of ``rpcbus analyze`` is a rollup of the rows (``rollup``: counters and
-histograms added bucket by bucket, so a rollup of rollups is exact) and then
-``finish``: rates, mean latency, interpolated percentiles (``quantiles``). No I/O here.
+Every table of ``rpcbus analyze`` comes from a rollup of the rows (``rollup``: counters
+and histograms added bucket by bucket, so a rollup of rollups is exact): ``per_minute``
+and ``per_hour`` here, with ``finish`` (rates, mean latency, interpolated percentiles:
+``quantiles``); the others on the driver with the same rules in numpy
+(analytics/series.py, findings.py). No I/O here.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ driver's JVM nor its Python process ever holds the whole rollup (~450 bytes per
 provider, rpc and minute in numpy, several times that while it arrives), and no
 result exceeds ``spark.driver.maxResultSize``.
 
-No I/O but ``collect``; the helpers are pure and tested without Spark.
+No I/O but ``stream``; the helpers are pure and tested without Spark.
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ class RedisCluster:
     ``user``: (name, password, ACL rules) of a user the URL names (the default user, which
     administers the cluster here, stays as it is). ``tls``: (certificate, key) PEM files
     (the certificate also the CA): clients and the cluster bus then speak TLS on each
-XX
+    server's ``tls_port``, which the cluster announces; its plain port stays for
     administration here."""
 
     def __init__(self, shards: int = 3, replicas: int = 0, directory: str = "",

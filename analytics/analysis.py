@@ -99,7 +99,8 @@ def read_history(spark: Any, history: str, fmt: str = "auto", since: float | Non
     """The history rows (JSON lines as the nodes write them, or Parquet with the same
     columns); ``fmt`` "auto" picks Parquet when a local ``history`` holds .parquet files.
     With ``since``/``until``, only the ``date=/hour=`` folders that can hold windows of
-    that span are read (``hour_folders``); rows are still filtered exactly by the caller."""
+    that span are read (``hour_folders``); rows are still filtered exactly by the caller.
+    Column ``_file`` tells the file each row came from (a hash of its path; ``rollup``)."""
     from pyspark.sql import functions as F
 
     if fmt == "auto":
@@ -108,11 +109,12 @@ def read_history(spark: Any, history: str, fmt: str = "auto", since: float | Non
     if since is not None or until is not None:
         paths = hour_folders(spark, history, since, until)
     if paths == []:       # laid out by hour, and no hour of the span is there
-        rows = spark.createDataFrame([], schema())
+        rows = spark.createDataFrame([], schema()).withColumn("_file", F.lit(0).cast("long"))
     else:
         reader = spark.read.schema(schema()).option("recursiveFileLookup", "true")
         paths = paths or [history]
         rows = reader.parquet(*paths) if fmt == "parquet" else reader.json(paths)
+        rows = rows.withColumn("_file", F.xxhash64("_metadata.file_path"))
     return rows.withColumn("weight", F.coalesce(F.col("weight"), F.lit(1.0)))
 
 
@@ -183,12 +185,14 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     # of one key that differ are kept: a node restarted inside a window writes two.)
     # Copies are rare, and comparing whole rows costs more than the rest of the job: the
     # rollup flags the windows that may hold one (``_suspect``), and only then is the
-    # rollup made again from distinct rows (a second read).
+    # rollup made again from distinct rows (a second read; rows alike but for the file
+    # they came from are copies).
     every, counted = _rollup_once(rows)
     read = {r[0]: r[1] for r in counted}
     if sum(r[3] for r in counted if r[0]):
         every.unpersist()
-        every, counted = _rollup_once(rows.dropDuplicates())
+        every, counted = _rollup_once(rows.dropDuplicates(
+            [c for c in rows.columns if c != "_file"]))
     written = {"rows_read": sum(read.values()),
                "rows_skipped": sum(n for ok, n in read.items() if not ok),
                "rows_duplicate": sum(read[r[0]] - r[1] for r in counted if r[0])}

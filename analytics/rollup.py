@@ -37,10 +37,12 @@ def rollup(rows: Any, keys: list[str], extra: list[Any] = (), raw: bool = False)
     first, then per ``keys``: two aggregations Spark compiles, where a list of each
     group's windows (an object aggregate) made the whole rollup 3 times slower.
 
-    With ``raw``, ``_suspect`` also counts the windows that may hold a copied row: more
+    With ``raw``, ``_suspect`` also counts the windows that may hold a copied row: rows
+    from more than one file (``_file``: a node files a window's rows in one) and more
     rows than routing nodes (told apart by a 256-bit set of their names' hashes). Never
-    0 when there is a copy; a restart inside a window, or two routing nodes whose names
-    hash alike, also count (``analyze`` then checks row by row)."""
+    0 when a file is copied; a restart inside a window (two files), with two routing
+    nodes whose names hash alike, also counts (``analyze`` then checks row by row). A row
+    repeated inside one file (no node writes one) is not looked for."""
     from pyspark.sql import functions as F
 
     if not raw:
@@ -50,9 +52,11 @@ def rollup(rows: Any, keys: list[str], extra: list[Any] = (), raw: bool = False)
              .alias(f"_w{i}") for i in range(ROUTER_BITS // 64)]
     routers = sum((F.bit_count(f"_w{i}") for i in range(1, ROUTER_BITS // 64)),
                   F.bit_count("_w0"))
+    files = [F.min("_file").alias("_f0"), F.max("_file").alias("_f1")]
     per_window = (_sums(rows, [*keys, "window_start"],
-                        F.sum(F.coalesce("peak_in_flight", F.lit(0))), words)
-                  .withColumn("_suspect", (F.col("nrows") > routers).cast("long")))
+                        F.sum(F.coalesce("peak_in_flight", F.lit(0))), [*words, *files])
+                  .withColumn("_suspect", ((F.col("nrows") > routers)
+                                           & (F.col("_f0") != F.col("_f1"))).cast("long")))
     return _sums(per_window.drop("window_start").withColumnRenamed("_start", "window_start"),
                  keys, F.max("peak_in_flight"), [*extra, F.sum("_suspect").alias("_suspect")])
 

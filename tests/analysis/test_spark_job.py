@@ -442,6 +442,41 @@ def test_histories_at_the_edges_run_and_say_what_they_hold(spark, tmp_path):
         f"no history at {missing}: give the nodes' history directory (history.dir)")
 
 
+def test_nodes_whose_names_hash_alike_do_not_make_the_job_read_twice(spark, tmp_path,
+                                                                      monkeypatch):
+    """n22 and n23 share a bit of the rollup's 256-bit set of routing nodes by their
+    names' hashes: both routing to one provider, every window looked as if it held a
+    copy, and the whole history was read a second time. A window's rows from one file
+    (as a node writes them) are no longer suspect; a copied file still is, and found."""
+    from pyspark.sql import functions as F
+
+    hashed = spark.createDataFrame([("n22",), ("n23",)], "routed_by string").selectExpr(
+        f"pmod(xxhash64(routed_by), {rollup.ROUTER_BITS})").collect()
+    assert hashed[0][0] == hashed[1][0]           # the collision this test is about
+    reads = []
+    once = analysis._rollup_once
+    monkeypatch.setattr(analysis, "_rollup_once", lambda *args: (
+        reads.append(args), once(*args))[1])
+    history = tmp_path / "history"
+    part = history / "date=2026-11-19" / "hour=10"
+    for served, provider in (("n22", "p1"), ("n23", "p2")):
+        write_rows(part / f"node={served}" / "part-1.jsonl",
+                   [{**history_row(w, "r", provider, 40, node=served), "routed_by": routed}
+                    for w in range(6) for routed in ("n22", "n23")])
+    written = analysis.analyze(spark, str(history), str(tmp_path / "out"), report=False)
+    assert (written["rows_read"], written["rows_duplicate"], len(reads)) == (24, 0, 1)
+
+    def calls():
+        return spark.read.parquet(str(tmp_path / "out" / "per_provider")).agg(
+            F.sum("calls")).collect()[0][0]
+    assert calls() == 24 * 40
+
+    write_rows(part / "node=n23" / "copy-of-part-1.jsonl", history_rows(part / "node=n23"))
+    written = analysis.analyze(spark, str(history), str(tmp_path / "out"), report=False)
+    assert (written["rows_read"], written["rows_duplicate"], len(reads)) == (36, 12, 3)
+    assert calls() == 24 * 40                                     # the copy counted once
+
+
 def test_a_chart_shows_every_flagged_provider_however_few_calls_it_got():
     from rpcbus.analytics import report
 

@@ -39,17 +39,26 @@ async def _load(url: str, calls: int, inflight: int) -> None:
         await asyncio.gather(*(one() for _ in range(calls)))
 
 
+# A node under valgrind, slow: its call deadlines long enough for the load
+CALLGRIND = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+SLOW_NODE_ENV = {"RPCBUS_SERVER_UVLOOP": "true", "RPCBUS_RPC_ACK_TIMEOUT": "30",
+                 "RPCBUS_RPC_RESPONSE_TIMEOUT": "120"}
+
+
 def instructions(calls: int, inflight: int, history: str | None) -> int:
-    env = {"RPCBUS_SERVER_UVLOOP": "true", "RPCBUS_RPC_ACK_TIMEOUT": "30",
-           "RPCBUS_RPC_RESPONSE_TIMEOUT": "120"}
+    env = dict(SLOW_NODE_ENV)
     if history:
         env["RPCBUS_HISTORY_DIR"] = history
-    node = NodeProcess(env=env, wrapper=["valgrind", "--tool=callgrind",
-                                         "--callgrind-out-file=/dev/null"]).start(timeout=120)
+    node = NodeProcess(env=env, wrapper=CALLGRIND).start(timeout=120)
     try:
         asyncio.run(_load(node.url, calls, inflight))
     finally:
         node.stop(timeout=120)
+    return collected(node)
+
+
+def collected(node: NodeProcess) -> int:
+    """The instructions valgrind counted in ``node``, a stopped node run under CALLGRIND."""
     for line in node.lines:
         found = re.search(r"Collected : (\d+)", line.get("text", ""))
         if found:

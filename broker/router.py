@@ -411,8 +411,8 @@ class Router:
         if traceparent is not None:
             call.traceparent = traceparent
         local = self._providers.get(name)
-        if local is not None and self.cluster is None:
-            self._dispatch(call, local, (), now)  # one node: the common case, directly
+        if local is not None and (self.cluster is None or call.local_only):
+            self._dispatch(call, local, (), now)  # served here: the common case, directly
             return
         if (local is None and (self.cluster is None or not self.cluster.knows(name))
                 and not valid_name(name, self.max_name)):

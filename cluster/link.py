@@ -359,7 +359,7 @@ class ClusterLink:
                             call_id=attempt, age_ms=int(age * 1000))
             return
         msg[4] = now + left_ms / 1000 - age   # from here on: the call's deadline
-        caller = RemoteCaller(self, node, attempt, msg[6], msg, now + ack_ms / 2000 - age)
+        caller = RemoteCaller(self, node, key, msg[6], msg, now + ack_ms / 2000 - age)
         self.invoked[key] = caller
         self.acked.add(key)
         self.starting += 1

@@ -47,12 +47,12 @@ class RemoteNode:
 
     def send(self, msg: list[Any]) -> None:
         if msg[0] == REQUEST:  # [16, id, name, data, left_ms, caller, sent_ms, trace?]
-            invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5]]
-            if len(msg) > 7:  # [.., traceparent | nil, user | nil]
-                invoke.append(msg[7])
-                if msg[8] is not None:
-                    invoke.append(msg[8])
-            self.publish(invoke)
+            # made by the router for this peer alone: it becomes the INVOKE
+            # [20, id, name, data, left_ms, ack_ms, caller, traceparent | nil, user?]
+            msg[0], msg[5], msg[6] = m.INVOKE, self.link.ack_ms, msg[5]
+            if len(msg) > 7 and msg[8] is None:
+                del msg[8]
+            self.publish(msg)
         elif msg[0] == C_CANCEL:
             self.publish([m.CANCEL, msg[1]])
         elif msg[0] == ACK_CHECK:
@@ -69,13 +69,14 @@ class RemoteCaller:
     provider_name = ""
     hrows: dict[Any, Any] = {}  # never added to: a caller, never a provider
 
-    __slots__ = ("link", "node", "origin", "id", "label", "user_name", "inflight", "invoke",
-                 "late_at", "deadline")
+    __slots__ = ("link", "node", "origin", "id", "key", "label", "user_name", "inflight",
+                 "invoke", "late_at", "deadline")
 
-    def __init__(self, link: "ClusterLink", origin: "RemoteNode", attempt: int,
+    def __init__(self, link: "ClusterLink", origin: "RemoteNode", key: tuple[int, int],
                  label: str, invoke: list[Any], late_at: float) -> None:
         self.link, self.node, self.origin = link, origin, origin.name
-        self.id, self.label = attempt, label
+        self.key = key            # (origin's incarnation, attempt): in the link's tables
+        self.id, self.label = key[1], label
         self.user_name = invoke[8] if len(invoke) > 8 else None  # checked at the origin
         self.inflight = 0
         self.invoke: list[Any] | None = invoke  # the INVOKE, until it starts
@@ -86,7 +87,7 @@ class RemoteCaller:
         """Redis has taken the ACK (the origin will not move the attempt now): run it."""
         link = self.link
         link.starting -= 1
-        key = (self.node.incarnation, self.id)
+        key = self.key
         if link.invoked.get(key) is not self:  # cancelled meanwhile
             return
         msg, self.invoke = self.invoke, None
@@ -108,19 +109,23 @@ class RemoteCaller:
 
     def send(self, msg: list[Any]) -> None:
         """The call's ACCEPT or outcome, back to the origin. Kept while the bus is down
-        (until the call's deadline) and sent after the reconnect: the call ran."""
+        (until the call's deadline) and sent after the reconnect: the call ran.
+
+        A RESPONSE leaves as the list the router made for this peer alone
+        (``[RESPONSE, id, data]``, ``id`` this attempt's): its kind becomes the bus's."""
         kind = msg[0]
         node = self.node
         if kind == ACCEPT:
             node.publish([m.ACCEPTED, self.id], hold_until=self.deadline)
             return
         if kind == C_RESPONSE:
-            node.publish([m.RESPONSE, self.id, msg[2]], hold_until=self.deadline)
+            msg[0] = m.RESPONSE
+            node.publish(msg, hold_until=self.deadline)
         elif kind == C_ERROR and msg[2] == errors.NO_PROVIDER:
             node.publish([m.REJECT, self.id], hold_until=self.deadline)
         elif kind == C_ERROR:
             node.publish([m.ERROR, self.id, msg[2], msg[3]], hold_until=self.deadline)
-        self.link.invoked.pop((node.incarnation, self.id), None)
+        self.link.invoked.pop(self.key, None)
 
 
 class RecentIds:

@@ -40,9 +40,10 @@ def rollup(rows: Any, keys: list[str], extra: list[Any] = (), raw: bool = False)
     With ``raw``, ``_suspect`` also counts the windows that may hold a copied row: rows
     from more than one file (``_file``: a node files a window's rows in one) and more
     rows than routing nodes (told apart by a 256-bit set of their names' hashes). Never
-    0 when a file is copied; a restart inside a window (two files), with two routing
-    nodes whose names hash alike, also counts (``analyze`` then checks row by row). A row
-    repeated inside one file (no node writes one) is not looked for."""
+    0 when a file is copied; a node restarted inside a window (two files, one routing
+    node's rows twice) also counts, and so does a window whose rows another tool spread
+    over files when two of its routing nodes' names hash alike (``analyze`` then checks
+    row by row). A row repeated inside one file (no node writes one) is not looked for."""
     from pyspark.sql import functions as F
 
     if not raw:

@@ -9,6 +9,7 @@ Without ``--config`` or ``RPCBUS_AUTH_MODE`` the child runs with auth mode
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -38,6 +39,7 @@ class NodeProcess:
         self.name = ""
         self.lines: collections.deque[dict[str, Any]] = collections.deque(maxlen=2000)
         self._ready = threading.Event()
+        self._closed_stderr = False  # it closed its stderr: it is exiting, or has
         self._new_line = threading.Condition()
 
     def start(self, timeout: float = 30.0) -> "NodeProcess":
@@ -48,6 +50,9 @@ class NodeProcess:
         threading.Thread(target=self._read, daemon=True, name="node-log-reader").start()
         if not self._ready.wait(timeout) or not self.url:
             code = self.proc.poll()
+            if code is None and self._closed_stderr:  # exiting: its code comes in a moment
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = self.proc.wait(5)
             self.kill()
             if code is not None:
                 raise NodeStartError(f"the node exited with code {code} before it was ready: "
@@ -72,6 +77,7 @@ class NodeProcess:
         assert self.proc is not None and self.proc.stderr is not None
         with self.proc.stderr:  # closed at EOF: the node exited
             self._read_lines(self.proc.stderr)
+        self._closed_stderr = True
         self._ready.set()  # exited: let start() report it
 
     def _read_lines(self, stream: Any) -> None:

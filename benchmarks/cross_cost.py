@@ -14,15 +14,10 @@ start-up and shutdown cancelled out. Use it to weigh a change to the cross-node 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import logging
-import shutil
-
-import structlog
 
 import rpcbus
-from rpcbus.benchmarks.history_cost import CALLGRIND, SLOW_NODE_ENV, collected
+from rpcbus.benchmarks.history_cost import CALLGRIND, SLOW_NODE_ENV, collected, echo_calls, options
 from rpcbus.broker.local import RedisServer
 from rpcbus.broker.process import NodeProcess
 
@@ -37,14 +32,7 @@ async def _load(provider_url: str, caller_url: str, calls: int, inflight: int) -
                 break
             except rpcbus.RpcError:
                 await asyncio.sleep(0.1)
-        gate = asyncio.Semaphore(inflight)
-        payload = {"k": "x" * 64}
-
-        async def one() -> None:
-            async with gate:
-                await caller.call("cost.echo", payload, timeout=120)
-
-        await asyncio.gather(*(one() for _ in range(calls)))
+        await echo_calls(caller, calls, inflight)
 
 
 def instructions(measured: str, calls: int, inflight: int) -> int:
@@ -65,19 +53,11 @@ def instructions(measured: str, calls: int, inflight: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", default="3000,12000", help="two call counts")
-    ap.add_argument("--inflight", type=int, default=200)
-    args = ap.parse_args(argv)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    if shutil.which("valgrind") is None:
-        raise SystemExit("needs valgrind (apt-get install valgrind)")
-    low, high = (int(x) for x in args.calls.split(","))
+    low, high, inflight = options(__doc__, "3000,12000", argv)
     total = 0.0
     for node, role in (("n1", "the provider's node"), ("n2", "the caller's node")):
-        per_call = (instructions(node, high, args.inflight)
-                    - instructions(node, low, args.inflight)) / (high - low)
+        per_call = (instructions(node, high, inflight)
+                    - instructions(node, low, inflight)) / (high - low)
         total += per_call
         print(f"{node} ({role}): {per_call:,.0f} instructions per call", flush=True)
     print(f"both nodes: {total:,.0f} instructions per call")

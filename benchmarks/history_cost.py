@@ -29,14 +29,19 @@ from rpcbus.broker.process import NodeProcess
 async def _load(url: str, calls: int, inflight: int) -> None:
     async with rpcbus.connect(url, name="worker") as prov, rpcbus.connect(url) as caller:
         await prov.provide("cost.echo", lambda d: d)
-        gate = asyncio.Semaphore(inflight)
-        payload = {"k": "x" * 64}
+        await echo_calls(caller, calls, inflight)
 
-        async def one() -> None:
-            async with gate:
-                await caller.call("cost.echo", payload, timeout=120)
 
-        await asyncio.gather(*(one() for _ in range(calls)))
+async def echo_calls(caller: rpcbus.Client, calls: int, inflight: int) -> None:
+    """``calls`` calls of cost.echo with 64 B of data, ``inflight`` at once."""
+    gate = asyncio.Semaphore(inflight)
+    payload = {"k": "x" * 64}
+
+    async def one() -> None:
+        async with gate:
+            await caller.call("cost.echo", payload, timeout=120)
+
+    await asyncio.gather(*(one() for _ in range(calls)))
 
 
 # A node under valgrind, slow: its call deadlines long enough for the load
@@ -66,22 +71,30 @@ def collected(node: NodeProcess) -> int:
     raise RuntimeError("valgrind printed no instruction count")
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+def options(doc: str, calls: str, argv: list[str] | None) -> tuple[int, int, int]:
+    """A callgrind benchmark's command line (``--calls`` defaulting to ``calls``,
+    ``--inflight``): the two call counts and the calls in flight. Quiets the log and
+    exits with what to do when valgrind is missing."""
+    ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", default="4000,16000", help="two call counts")
+    ap.add_argument("--calls", default=calls, help="two call counts")
     ap.add_argument("--inflight", type=int, default=200)
     args = ap.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
     low, high = (int(x) for x in args.calls.split(","))
+    return low, high, args.inflight
+
+
+def main(argv: list[str] | None = None) -> None:
+    low, high, inflight = options(__doc__, "4000,16000", argv)
     folder = tempfile.mkdtemp(prefix="rpcbus-history-cost-")
     per_call = {}
     try:
         for label, history in (("off", None), ("on", folder)):
-            a = instructions(low, args.inflight, history)
-            b = instructions(high, args.inflight, history)
+            a = instructions(low, inflight, history)
+            b = instructions(high, inflight, history)
             per_call[label] = (b - a) / (high - low)
             print(f"history {label:3}: {per_call[label]:,.0f} instructions per call", flush=True)
     finally:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 import rpcbus
-from rpcbus.benchmarks.history_cost import CALLGRIND, SLOW_NODE_ENV, collected, echo_calls, options
+from rpcbus.benchmarks.callgrind import CALLGRIND, SLOW_NODE_ENV, collected, echo_calls, options
 from rpcbus.broker.local import RedisServer
 from rpcbus.broker.process import NodeProcess
 

@@ -56,7 +56,7 @@ def schema() -> str:
             f"provider STRING, served_by STRING, routed_by STRING, {counts}, "
             "latency_buckets ARRAY<BIGINT>, latency_sampled BIGINT, latency_sum_s DOUBLE, "
             "latency_min_s DOUBLE, latency_max_s DOUBLE, peak_in_flight BIGINT, "
-            "bytes_in BIGINT, bytes_out BIGINT, weight DOUBLE")
+            "bytes_in BIGINT, bytes_out BIGINT, weight DOUBLE, provider_peak_in_flight BIGINT")
 
 
 def session(master: str | None = "local[*]", conf: dict[str, str] | None = None) -> Any:
@@ -99,19 +99,20 @@ def stop(spark: Any) -> None:
 
 
 def read_history(spark: Any, history: str, fmt: str = "auto", since: float | None = None,
-                 until: float | None = None) -> Any:
+                 until: float | None = None, hours: set[int] | None = None) -> Any:
     """The history rows (JSON lines as the nodes write them, or Parquet with the same
     columns); ``fmt`` "auto" picks Parquet when a local ``history`` holds .parquet files.
-    With ``since``/``until``, only the ``date=/hour=`` folders that can hold windows of
-    that span are read (``hour_folders``); rows are still filtered exactly by the caller.
+    With ``since``/``until`` (or ``hours``, a set of hours' starts), only the
+    ``date=/hour=`` folders that can hold windows of that span (of those hours) are read
+    (``hour_folders``); rows are still filtered exactly by the caller.
     Column ``_file`` tells the file each row came from (a hash of its path; ``rollup``)."""
     from pyspark.sql import functions as F
 
     if fmt == "auto":
         fmt = "parquet" if _has_parquet(history) else "json"
     paths: list[str] | None = [history]
-    if since is not None or until is not None:
-        paths = hour_folders(spark, history, since, until)
+    if since is not None or until is not None or hours is not None:
+        paths = hour_folders(spark, history, since, until, hours)
     if paths == []:       # laid out by hour, and no hour of the span is there
         rows = spark.createDataFrame([], schema()).withColumn("_file", F.lit(0).cast("long"))
     else:
@@ -122,12 +123,13 @@ def read_history(spark: Any, history: str, fmt: str = "auto", since: float | Non
     return rows.withColumn("weight", F.coalesce(F.col("weight"), F.lit(1.0)))
 
 
-def hour_folders(spark: Any, history: str, since: float | None,
-                 until: float | None) -> list[str] | None:
+def hour_folders(spark: Any, history: str, since: float | None, until: float | None,
+                 hours: set[int] | None = None) -> list[str] | None:
     """The ``DIR/date=YYYY-MM-DD/hour=HH`` folders of ``history`` whose hour overlaps
-    [``since``, ``until``) (listed through Hadoop's FileSystem, so local, hdfs:// and s3a://
-    alike). A node files a window under the hour of its start, so nothing in the span is
-    missed. None when ``history`` is not laid out so (then everything is read)."""
+    [``since``, ``until``) and, if ``hours`` is given, starts at one of them (listed
+    through Hadoop's FileSystem, so local, hdfs:// and s3a:// alike). A node files a
+    window under the hour of its start, so nothing in the span is missed. None when
+    ``history`` is not laid out so (then everything is read)."""
     from datetime import datetime, timezone
 
     jvm = spark.sparkContext._jvm
@@ -146,7 +148,8 @@ def hour_folders(spark: Any, history: str, since: float | None,
         except ValueError:
             continue
         start = day.replace(hour=hour, tzinfo=timezone.utc).timestamp()
-        if (since is None or start + 3600 > since) and (until is None or start < until):
+        if ((since is None or start + 3600 > since) and (until is None or start < until)
+                and (hours is None or int(start) in hours)):
             kept.append(str(path.toString()))
     return kept
 
@@ -173,27 +176,21 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     from that rollup, which merges exactly like the rows themselves."""
     from pyspark.sql import functions as F
 
-    rows = read_history(spark, history, fmt, since, until)
-    if since is not None:
-        rows = rows.where(F.col("window_start") >= since)
-    if until is not None:
-        rows = rows.where(F.col("window_start") < until)
-    ok = ((F.col("schema_version") == 1) & F.col("rpc").isNotNull()
-          & F.col("provider").isNotNull() & F.col("calls").isNotNull()
-          & F.col("window_start").isNotNull())
-    rows = (rows.withColumn("_ok", F.coalesce(ok, F.lit(False)))
-            .withColumn("minute", (F.floor(F.col("window_start") / 60) * 60).cast("long"))
-            .withColumn("weight_sum", F.col("weight")).withColumn("nrows", F.lit(1)))
+    def rows_of(hours: set[int] | None = None) -> Any:
+        return _prepared(read_history(spark, history, fmt, since, until, hours), since, until)
+
     # A row is one node's count of one window, rpc, provider and routing node; one whose
     # every field equals another's is a copy (a file copied twice) and counts once. (Rows
     # of one key that differ are kept: a node restarted inside a window writes two.)
     # Copies are rare, and comparing whole rows costs more than the rest of the job: the
-    # rollup flags the windows that may hold one (``_suspect``), and only then is the
-    # rollup made again from distinct rows (a second read; rows alike but for the file
-    # they came from are copies).
+    # rollup flags the minutes whose rows came from two files (``_suspect``: a restart or
+    # a copy), their hours are read again and their rows compared (``_copies``), and only
+    # if a row is there twice is the rollup made again from distinct rows (a second read
+    # of everything; rows alike but for the file they came from are copies).
+    rows = rows_of()
     every, counted = _rollup_once(rows)
     read = {r[0]: r[1] for r in counted}
-    if sum(r[3] for r in counted if r[0]):
+    if sum(r[3] for r in counted if r[0]) and _copies(every, rows_of):
         every.unpersist()
         every, counted = _rollup_once(rows.dropDuplicates(
             [c for c in rows.columns if c != "_file"]))
@@ -255,9 +252,51 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     return written
 
 
+def _prepared(rows: Any, since: float | None, until: float | None) -> Any:
+    """History rows as the rollup takes them: inside [``since``, ``until``), ``_ok``
+    (usable: schema version 1 with its keys), ``minute``, ``weight_sum`` and ``nrows``."""
+    from pyspark.sql import functions as F
+
+    if since is not None:
+        rows = rows.where(F.col("window_start") >= since)
+    if until is not None:
+        rows = rows.where(F.col("window_start") < until)
+    ok = ((F.col("schema_version") == 1) & F.col("rpc").isNotNull()
+          & F.col("provider").isNotNull() & F.col("calls").isNotNull()
+          & F.col("window_start").isNotNull())
+    return (rows.withColumn("_ok", F.coalesce(ok, F.lit(False)))
+            .withColumn("minute", (F.floor(F.col("window_start") / 60) * 60).cast("long"))
+            .withColumn("weight_sum", F.col("weight")).withColumn("nrows", F.lit(1)))
+
+
+def _copies(every: Any, rows_of: Any) -> bool:
+    """Whether a usable row of a minute the rollup ``every`` found suspect is there twice
+    (every field alike but the file), compared in one Spark job over the rows of those
+    minutes' hours (``rows_of(hours)``: only their ``date=/hour=`` folders, as nodes file
+    a window under the hour of its start). Where that finds fewer of those minutes' rows
+    than the rollup counted (a history laid out otherwise), over everything."""
+    from pyspark.sql import functions as F
+
+    suspect = every.where((F.col("_suspect") > 0) & F.col("_ok"))
+    expected, hours = 0, set()
+    for hour, n in suspect.groupBy((F.floor(F.col("minute") / 3600) * 3600).cast("long")) \
+            .agg(F.sum("nrows")).collect():
+        hours.add(int(hour))
+        expected += n
+    for where in (hours, None):
+        keys = F.broadcast(suspect.select(*KEYS, "minute"))
+        rows = rows_of(where).where(F.col("_ok")).join(keys, [*KEYS, "minute"], "left_semi")
+        alike = rows.groupBy(*(c for c in rows.columns if c != "_file")).count()
+        found, most = alike.agg(F.sum("count"), F.max("count")).collect()[0]
+        if (found or 0) >= expected:
+            break
+    return bool(most and most > 1)
+
+
 def _rollup_once(rows: Any) -> tuple[Any, list[Any]]:
     """The per-minute rollup of ``rows`` (persisted) and, per ``_ok``: rows, newest minute,
-    windows that may hold a copy, first window start, last window end, rollup rows."""
+    minutes whose rows came from more than one file, first window start, last window
+    end, rollup rows."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -373,6 +412,9 @@ def _spark_error(exc: Exception, history: str) -> str:
     if condition == "PATH_NOT_FOUND":
         return f"no history at {history}: give the nodes' history directory (history.dir)"
     java = getattr(exc, "java_exception", None)   # a failed job: SparkException's text
+    while (java is not None and java.getCause() is not None
+           and str(java.getMessage() or "").startswith("Exception thrown in awaitResult")):
+        java = java.getCause()      # what another thread's job (a prefetch) failed with
     text = str((java.getMessage() or java.toString()) if java is not None else exc)
     first = (text.strip().splitlines() or [type(exc).__name__])[0]
     if "OutOfMemoryError" in text or "Java heap space" in text:

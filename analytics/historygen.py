@@ -58,18 +58,17 @@ def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours:
                 for prov in provs:
                     served = home[prov]
                     stamp = t + skew.get(served, 0.0)
-                    worked = False
-                    for routed_by in node_names:
-                        calls = calls_of[(prov, routed_by)]
-                        if calls == 0:
-                            continue
-                        row = _row(rng, stamp, window, rpc, prov, served, routed_by, calls,
+                    worked = [_row(rng, stamp, window, rpc, prov, served, routed_by, calls,
                                    _within(slow_at.get(prov), minute),
                                    _within(failing_at.get(prov), minute))
+                              for routed_by in node_names
+                              if (calls := calls_of[(prov, routed_by)])]
+                    peak = sum(r["peak_in_flight"] for r in worked)   # as if they coincided
+                    for row in worked:
+                        row["provider_peak_in_flight"] = peak
                         _file(files, out, served, stamp).write(
                             json.dumps(row, separators=(",", ":")) + "\n")
                         rows += 1
-                        worked = True
                     if not worked:                  # connected, given nothing: presence
                         _file(files, out, served, stamp).write(json.dumps(
                             _presence(stamp, window, rpc, prov, served),
@@ -149,7 +148,8 @@ def _presence(t: float, window: float, rpc: str, prov: str, served_by: str) -> d
             "response_timeouts": 0, "latency_bounds_s": list(BOUNDS),
             "latency_buckets": [0] * (len(BOUNDS) + 1), "latency_sampled": 0,
             "latency_sum_s": 0.0, "latency_min_s": None, "latency_max_s": None,
-            "peak_in_flight": 0, "bytes_in": 0, "bytes_out": 0, "weight": 1.0}
+            "peak_in_flight": 0, "provider_peak_in_flight": 0, "bytes_in": 0, "bytes_out": 0,
+            "weight": 1.0}
 
 
 def _file(files: dict[str, Any], out: str, node: str, t: float) -> Any:

@@ -18,7 +18,6 @@ BUCKETS = len(BOUNDS) + 1
 QUANTILE_COLUMNS = [f"p{round(q * 100)}_s" for q in QUANTILES]
 KEYS = ["provider", "rpc", "served_by"]
 COUNTS = ["calls", "ok", "rejected", "errors", "ack_timeouts", "response_timeouts"]
-ROUTER_BITS = 256   # the set of routing nodes per window, by their names' hashes (rollup)
 
 
 _SUMMED = ["peak_in_flight", "latency_sampled", "latency_sum_s", "latency_min_s",
@@ -28,38 +27,26 @@ _SUMMED = ["peak_in_flight", "latency_sampled", "latency_sum_s", "latency_min_s"
 
 def rollup(rows: Any, keys: list[str], extra: list[Any] = (), raw: bool = False) -> Any:
     """Sum ``rows`` (history rows, or an earlier rollup: they have the same columns) per
-    ``keys``; histograms bucket by bucket, so a rollup of rollups is exact.
+    ``keys``; histograms bucket by bucket, so a rollup of rollups is exact. One
+    ``groupBy``, which Spark partly does before its shuffle.
 
-    ``peak_in_flight``: with ``raw`` (history rows, one per routing node), the peaks of one
-    window are added over the routing nodes (each counted what it routed to the provider:
-    together they held the sum, at most, since their peaks need not coincide), then the
-    most over the windows; a rollup of rollups takes the most. So ``raw`` sums per window
-    first, then per ``keys``: two aggregations Spark compiles, where a list of each
-    group's windows (an object aggregate) made the whole rollup 3 times slower.
-
-    With ``raw``, ``_suspect`` also counts the windows that may hold a copied row: rows
-    from more than one file (``_file``: a node files a window's rows in one) and more
-    rows than routing nodes (told apart by a 256-bit set of their names' hashes). Never
-    0 when a file is copied; a node restarted inside a window (two files, one routing
-    node's rows twice) also counts, and so does a window whose rows another tool spread
-    over files when two of its routing nodes' names hash alike (``analyze`` then checks
-    row by row). A row repeated inside one file (no node writes one) is not looked for."""
+    ``peak_in_flight``: the most of the rows'. With ``raw`` (history rows, one per
+    routing node), of their ``provider_peak_in_flight`` (the provider's peak over all its
+    routing nodes, sampled together, on each of the window's rows), or of their own
+    ``peak_in_flight`` where a row has none (rows of nodes before 0.2: the most of one
+    routing node's). With ``raw``, ``_suspect`` is 1 where the rows came from more than
+    one file (``_file``): a node files its rows of one minute in one file unless it was
+    restarted in that minute, so a copied file makes every minute it holds suspect
+    (``analyze`` then looks for copies row by row)."""
     from pyspark.sql import functions as F
 
     if not raw:
         return _sums(rows, keys, F.max("peak_in_flight"), extra)
-    bit = f"pmod(xxhash64(routed_by), {ROUTER_BITS})"
-    words = [F.expr(f"bit_or(IF(int({bit} / 64) = {i}, shiftleft(1L, int({bit} % 64)), 0L))")
-             .alias(f"_w{i}") for i in range(ROUTER_BITS // 64)]
-    routers = sum((F.bit_count(f"_w{i}") for i in range(1, ROUTER_BITS // 64)),
-                  F.bit_count("_w0"))
+    peak = F.max(F.coalesce("provider_peak_in_flight", "peak_in_flight"))
     files = [F.min("_file").alias("_f0"), F.max("_file").alias("_f1")]
-    per_window = (_sums(rows, [*keys, "window_start"],
-                        F.sum(F.coalesce("peak_in_flight", F.lit(0))), [*words, *files])
-                  .withColumn("_suspect", ((F.col("nrows") > routers)
-                                           & (F.col("_f0") != F.col("_f1"))).cast("long")))
-    return _sums(per_window.drop("window_start").withColumnRenamed("_start", "window_start"),
-                 keys, F.max("peak_in_flight"), [*extra, F.sum("_suspect").alias("_suspect")])
+    return (_sums(rows, keys, peak, [*extra, *files])
+            .withColumn("_suspect", (F.col("_f0") != F.col("_f1")).cast("long"))
+            .drop("_f0", "_f1"))
 
 
 def _sums(rows: Any, keys: list[str], peak: Any, extra: list[Any]) -> Any:
@@ -67,14 +54,13 @@ def _sums(rows: Any, keys: list[str], peak: Any, extra: list[Any]) -> Any:
     each (built column by column they took ~80 calls per rollup, seconds per job)."""
     from pyspark.sql import functions as F
 
-    start = "_start" if "window_start" in keys else "window_start"
     buckets = ", ".join(f"coalesce(sum(get(latency_buckets, {i})), 0L)" for i in range(BUCKETS))
     sums = [*(f"sum({c}) AS {c}" for c in COUNTS),
             "sum(latency_sampled) AS latency_sampled", "sum(latency_sum_s) AS latency_sum_s",
             "min(latency_min_s) AS latency_min_s", "max(latency_max_s) AS latency_max_s",
             "sum(bytes_in) AS bytes_in", "sum(bytes_out) AS bytes_out",
             f"array({buckets}) AS latency_buckets", "sum(weight_sum) AS weight_sum",
-            "sum(nrows) AS nrows", f"min(window_start) AS {start}",
+            "sum(nrows) AS nrows", "min(window_start) AS window_start",
             "max(window_end) AS window_end"]
     return rows.groupBy(*keys).agg(peak.alias("peak_in_flight"),
                                    *(F.expr(x) for x in sums), *extra)

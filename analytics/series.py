@@ -64,7 +64,8 @@ def stream(minutes: Any, rows: int, part_bytes: int) -> Iterator[list[Series]]:
     series' minutes in order. Spark hash-partitions the rollup by rpc into partitions of
     about ``part_bytes`` on average (an rpc is never split: a partition holds whole
     rpcs, one bigger than ``part_bytes`` alone) and sends them one at a time
-    (``toLocalIterator``): the driver's JVM holds one partition, Python one rpc. Nulls
+    (``toLocalIterator``, the next computed while Python takes one: 1.7 -> 1.2 s at
+    10M rows): the driver's JVM holds two partitions at most, Python one rpc. Nulls
     become 0 in the sums and NaN in the extremes (so the arrays line up). Spark's errors
     propagate; stopping early (closing the generator) leaves the rest unsent."""
     from pyspark.sql import functions as F
@@ -86,7 +87,7 @@ def stream(minutes: Any, rows: int, part_bytes: int) -> Iterator[list[Series]]:
                           *(F.col(f"s.{c}").alias(c) for c in FIELDS),
                           F.flatten("s.latency_buckets").alias("latency_buckets"))
     mine: list[Series] = []
-    for r in sent.toLocalIterator():
+    for r in sent.toLocalIterator(prefetchPartitions=True):
         if mine and mine[0].rpc != r["rpc"]:
             yield mine
             mine = []

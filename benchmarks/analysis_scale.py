@@ -60,7 +60,9 @@ def generate(spark: Any, n: int, path: str, fmt: str = "json") -> float:
         F.lit(0).cast("long").alias("response_timeouts"),
         F.expr(f"transform(sequence(0, {len(BOUNDS)}), i -> CASE WHEN i BETWEEN 3 AND 9 "
                "THEN bigint(pmod(hash(id, i), 6)) ELSE 0L END)").alias("latency_buckets"),
-        (F.lit(1) + h % 9).alias("peak_in_flight"))
+        (F.lit(1) + h % 9).alias("peak_in_flight"),
+        (F.lit(10) + (F.col("id") / KEYS_PER_WINDOW).cast("long") % 7)   # over routing nodes
+        .alias("provider_peak_in_flight"))
     rows = (rows.withColumn("window_end", F.col("window_start") + 10.0)
             .withColumn("ok", F.col("calls") - F.col("errors") - F.col("rejected")
                         - F.col("ack_timeouts"))
@@ -72,7 +74,10 @@ def generate(spark: Any, n: int, path: str, fmt: str = "json") -> float:
             .withColumn("bytes_out", F.col("ok") * 480).withColumn("weight", F.lit(1.0))
             .withColumn("date", F.date_format(F.timestamp_seconds("window_start"), "yyyy-MM-dd"))
             .withColumn("hour", F.date_format(F.timestamp_seconds("window_start"), "HH")))
-    rows.write.mode("overwrite").partitionBy("date", "hour").format(fmt).save(path)
+    # one file per node and hour, as nodes write them (analysis.analyze compares the rows
+    # of a node's minute that come from two files, as after a restart)
+    (rows.repartition("date", "hour", "served_by").write.mode("overwrite")
+     .partitionBy("date", "hour").format(fmt).save(path))
     return 1_793_000_000.0 + ((n - 1) // KEYS_PER_WINDOW + 1) * 10.0
 
 

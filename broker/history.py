@@ -13,7 +13,9 @@ answer costs nothing unless the attempt is measured, other ends count their
 outcome in the row the call keeps. Answers are derived (``Row``), and the
 attempts in flight are counted by scanning the router's pending attempts
 every ``SCAN_INTERVAL`` seconds (``peak_in_flight`` is the most of those
-samples, at least 1 in a window with work). Counts are exact. Some
+samples, at least 1 in a window with work; ``provider_peak_in_flight`` the most
+of their sums over the routing nodes, the same on each of the window's rows of
+the (rpc, provider)). Counts are exact. Some
 attempts are measured: one in ``HISTORY_SAMPLE`` (broker/router.py: 16, by
 attempt id) and each row's first attempt in a window (so every row with work
 has one). Their latency goes into a fixed log-bucket histogram (the bounds of
@@ -89,6 +91,8 @@ class History:
         self.writer = writer
         self.clock = clock
         self.rows: dict[tuple[str, str, str], Row] = {}
+        # per (rpc, provider): the most attempts pending at once over all routing nodes
+        self.peaks: dict[tuple[str, str], int] = {}
         self.window_start = now_wall - now_wall % window
 
     # The router records attempts itself, on its hot path (broker/router.py ``_dispatch``
@@ -136,13 +140,16 @@ class History:
         if latency > row.lat_max:
             row.lat_max = latency
 
-    @staticmethod
-    def scan(pending: dict[Row, int]) -> None:
+    def scan(self, pending: dict[Row, int]) -> None:
         """The attempts pending now per row (``Router.history_pending``): the peaks in
-        flight. The node calls it every ``SCAN_INTERVAL`` seconds."""
+        flight, per row and per (rpc, provider) over its routing nodes. The node calls it
+        every ``SCAN_INTERVAL`` seconds."""
         for row, n in pending.items():
             if n > row.peak:
                 row.peak = n
+        for key, n in _per_provider(pending).items():
+            if n > self.peaks.get(key, 0):
+                self.peaks[key] = n
 
     def roll(self, now_wall: float, pending: dict[Row, int], force: bool = False,
              weights: Any = None, provided: Any = None) -> int:
@@ -160,14 +167,25 @@ class History:
         rows = [self._record(row, self.window_start, end, weights, pending.get(row, 0))
                 for row in self.rows.values()
                 if row.started or row.pending or any(row.outcomes)]
+        # the provider's peak over its routing nodes: sampled together, so never less than
+        # any one node's, nor than what is pending over all of them now
+        peaks = {**self.peaks}
+        for key, n in _per_provider(pending).items():
+            peaks[key] = max(peaks.get(key, 0), n)
+        for r in rows:
+            pair = (r["rpc"], r["provider"])
+            peaks[pair] = max(peaks.get(pair, 0), r["peak_in_flight"])
+        for r in rows:
+            r["provider_peak_in_flight"] = peaks[(r["rpc"], r["provider"])]
         worked = {(r["rpc"], r["provider"]) for r in rows}
         rows += [self._presence(rpc, provider, self.window_start, end, weights)
                  for rpc, provider in sorted(set(provided() if provided else ()) - worked)]
-        for key in [k for k, r in self.rows.items() if not r.users and r not in pending]:
-            del self.rows[key]  # rows of providers gone leave (once written)
+        for gone in [k for k, r in self.rows.items() if not r.users and r not in pending]:
+            del self.rows[gone]  # rows of providers gone leave (once written)
         for row in self.rows.values():
             row.pending = pending.get(row, 0)
             row._reset()
+        self.peaks = _per_provider(pending)
         self.window_start = now_wall - now_wall % self.window
         if rows and self.writer is not None:
             self.writer.put(rows)
@@ -209,9 +227,20 @@ class History:
             "calls": 0, **dict.fromkeys(OUTCOMES, 0),
             "latency_bounds_s": list(BOUNDS), "latency_buckets": [0] * (len(BOUNDS) + 1),
             "latency_sampled": 0, "latency_sum_s": 0.0, "latency_min_s": None,
-            "latency_max_s": None, "peak_in_flight": 0, "bytes_in": 0, "bytes_out": 0,
+            "latency_max_s": None, "peak_in_flight": 0, "provider_peak_in_flight": 0,
+            "bytes_in": 0, "bytes_out": 0,
             "weight": 1.0 if weights is None else weights.of(rpc, provider),
         }
+
+
+def _per_provider(pending: dict[Row, int]) -> dict[tuple[str, str], int]:
+    """The attempts pending per (rpc, provider), added over the routing nodes."""
+    total: dict[tuple[str, str], int] = {}
+    for row, n in pending.items():
+        rpc, provider, _ = row.key
+        key = (rpc, provider)
+        total[key] = total.get(key, 0) + n
+    return total
 
 
 def _size(data: Any) -> int:

@@ -37,7 +37,8 @@ def history_row(window, rpc, provider, calls, node="n1"):
             "errors": 0, "ack_timeouts": 0, "response_timeouts": 0, "latency_buckets": buckets,
             "latency_sampled": sum(buckets), "latency_sum_s": 0.002 * sum(buckets),
             "latency_min_s": None, "latency_max_s": None, "peak_in_flight": 1 if calls else 0,
-            "bytes_in": 0, "bytes_out": 0, "weight": 1.0}
+            "provider_peak_in_flight": 1 if calls else 0, "bytes_in": 0, "bytes_out": 0,
+            "weight": 1.0}
 
 
 def write_rows(path, rows):

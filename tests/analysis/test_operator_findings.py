@@ -61,10 +61,15 @@ def test_peaks_percentiles_noise_and_the_hours_read(spark, tmp_path):
     history = tmp_path / "history"
     rows = []
     for w in range(30):
-        for routed_by in ("n1", "n2", "n3"):       # 4 in flight from each routing node
-            r = history_row(w, "a", "p1", 40)
-            r.update(routed_by=routed_by, peak_in_flight=4)
+        for routed_by in ("n1", "n2", "n3"):       # 4 in flight from each routing node,
+            r = history_row(w, "a", "p1", 40)      # 10 at once over the three (11 once)
+            r.update(routed_by=routed_by, peak_in_flight=4,
+                     provider_peak_in_flight=11 if w == 7 else 10)
             rows.append(r)
+            old = history_row(w, "a", "p0", 40)    # a node before 0.2: no provider peak
+            old.update(routed_by=routed_by, peak_in_flight=5 if w == 3 else 4)
+            del old["provider_peak_in_flight"]
+            rows.append(old)
         exact = history_row(w, "b", "steady", 16)  # every sampled call took 50.7 ms
         exact["latency_buckets"] = [0] * (len(BOUNDS) + 1)
         exact["latency_buckets"][bucket_of(0.0507)] = 2
@@ -92,7 +97,8 @@ def test_peaks_percentiles_noise_and_the_hours_read(spark, tmp_path):
 
     per_provider, weights = tables(spark, tmp_path / "out", "per_provider", "weights")
     got = {r["provider"]: r for r in per_provider}
-    assert got["p1"]["peak_in_flight"] == 12               # the routing nodes' peaks add up
+    assert got["p1"]["peak_in_flight"] == 11         # the provider's, over its routing nodes
+    assert got["p0"]["peak_in_flight"] == 5          # without it, the most of one node's
     assert got["steady"]["p50_s"] == got["steady"]["p99_s"] == pytest.approx(0.0507)
     assert {w["provider"]: w["weight"] for w in weights if w["rpc"] == "c"} == {
         "quick": 1.0, "less-quick": 1.0}

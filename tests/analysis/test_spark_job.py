@@ -49,8 +49,10 @@ def aggregate(rows, key):
                                        "lo": [], "hi": []})
         g["counts"] = [a + r[c] for a, c in zip(g["counts"], COUNTS, strict=True)]
         g["buckets"] = [a + b for a, b in zip(g["buckets"], r["latency_buckets"], strict=True)]
-        # the routing nodes' peaks of one window add up (they were in flight together)
-        g["peaks"][(r["served_by"], r["window_start"])] += r["peak_in_flight"]
+        # each row carries its provider's peak over the routing nodes (docs/history.md)
+        at = (r["served_by"], r["window_start"])
+        g["peaks"][at] = max(g["peaks"][at], r.get("provider_peak_in_flight",
+                                                     r["peak_in_flight"]))
         g["bytes"] = [g["bytes"][0] + r["bytes_in"], g["bytes"][1] + r["bytes_out"]]
         g["lo"] += [r["latency_min_s"]] if r["latency_min_s"] is not None else []
         g["hi"] += [r["latency_max_s"]] if r["latency_max_s"] is not None else []
@@ -442,39 +444,41 @@ def test_histories_at_the_edges_run_and_say_what_they_hold(spark, tmp_path):
         f"no history at {missing}: give the nodes' history directory (history.dir)")
 
 
-def test_nodes_whose_names_hash_alike_do_not_make_the_job_read_twice(spark, tmp_path,
+def test_a_restart_is_not_taken_for_a_copy_and_a_copied_file_is_found(spark, tmp_path,
                                                                       monkeypatch):
-    """n22 and n23 share a bit of the rollup's 256-bit set of routing nodes by their
-    names' hashes: both routing to one provider, every window looked as if it held a
-    copy, and the whole history was read a second time. A window's rows from one file
-    (as a node writes them) are no longer suspect; a copied file still is, and found."""
+    """A node restarted inside a minute files that minute's rows in two files, as a copied
+    file does. The rollup flags the minute, only its hour is read again and its rows
+    compared: nothing is there twice, so the history is rolled up once. A copied file's
+    rows are found, and the rollup made again counts them once."""
     from pyspark.sql import functions as F
 
-    hashed = spark.createDataFrame([("n22",), ("n23",)], "routed_by string").selectExpr(
-        f"pmod(xxhash64(routed_by), {rollup.ROUTER_BITS})").collect()
-    assert hashed[0][0] == hashed[1][0]           # the collision this test is about
-    reads = []
-    once = analysis._rollup_once
+    rollups, hours_read = [], []
+    once, read = analysis._rollup_once, analysis.read_history
     monkeypatch.setattr(analysis, "_rollup_once", lambda *args: (
-        reads.append(args), once(*args))[1])
+        rollups.append(args), once(*args))[1])
+    monkeypatch.setattr(analysis, "read_history", lambda *args: (
+        hours_read.append(args[-1]), read(*args))[1])
     history = tmp_path / "history"
-    part = history / "date=2026-11-19" / "hour=10"
-    for served, provider in (("n22", "p1"), ("n23", "p2")):
-        write_rows(part / f"node={served}" / "part-1.jsonl",
-                   [{**history_row(w, "r", provider, 40, node=served), "routed_by": routed}
-                    for w in range(6) for routed in ("n22", "n23")])
+    day = history / "date=2026-11-18"           # the rows' hour: 1_795_000_000 is 11:06:40
+    rows = [{**history_row(w, "r", "p1", 40), "routed_by": routed}
+            for w in range(6) for routed in ("n1", "n2")]
+    node = day / "hour=11" / "node=n1"
+    write_rows(node / "part-1795000000-100.jsonl", rows[:8])        # windows 0-3, then
+    write_rows(node / "part-1795000040-200.jsonl", rows[8:])        # restarted at 11:07:20
+    write_rows(day / "hour=12" / "node=n1" / "part.jsonl", [history_row(400, "r", "p1", 1)])
     written = analysis.analyze(spark, str(history), str(tmp_path / "out"), report=False)
-    assert (written["rows_read"], written["rows_duplicate"], len(reads)) == (24, 0, 1)
+    assert (written["rows_read"], written["rows_duplicate"], len(rollups)) == (13, 0, 1)
+    assert hours_read == [None, {1_795_000_000 - 400}]       # everything, then hour 11 only
 
     def calls():
         return spark.read.parquet(str(tmp_path / "out" / "per_provider")).agg(
             F.sum("calls")).collect()[0][0]
-    assert calls() == 24 * 40
+    assert calls() == 13 * 40 - 39
 
-    write_rows(part / "node=n23" / "copy-of-part-1.jsonl", history_rows(part / "node=n23"))
+    write_rows(node / "copy-of-part-1795000040-200.jsonl", rows[8:])
     written = analysis.analyze(spark, str(history), str(tmp_path / "out"), report=False)
-    assert (written["rows_read"], written["rows_duplicate"], len(reads)) == (36, 12, 3)
-    assert calls() == 24 * 40                                     # the copy counted once
+    assert (written["rows_read"], written["rows_duplicate"], len(rollups)) == (17, 4, 3)
+    assert calls() == 13 * 40 - 39                                # the copy counted once
 
 
 def test_a_chart_shows_every_flagged_provider_however_few_calls_it_got():

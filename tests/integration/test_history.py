@@ -60,3 +60,5 @@ async def test_history_counts_every_attempt_per_provider_and_window(tmp_path):
     assert all(r["peak_in_flight"] >= 1 for r in echo if r["calls"])
     assert all(r["calls"] == r["latency_sampled"] == 0 for r in echo if not r["peak_in_flight"])
     assert max(r["peak_in_flight"] for r in echo) >= 50               # 100 at once
+    # one routing node here: the provider's peak over routing nodes is its row's
+    assert all(r["provider_peak_in_flight"] == r["peak_in_flight"] for r in echo)

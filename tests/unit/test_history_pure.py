@@ -47,3 +47,24 @@ def test_history_derives_answers_from_starts_and_pending_across_windows():
     assert (rows_40["x"]["calls"], rows_40["x"]["peak_in_flight"]) == (0, 0)
     assert rows_40["x"]["provider"] == "w1" and rows_40["x"]["served_by"] == "n1"
     assert rows_40["y"]["peak_in_flight"] == 1                  # a row of work, not presence
+
+
+def test_a_providers_peak_adds_its_routing_nodes_sampled_together():
+    """Two routing nodes' attempts at one provider: each row keeps its own peak, and both
+    carry the provider's, the most of the sums taken at the same instants (7, not 5 + 4)."""
+    rows = Rows()
+    h = History("n1", 10.0, rows, now_wall=0.0)
+    p, q = Provider("w1"), Provider("w2")
+    a, b, other = h.row_for(p, ("x", "n2")), h.row_for(p, ("x", "n3")), h.row_for(q, "x")
+    for row in (a, b, other):
+        row.started = 1
+    h.scan({a: 3, b: 4, other: 9})
+    h.scan({a: 5, b: 0})
+    h.roll(10.0, {b: 1})                  # one still pending at b when the window closes
+    got = {r["routed_by"] if r["provider"] == "w1" else "q": r for r in rows.rows[-1]}
+    assert {k: (r["peak_in_flight"], r["provider_peak_in_flight"]) for k, r in got.items()} \
+        == {"n2": (5, 7), "n3": (4, 7), "q": (9, 9)}
+    h.scan({b: 2})                        # the next window starts from what was pending
+    h.roll(20.0, {})
+    assert [(r["peak_in_flight"], r["provider_peak_in_flight"]) for r in rows.rows[-1]] \
+        == [(2, 2)]

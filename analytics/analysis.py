@@ -75,6 +75,7 @@ def session(master: str | None = "local[*]", conf: dict[str, str] | None = None)
             .config("spark.ui.enabled", "false")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.shuffle.partitions", "8")
+            .config("spark.scheduler.mode", "FAIR")     # analyze: the writes beside the driver
             .config("spark.ui.showConsoleProgress", "false")   # ours prints instead
             # Code Spark generates for a stage whose method outgrows 8,000 bytes, the
             # most HotSpot compiles, runs interpreted: the percentiles of per_minute
@@ -209,22 +210,28 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     minutes = every.where(F.col("_ok")).drop("_ok", "_suspect")
 
     def write(name: str, table: Any) -> None:
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", "writes")
         table.write.mode("overwrite").parquet(f"{out}/{name}")
+
+    def write_period(name: str, seconds: int) -> None:
+        write(name, per_period(minutes, seconds, span))
 
     def write_rows(name: str, rows: list[dict[str, Any]]) -> None:
         write(name, spark.createDataFrame([tuple(r.values()) for r in rows],
                                           findings.SCHEMAS[name]))
 
     # The driver takes the rollup once, one rpc at a time, and computes the small tables
-    # from it (analytics/series.py says why); then Spark writes the per-minute and
-    # per-hour tables, as big as the rollup, and the small ones (other threads) while the
-    # driver draws the report. The driver's query goes first: Spark runs jobs in the
-    # order they come, and the report waits on it, not on the writes.
+    # from it (analytics/series.py says why), then draws the report. Meanwhile Spark
+    # writes the per-minute and per-hour tables, as big as the rollup, then the small
+    # ones (other threads, in the scheduler pool "writes"). The session schedules FAIR:
+    # the driver's query, one partition at a time, keeps a core beside the writes
+    # instead of waiting for them, and the report waits on it only.
     with ThreadPoolExecutor(WRITERS) as pool:
         arranged: list[findings.Rpc] = []
         nodes: dict[str, series.Merged] = {}
         recording: set[str] = set()
         written.update((name, 0) for name in PERIODS)
+        big = [pool.submit(write_period, name, seconds) for name, seconds in PERIODS.items()]
         for rpc in series.stream(minutes, sum(r[6] for r in counted if r[0]),
                                  _part_bytes(spark)):
             for name, seconds in PERIODS.items():
@@ -232,8 +239,6 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
             nodes = series.per_node(rpc, nodes)
             recording |= series.presence(rpc)
             arranged.append(findings.arrange(rpc))
-        big = [pool.submit(write, name, per_period(minutes, seconds, span))
-               for name, seconds in PERIODS.items()]
         found = findings.tables(arranged, nodes, recording, half_life, newest, span)
         small = [pool.submit(write_rows, name, rows) for name, rows in found.items()]
         written.update((name, len(rows)) for name, rows in found.items())

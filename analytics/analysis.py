@@ -288,8 +288,8 @@ def _copies(every: Any, rows_of: Any) -> bool:
             .agg(F.sum("nrows")).collect():
         hours.add(int(hour))
         expected += n
+    keys = F.broadcast(suspect.select(*KEYS, "minute"))
     for where in (hours, None):
-        keys = F.broadcast(suspect.select(*KEYS, "minute"))
         rows = rows_of(where).where(F.col("_ok")).join(keys, [*KEYS, "minute"], "left_semi")
         alike = rows.groupBy(*(c for c in rows.columns if c != "_file")).count()
         found, most = alike.agg(F.sum("count"), F.max("count")).collect()[0]

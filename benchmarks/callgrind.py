@@ -15,16 +15,24 @@ import rpcbus
 from rpcbus.broker.process import NodeProcess
 
 
-async def echo_calls(caller: rpcbus.Client, calls: int, inflight: int) -> None:
-    """``calls`` calls of cost.echo with 64 B of data, ``inflight`` at once."""
-    gate = asyncio.Semaphore(inflight)
+async def echo_calls(caller: rpcbus.Client | list[rpcbus.Client], calls: int,
+                     inflight: int) -> None:
+    """``calls`` calls of cost.echo with 64 B of data, ``inflight`` at once on each
+    connection (the calls shared out over the connections of a list)."""
+    callers = caller if isinstance(caller, list) else [caller]
     payload = {"k": "x" * 64}
 
-    async def one() -> None:
-        async with gate:
-            await caller.call("cost.echo", payload, timeout=120)
+    async def on(client: rpcbus.Client, n: int) -> None:
+        gate = asyncio.Semaphore(inflight)
 
-    await asyncio.gather(*(one() for _ in range(calls)))
+        async def one() -> None:
+            async with gate:
+                await client.call("cost.echo", payload, timeout=120)
+
+        await asyncio.gather(*(one() for _ in range(n)))
+
+    share, extra = divmod(calls, len(callers))
+    await asyncio.gather(*(on(c, share + (i < extra)) for i, c in enumerate(callers)))
 
 
 # A node under valgrind, slow: its call deadlines long enough for the load
@@ -42,17 +50,21 @@ def collected(node: NodeProcess) -> int:
     raise RuntimeError("valgrind printed no instruction count")
 
 
-def options(doc: str, calls: str, argv: list[str] | None) -> tuple[int, int, int]:
+def options(doc: str, calls: str, argv: list[str] | None,
+            conns: bool = False) -> tuple[int, int, int, int]:
     """A callgrind benchmark's command line (``--calls`` defaulting to ``calls``,
-    ``--inflight``): the two call counts and the calls in flight. Quiets the log and
-    exits with what to do when valgrind is missing."""
+    ``--inflight``; ``--conns`` when ``conns``): the two call counts, the calls in
+    flight (per connection) and the caller connections (1 without ``conns``). Quiets
+    the log and exits with what to do when valgrind is missing."""
     ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", default=calls, help="two call counts")
-    ap.add_argument("--inflight", type=int, default=200)
+    ap.add_argument("--inflight", type=int, default=200, help="calls in flight per connection")
+    if conns:
+        ap.add_argument("--conns", type=int, default=1, help="caller connections")
     args = ap.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
     low, high = (int(x) for x in args.calls.split(","))
-    return low, high, args.inflight
+    return low, high, args.inflight, getattr(args, "conns", 1)

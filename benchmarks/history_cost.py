@@ -41,7 +41,7 @@ def instructions(calls: int, inflight: int, history: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    low, high, inflight = options(__doc__, "4000,16000", argv)
+    low, high, inflight, _ = options(__doc__, "4000,16000", argv)
     folder = tempfile.mkdtemp(prefix="rpcbus-history-cost-")
     per_call = {}
     try:

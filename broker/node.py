@@ -75,6 +75,7 @@ class Node:
             max_name=config.limits.max_name_length,
             now=time.monotonic(),  # asyncio's clock
             prefer_local=config.cluster.prefer_local,
+            affinity=config.cluster.affinity,
             clock=time.perf_counter if config.server.per_rpc_metrics else None,
         )
         self.link: Any = None  # the ClusterLink when cluster.redis_url is set

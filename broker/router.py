@@ -35,7 +35,11 @@ In a cluster the router also asks a ``ClusterView`` (cluster/link.py) for the
 other nodes that provide a name. The chance of a target is its provider count
 over the cluster-wide count: each local provider counts 1, a node counts its
 number of providers (with a weights file, ``set_weights``: a local provider
-counts its weight, a node the sum of its providers' weights). A call for a
+counts its weight, a node the sum of its providers' weights). With ``affinity``
+K > 1 a first attempt's draw holds for the next K - 1 first attempts of that name
+until ``new_round()`` (the bus sent a round): the calls a round gathers go to few
+nodes, in big batches, and each target's share of the calls stays its weight's
+(docs/cluster.md, "Choice"). A call for a
 name whose providers elsewhere are being discovered waits, with its deadline,
 until ``resume(name)``. A node attempt
 is first acknowledged (``ack``: the node has it) within the ack timeout;
@@ -218,6 +222,7 @@ class Router:
                  now: float, granularity: float = 0.01, max_name: int = DEFAULT_MAX_NAME,
                  rand: Callable[[], float] = random.random,
                  cluster: ClusterView | None = None, prefer_local: bool = False,
+                 affinity: int = 1,
                  clock: Callable[[], float] | None = time.perf_counter) -> None:
         self.ack_timeout = ack_timeout
         self.response_timeout = response_timeout
@@ -226,6 +231,7 @@ class Router:
         self._rand = rand
         self.cluster = cluster
         self.prefer_local = prefer_local
+        self.affinity = affinity             # first attempts per draw within a round (1: each)
         self._clock = clock                  # None: no per-rpc metrics
         self.rpc_stats = RpcStatsTable()
         # picks the calls whose latency is sampled: at random (a generator of its own), so
@@ -241,6 +247,9 @@ class Router:
         self._deadlines = Deadlines[int](granularity, now)
         self._seq = 0
         self.stats = RouterStats()
+        # name -> [the round's drawn target, first attempts it may still take, the remote
+        # targets list it was drawn from (a new list: the targets changed, draw again)]
+        self._drawn: dict[str, list[Any]] = {}
 
     # -- what a node can be asked about ------------------------------------------
 
@@ -291,6 +300,12 @@ class Router:
             for name in self._providers:
                 self.count_changed(name, self.advertised(name))
 
+    def new_round(self) -> None:
+        """The cluster bus sent a round: first attempts from now on draw their targets
+        afresh (``affinity``)."""
+        if self._drawn:
+            self._drawn.clear()
+
     # -- providers -----------------------------------------------------------------
 
     def provide(self, peer: Provider, names: list[str]) -> None:
@@ -300,6 +315,7 @@ class Router:
             peers = self._providers.setdefault(name, [])
             if peer not in peers:
                 peers.append(peer)
+                self._drawn.pop(name, None)  # the choice changed: draw again
                 if self.count_changed is not None:
                     self.count_changed(name, self.advertised(name))
             peer.provides.add(name)
@@ -310,6 +326,7 @@ class Router:
             peers = self._providers.get(name)
             if peers is not None and peer in peers:
                 peers.remove(peer)
+                self._drawn.pop(name, None)  # it may have been the drawn target
                 if not peers:
                     del self._providers[name]
                 if self.count_changed is not None:
@@ -605,23 +622,17 @@ class Router:
     def _dispatch(self, call: Call, local: Sequence[Peer],
                   remote: Sequence[tuple[Peer, float]], now: float) -> None:
         tried = call.tried
-        if self.weights is not None:   # weights loaded: a local provider counts its weight
-            provider = self._weighted(call.name, local, remote, tried)
-        elif remote and tried is None:  # weighted: a local provider counts 1, a node its count
-            n_local = len(local)
-            total: float = n_local
-            for _, n in remote:
-                total += n
-            pick = self._rand() * total
-            if pick < n_local:
-                provider = local[int(pick)]
+        if remote and tried is None:  # a first attempt that may cross nodes
+            drawn = self._drawn.get(call.name)
+            if (drawn is not None and drawn[1] and drawn[2] is remote
+                    and not drawn[0].closed):  # the round's draw holds (``affinity``)
+                provider = drawn[0]
+                drawn[1] -= 1
             else:
-                pick -= n_local
-                for provider, n in remote:  # noqa: B007 (the loop leaves the pick in it)
-                    pick -= n
-                    if pick < 0:
-                        break
-        elif remote:  # the same, without the targets already tried
+                provider = self._draw(call.name, local, remote)
+                if self.affinity > 1 and provider is not None:
+                    self._drawn[call.name] = [provider, self.affinity - 1, remote]
+        elif self.weights is not None or remote:  # weighted, without the targets tried
             provider = self._weighted(call.name, local, remote, tried)
         else:
             candidates = local if tried is None else [p for p in local if p not in tried]
@@ -667,6 +678,26 @@ class Router:
         else:
             provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
                            caller.label, int(now * 1000), call.traceparent, caller.user_name])
+
+    def _draw(self, name: str, local: Sequence[Peer],
+              remote: Sequence[tuple[Peer, float]]) -> Peer | None:
+        """A target at random by weight: a local provider counts 1 (its weight, with a
+        weights file), a node its count (the sum of its providers' weights)."""
+        if self.weights is not None:
+            return self._weighted(name, local, remote, None)
+        n_local = len(local)
+        total: float = n_local
+        for _, n in remote:
+            total += n
+        pick = self._rand() * total
+        if pick < n_local:
+            return local[int(pick)]
+        pick -= n_local
+        for provider, n in remote:
+            pick -= n
+            if pick < 0:
+                return provider
+        return remote[-1][0]  # rounding left a sliver above the last one
 
     def _weighted(self, name: str, local: Sequence[Peer],
                   remote: Sequence[tuple[Peer, float]],

@@ -16,6 +16,7 @@ class ClusterSection:
     negative_ttl: float = 1.0
     query_timeout: float = 0.25
     prefer_local: bool = False
+    affinity: int = 32              # first attempts per draw of a target within a bus round
     redis_tls_ca: str = ""
     seal: str = "none"
     key_id: str = ""

@@ -14,7 +14,7 @@ from rpcbus.cluster.membership import Membership
 from rpcbus.cluster.providers import ProviderCache
 from rpcbus.protocol import ACCEPT, CANCEL, ERROR, REQUEST, RESPONSE
 
-from .test_router import Peer
+from .test_router import Peer, requests_to
 
 
 class Node(Peer):
@@ -355,3 +355,61 @@ def test_invokes_stay_local_report_accept_and_can_be_cancelled():
     assert local.take() == [[CANCEL, req[1]]] and r.pending == 0 and origin.inflight == 0
     r.request(origin, 78, "unknown", None, 1000, now=0.0)
     assert origin.take()[0][:3] == [ERROR, 78, errors.NO_PROVIDER]  # the origin's REJECT
+
+
+def _sequence(*values):
+    """A rand() that returns ``values`` in turn."""
+    it = iter(values)
+    return lambda: next(it)
+
+
+def test_a_draw_holds_for_affinity_first_attempts_within_a_round_then_draws_again():
+    a, b = Node("A"), Node("B")
+    view = View({"x": [(a, 3), (b, 1)]})
+    # picks over the total of 5 (local 1, A 3, B 1): 0.5 -> A, 0.9 -> B, 0.1 -> local
+    r = router(view, affinity=3, rand=_sequence(0.5, 0.9, 0.1))
+    caller, local = Peer("c"), Peer("p")
+    r.provide(local, ["x"])
+    for i in range(5):
+        r.request(caller, i, "x", None, None, now=0.0)
+    assert len(requests_to(a)) == 3 and len(requests_to(b)) == 2  # A for 3, then B drawn
+    r.new_round()  # the bus sent a round: the next call draws (0.1: the local provider)
+    r.request(caller, 5, "x", None, None, now=0.0)
+    assert len(requests_to(local)) == 1 and not requests_to(b)
+
+
+def test_a_drawn_target_that_left_or_whose_targets_changed_is_drawn_again():
+    a, b = Node("A"), Node("B")
+    view = View({"x": [(a, 1)]})
+    r = router(view, affinity=100, rand=_sequence(0.1, 0.9, 0.9, 0.1))
+    caller, local = Peer("c"), Peer("p")
+    r.provide(local, ["x"])
+    r.request(caller, 1, "x", None, None, now=0.0)          # 0.1 of 2: the local provider
+    assert len(requests_to(local)) == 1
+    r.unprovide(local, ["x"])                               # it stops providing x
+    r.request(caller, 2, "x", None, None, now=0.0)          # drawn again: A, the only one
+    assert len(requests_to(a)) == 1
+    view.entries["x"] = [(a, 1), (b, 1)]                    # B joined: a new targets list
+    r.request(caller, 3, "x", None, None, now=0.0)          # drawn again: 0.9 of 2 -> B
+    [invoke] = requests_to(b)
+    # a retry never takes the round's draw: B rejects, the call moves to A
+    r.reject(b, invoke[1], now=0.0)
+    assert [msg[2] for msg in requests_to(a)] == ["x"] and not requests_to(b)
+
+
+def test_with_affinity_each_target_still_gets_its_weight_s_share():
+    import random
+    a, b = Node("A"), Node("B")
+    view = View({"x": [(a, 3), (b, 1)]})
+    r = router(view, affinity=8, rand=random.Random(7).random)
+    caller, local = Peer("c"), Peer("p")
+    r.provide(local, ["x"])
+    for round_ in range(3_000):       # rounds of 20 calls: draws at calls 1, 9 and 17
+        for i in range(20):
+            r.request(caller, round_ * 20 + i, "x", None, None, now=0.0)
+        r.new_round()
+    picks = {p.label: len(requests_to(p)) for p in (a, b, local)}
+    # 60,000 calls in 9,000 draws of 8, 8 and 4 calls: expected 3/5, 1/5, 1/5; the sd
+    # of a share is under 0.6 %: 3 % bounds
+    assert abs(picks["A"] / 60_000 - 0.6) < 0.03
+    assert abs(picks["B"] / 60_000 - 0.2) < 0.03 and abs(picks["p"] / 60_000 - 0.2) < 0.03

@@ -36,10 +36,11 @@ other nodes that provide a name. The chance of a target is its provider count
 over the cluster-wide count: each local provider counts 1, a node counts its
 number of providers (with a weights file, ``set_weights``: a local provider
 counts its weight, a node the sum of its providers' weights). With ``affinity``
-K > 1 a first attempt's draw holds for the next K - 1 first attempts of that name
-until ``new_round()`` (the bus sent a round): the calls a round gathers go to few
-nodes, in big batches, and each target's share of the calls stays its weight's
-(docs/cluster.md, "Choice"). A call for a
+K > 1 a first attempt's draw also takes the next K - 1 first attempts of that name
+handed in with it (one client frame: ``new_batch()`` before each; the calls one
+``resume`` routes): they go to one node in one bus batch, not one per node. The
+calls a draw takes are fixed before it is made, so each target's share stays its
+weight's (docs/cluster.md, "Choice"). A call for a
 name whose providers elsewhere are being discovered waits, with its deadline,
 until ``resume(name)``. A node attempt
 is first acknowledged (``ack``: the node has it) within the ack timeout;
@@ -231,7 +232,7 @@ class Router:
         self._rand = rand
         self.cluster = cluster
         self.prefer_local = prefer_local
-        self.affinity = affinity             # first attempts per draw within a round (1: each)
+        self.affinity = affinity             # first attempts per draw (1: a draw each)
         self._clock = clock                  # None: no per-rpc metrics
         self.rpc_stats = RpcStatsTable()
         # picks the calls whose latency is sampled: at random (a generator of its own), so
@@ -247,8 +248,9 @@ class Router:
         self._deadlines = Deadlines[int](granularity, now)
         self._seq = 0
         self.stats = RouterStats()
-        # name -> [the round's drawn target, first attempts it may still take, the remote
-        # targets list it was drawn from (a new list: the targets changed, draw again)]
+        # name -> [the drawn target, first attempts it still takes, the remote targets
+        # list it was drawn from (a new list: the targets changed, draw again)], for the
+        # calls of one batch (``new_batch``)
         self._drawn: dict[str, list[Any]] = {}
 
     # -- what a node can be asked about ------------------------------------------
@@ -300,9 +302,9 @@ class Router:
             for name in self._providers:
                 self.count_changed(name, self.advertised(name))
 
-    def new_round(self) -> None:
-        """The cluster bus sent a round: first attempts from now on draw their targets
-        afresh (``affinity``)."""
+    def new_batch(self) -> None:
+        """The calls handed in from here on came together (a client's frame): no draw
+        made for earlier calls holds for them (``affinity``)."""
         if self._drawn:
             self._drawn.clear()
 
@@ -440,11 +442,14 @@ class Router:
         self._route(call, now, discover=True)
 
     def resume(self, name: str, now: float) -> None:
-        """Discovery of ``name`` finished: route the calls that waited for it."""
+        """Discovery of ``name`` finished: route the calls that waited for it (one batch
+        for ``affinity``)."""
+        self.new_batch()
         for call in self._parked.pop(name, ()):
             if self._calls.get(call.id) is call:  # not timed out meanwhile
                 del self._calls[call.id]
                 self._route(call, now, discover=False)
+        self.new_batch()
 
     def ack(self, peer: Peer, attempt: int) -> None:
         """A node has the attempt: it may try all its providers until the call's deadline."""
@@ -625,7 +630,7 @@ class Router:
         if remote and tried is None:  # a first attempt that may cross nodes
             drawn = self._drawn.get(call.name)
             if (drawn is not None and drawn[1] and drawn[2] is remote
-                    and not drawn[0].closed):  # the round's draw holds (``affinity``)
+                    and not drawn[0].closed):  # the draw holds (``affinity``)
                 provider = drawn[0]
                 drawn[1] -= 1
             else:

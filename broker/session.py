@@ -184,6 +184,7 @@ class Session(FrameIO, ServerConnection):
 
     def _handle(self, msgs: list[list[Any]]) -> None:
         router = self.router
+        router.new_batch()  # a draw of a target holds within one frame's calls at most
         now = self.loop.time()
         serving = self.authenticated and not self.node.draining
         for msg in msgs:

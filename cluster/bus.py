@@ -4,12 +4,11 @@
 per topic as one PUBLISH of one batch (cluster/messages.py), all topics of a
 round in one ``write()`` per Redis; while a round is at Redis the next one
 gathers, so batches grow with load (per-message PUBLISH through redis-py stalls
-near 8k/s); ``on_round`` hears each round taken to be sent. The subscribed
-connection hands every batch it reads to ``on_batch`` at once. The connections
-are cluster/resp.py's lean RESP connections (hiredis), opened by
-cluster/shards.py: on one Redis a publishing and a subscribed one; on a Redis
-Cluster sharded pub/sub (SPUBLISH to the master owning a topic's slot, SSUBSCRIBE
-there), one ``write()`` per master in a round.
+near 8k/s). The subscribed connection hands every batch it reads to
+``on_batch`` at once. The connections are cluster/resp.py's lean RESP
+connections (hiredis), opened by cluster/shards.py: on one Redis a publishing
+and a subscribed one; on a Redis Cluster sharded pub/sub (SPUBLISH to the master
+owning a topic's slot, SSUBSCRIBE there), one ``write()`` per master in a round.
 
 With a ``Sealer`` (cluster/seal.py) every batch is sealed on the way out; on
 the way in, a batch that does not open (no or bad seal, unknown key id, clock
@@ -76,8 +75,7 @@ class Bus:
                  backoff: Backoff | None = None, sealer: Sealer | None = None,
                  max_skew: float = 30.0, tls_ca: str = "",
                  on_skew: Callable[[str, float], None] | None = None,
-                 on_unencodable: Callable[[str, int, list[Any]], None] | None = None,
-                 on_round: Callable[[], None] | None = None) -> None:
+                 on_unencodable: Callable[[str, int, list[Any]], None] | None = None) -> None:
         self.url = url
         self.me = me
         self.incarnation = incarnation
@@ -97,7 +95,6 @@ class Bus:
         self._on_batch, self._on_up, self._on_down = on_batch, on_up, on_down
         self._on_skew = on_skew      # (sender, its clock minus ours in s): a batch refused
         self._on_unencodable = on_unencodable  # (topic, to, msg): left out of its batch
-        self._on_round = on_round    # a round was taken to be sent: the next one gathers
         self._backoff = backoff or Backoff()
         self._out: dict[str, list[list[Any]]] = {}
         self._to: dict[str, int] = {}   # topic -> the incarnation its queue is for
@@ -299,8 +296,6 @@ class Bus:
                 await conn.writable()
             self._wake.clear()
             out, self._out = self._out, {}
-            if self._on_round is not None:
-                self._on_round()
             to, self._to = self._to, {}
             then, self._then = self._then, []
             holds, self._holds = self._holds, []

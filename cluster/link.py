@@ -76,8 +76,7 @@ class ClusterLink:
         self.bus = Bus(config.redis_url, config.namespace, me, self.incarnation,
                        self._on_batch, self._on_up, self._on_down, sealer=sealer,
                        max_skew=config.max_skew, tls_ca=config.redis_tls_ca,
-                       on_skew=self._on_skew, on_unencodable=self._unencodable,
-                       on_round=router.new_round)
+                       on_skew=self._on_skew, on_unencodable=self._unencodable)
         self.nodes: dict[str, RemoteNode] = {}   # the latest incarnation heard of each name
         # INVOKEs from other nodes, by (origin's incarnation, its attempt id)
         self.invoked: dict[tuple[int, int], RemoteCaller] = {}

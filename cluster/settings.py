@@ -16,7 +16,7 @@ class ClusterSection:
     negative_ttl: float = 1.0
     query_timeout: float = 0.25
     prefer_local: bool = False
-    affinity: int = 32              # first attempts per draw of a target within a bus round
+    affinity: int = 32              # a frame's calls of a name per draw of their target
     redis_tls_ca: str = ""
     seal: str = "none"
     key_id: str = ""

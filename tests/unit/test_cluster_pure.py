@@ -363,18 +363,19 @@ def _sequence(*values):
     return lambda: next(it)
 
 
-def test_a_draw_holds_for_affinity_first_attempts_within_a_round_then_draws_again():
+def test_a_draw_takes_affinity_first_attempts_of_one_batch_then_calls_draw_again():
     a, b = Node("A"), Node("B")
     view = View({"x": [(a, 3), (b, 1)]})
     # picks over the total of 5 (local 1, A 3, B 1): 0.5 -> A, 0.9 -> B, 0.1 -> local
     r = router(view, affinity=3, rand=_sequence(0.5, 0.9, 0.1))
     caller, local = Peer("c"), Peer("p")
     r.provide(local, ["x"])
+    r.new_batch()                     # one client frame of five calls
     for i in range(5):
         r.request(caller, i, "x", None, None, now=0.0)
     assert len(requests_to(a)) == 3 and len(requests_to(b)) == 2  # A for 3, then B drawn
-    r.new_round()  # the bus sent a round: the next call draws (0.1: the local provider)
-    r.request(caller, 5, "x", None, None, now=0.0)
+    r.new_batch()                     # the next frame: B's draw ends with the last one
+    r.request(caller, 5, "x", None, None, now=0.0)                 # 0.1: the local one
     assert len(requests_to(local)) == 1 and not requests_to(b)
 
 
@@ -404,10 +405,10 @@ def test_with_affinity_each_target_still_gets_its_weight_s_share():
     r = router(view, affinity=8, rand=random.Random(7).random)
     caller, local = Peer("c"), Peer("p")
     r.provide(local, ["x"])
-    for round_ in range(3_000):       # rounds of 20 calls: draws at calls 1, 9 and 17
+    for frame in range(3_000):        # frames of 20 calls: draws at calls 1, 9 and 17
+        r.new_batch()
         for i in range(20):
-            r.request(caller, round_ * 20 + i, "x", None, None, now=0.0)
-        r.new_round()
+            r.request(caller, frame * 20 + i, "x", None, None, now=0.0)
     picks = {p.label: len(requests_to(p)) for p in (a, b, local)}
     # 60,000 calls in 9,000 draws of 8, 8 and 4 calls: expected 3/5, 1/5, 1/5; the sd
     # of a share is under 0.6 %: 3 % bounds

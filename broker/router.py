@@ -451,12 +451,16 @@ class Router:
                 self._route(call, now, discover=False)
         self.new_batch()
 
-    def ack(self, peer: Peer, attempt: int) -> None:
-        """A node has the attempt: it may try all its providers until the call's deadline."""
-        call = self._attempt_of(peer, attempt)
-        if call is None or call.acked or call.accepted:
-            return
-        call.acked = True  # its ack deadline entry, when due, files the call's deadline
+    def ack(self, peer: Peer, *attempts: int) -> None:
+        """A node has these attempts (one ACK names a batch's): each may try all its
+        providers until the call's deadline."""
+        calls = self._calls
+        for attempt in attempts:
+            call = calls.get(attempt)
+            if call is None or call.provider is not peer:
+                self._stray(peer, attempt, None)
+            elif not (call.acked or call.accepted):
+                call.acked = True  # its ack deadline entry, when due, files the deadline
 
     def accept(self, peer: Peer, attempt: int, now: float) -> None:
         """The provider took the call: from now on only the response deadline applies."""

@@ -287,12 +287,16 @@ class ClusterLink:
         age = self.membership.age(sender, batch.sent_at, now)
         addressed = batch.to == self.incarnation  # call messages come only in these
         taken: list[RemoteCaller] = []  # the batch's INVOKEs taken: one ACK for them all
+        respond = self.router.respond
         for msg in batch.messages:
-            if not addressed and m.INVOKE <= msg[0] <= m.CHECK:
+            kind = msg[0]
+            if not addressed and m.INVOKE <= kind <= m.CHECK:
                 self.stats["misaddressed"] += 1
                 continue
             try:
-                if msg[0] == m.INVOKE:
+                if kind == m.RESPONSE:  # the two kinds every call carries, first
+                    respond(node, msg[1], msg[2])
+                elif kind == m.INVOKE:
                     self._invoke(node, msg, age, now, taken)
                 else:
                     self._on_message(node, msg, batch.sent_at, now)
@@ -304,13 +308,10 @@ class ClusterLink:
 
     def _on_message(self, node: RemoteNode, msg: list[Any], sent_at: float,
                     now: float) -> None:
-        kind = msg[0]
+        kind = msg[0]  # RESPONSE and INVOKE: _on_batch takes them itself
         router = self.router
-        if kind == m.RESPONSE:
-            router.respond(node, msg[1], msg[2])
-        elif kind == m.ACK:
-            for attempt in msg[1:]:
-                router.ack(node, attempt)
+        if kind == m.ACK:
+            router.ack(node, *msg[1:])
         elif kind == m.ACCEPTED:
             router.accept(node, msg[1], now)
         elif kind == m.REJECT:

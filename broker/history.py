@@ -169,8 +169,8 @@ class History:
                 if row.started or row.pending or any(row.outcomes)]
         # the provider's peak over its routing nodes: sampled together, so never less than
         # any one node's, nor than what is pending over all of them now
-        peaks, now = self.peaks, _per_provider(pending)
-        for key, n in now.items():
+        peaks, pending_now = self.peaks, _per_provider(pending)
+        for key, n in pending_now.items():
             peaks[key] = max(peaks.get(key, 0), n)
         for r in rows:
             pair = (r["rpc"], r["provider"])
@@ -185,7 +185,7 @@ class History:
         for row in self.rows.values():
             row.pending = pending.get(row, 0)
             row._reset()
-        self.peaks = now      # the next window starts from what is pending now
+        self.peaks = pending_now  # the next window starts from what is pending now
         self.window_start = now_wall - now_wall % self.window
         if rows and self.writer is not None:
             self.writer.put(rows)

@@ -449,14 +449,13 @@ class Router:
             if self._calls.get(call.id) is call:  # not timed out meanwhile
                 del self._calls[call.id]
                 self._route(call, now, discover=False)
-        self.new_batch()
 
     def ack(self, peer: Peer, *attempts: int) -> None:
         """A node has these attempts (one ACK names a batch's): each may try all its
         providers until the call's deadline."""
         calls = self._calls
         for attempt in attempts:
-            call = calls.get(attempt)
+            call = calls.get(attempt)  # _attempt_of, inlined (an ACK per cross call)
             if call is None or call.provider is not peer:
                 self._stray(peer, attempt, None)
             elif not (call.acked or call.accepted):
@@ -638,7 +637,7 @@ class Router:
                 provider = drawn[0]
                 drawn[1] -= 1
             else:
-                provider = self._draw(call.name, local, remote)
+                provider = self._weighted(call.name, local, remote, None)  # a draw
                 if self.affinity > 1 and provider is not None:
                     self._drawn[call.name] = [provider, self.affinity - 1, remote]
         elif self.weights is not None or remote:  # weighted, without the targets tried
@@ -687,26 +686,6 @@ class Router:
         else:
             provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
                            caller.label, int(now * 1000), call.traceparent, caller.user_name])
-
-    def _draw(self, name: str, local: Sequence[Peer],
-              remote: Sequence[tuple[Peer, float]]) -> Peer | None:
-        """A target at random by weight: a local provider counts 1 (its weight, with a
-        weights file), a node its count (the sum of its providers' weights)."""
-        if self.weights is not None:
-            return self._weighted(name, local, remote, None)
-        n_local = len(local)
-        total: float = n_local
-        for _, n in remote:
-            total += n
-        pick = self._rand() * total
-        if pick < n_local:
-            return local[int(pick)]
-        pick -= n_local
-        for provider, n in remote:
-            pick -= n
-            if pick < 0:
-                return provider
-        return remote[-1][0]  # rounding left a sliver above the last one
 
     def _weighted(self, name: str, local: Sequence[Peer],
                   remote: Sequence[tuple[Peer, float]],

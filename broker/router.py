@@ -631,10 +631,11 @@ class Router:
                   remote: Sequence[tuple[Peer, float]], now: float) -> None:
         tried = call.tried
         if remote and tried is None:  # a first attempt that may cross nodes
-            drawn = self._drawn.get(call.name)
-            if (drawn is not None and drawn[1] and drawn[2] is remote
-                    and not drawn[0].closed):  # the draw holds (``affinity``)
-                provider = drawn[0]
+            if not local and len(remote) == 1:  # one target: nothing to draw or hold
+                provider = remote[0][0] if remote[0][1] > 0 else None
+            elif (drawn := self._drawn.get(call.name)) is not None and (
+                    drawn[1] and drawn[2] is remote and not drawn[0].closed):
+                provider = drawn[0]  # the draw holds (``affinity``)
                 drawn[1] -= 1
             else:
                 provider = self._weighted(call.name, local, remote, None)  # a draw

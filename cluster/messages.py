@@ -116,19 +116,22 @@ def decode_batch(payload: bytes) -> Batch:
 def _well_formed(msg: Any) -> bool:
     if type(msg) is not list or not msg or type(msg[0]) is not int:
         return False
-    fields = _SHAPES.get(msg[0])
     kind = msg[0]
+    n = len(msg)
+    if kind == RESPONSE:  # the two kinds every call carries, first
+        return n == 3 and type(msg[1]) is int and msg[1] >= 0
+    if kind == INVOKE:  # [20, id, rpc, data, left_ms, ack_ms, caller, traceparent?, user?]
+        return (7 <= n <= 9 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is str
+                and type(msg[4]) is int and type(msg[5]) is int and type(msg[6]) is str
+                and (n == 7 or type(msg[7]) in (str, type(None)))
+                and (n < 9 or type(msg[8]) is str))
     if kind == ACK:
-        return len(msg) > 1 and all(type(i) is int and i >= 0 for i in msg[1:])
-    if fields is None or (len(msg) != fields + 1
-                          and not (kind == INVOKE and fields + 2 <= len(msg) <= fields + 3)):
+        return n > 1 and all(type(i) is int and i >= 0 for i in msg[1:])
+    fields = _SHAPES.get(kind)
+    if fields is None or n != fields + 1:
         return False
     if INVOKE <= kind <= CHECK and (type(msg[1]) is not int or msg[1] < 0):
         return False
-    if kind == INVOKE:
-        return (type(msg[2]) is str and type(msg[4]) is int and type(msg[5]) is int
-                and type(msg[6]) is str and (len(msg) == 7 or type(msg[7]) in (str, type(None)))
-                and (len(msg) < 9 or type(msg[8]) is str))
     if kind == ERROR:
         return type(msg[2]) is str and type(msg[3]) is str
     if kind == RPC_QUERY:

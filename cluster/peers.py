@@ -137,9 +137,9 @@ class RecentIds:
         self._new: set[Any] = set()
         self._old: set[Any] = set()
         self._rotate_at = 0.0
-
-    def add(self, key: Any) -> None:
-        self._new.add(key)
+        # add(key): the newer set's own add, called without a Python frame (every INVOKE
+        # adds its key); tick() rebinds it when the sets rotate
+        self.add = self._new.add
 
     def __contains__(self, key: Any) -> bool:
         return key in self._new or key in self._old
@@ -147,4 +147,5 @@ class RecentIds:
     def tick(self, now: float) -> None:
         if now >= self._rotate_at:
             self._old, self._new = self._new, set()
+            self.add = self._new.add
             self._rotate_at = now + self.keep

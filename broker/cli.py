@@ -69,9 +69,9 @@ def _tune_gc(cluster: bool) -> None:
     Every call makes a few container objects (a call, its messages) that reference
     counting frees; only the collector's passes over everything else cost. Collecting
     the youngest generation after 10,000 container allocations (net), not CPython's
-    700, makes the passes over the older generations (which the defaults run every
-    ~7,000 calls, over the whole heap with the link's sets of recent attempt keys) about
-    14 times rarer; ``gc.freeze`` leaves what start-up made (modules, functions, the
+    700, makes the passes over the older generations (which the defaults run every few
+    thousand calls, over the whole heap with the link's sets of recent attempt keys)
+    about 14 times rarer; ``gc.freeze`` leaves what start-up made (modules, functions, the
     configuration) out of them for good. The provider's node of a call across nodes runs
     ~4 % fewer instructions (docs/performance.md); cyclic garbage, rare here (an
     exception's traceback), waits at most 10,000 allocations longer.

@@ -15,11 +15,9 @@ import rpcbus
 from rpcbus.broker.process import NodeProcess
 
 
-async def echo_calls(caller: rpcbus.Client | list[rpcbus.Client], calls: int,
-                     inflight: int) -> None:
-    """``calls`` calls of cost.echo with 64 B of data, ``inflight`` at once on each
-    connection (the calls shared out over the connections of a list)."""
-    callers = caller if isinstance(caller, list) else [caller]
+async def echo_calls(callers: list[rpcbus.Client], calls: int, inflight: int) -> None:
+    """``calls`` calls of cost.echo with 64 B of data, shared out over ``callers``,
+    ``inflight`` at once on each."""
     payload = {"k": "x" * 64}
 
     async def on(client: rpcbus.Client, n: int) -> None:

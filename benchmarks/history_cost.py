@@ -25,7 +25,7 @@ from rpcbus.broker.process import NodeProcess
 async def _load(url: str, calls: int, inflight: int) -> None:
     async with rpcbus.connect(url, name="worker") as prov, rpcbus.connect(url) as caller:
         await prov.provide("cost.echo", lambda d: d)
-        await echo_calls(caller, calls, inflight)
+        await echo_calls([caller], calls, inflight)
 
 
 def instructions(calls: int, inflight: int, history: str | None) -> int:

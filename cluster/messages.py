@@ -61,7 +61,8 @@ STARTING = "starting"
 READY = "ready"
 TERMINATING = "terminating"
 
-# kind -> (number of fields after the kind, checks on them)
+# kind -> number of fields after the kind (RESPONSE, INVOKE and ACK: _well_formed checks
+# those three in branches of their own, first, as every call carries them)
 _SHAPES: dict[int, int] = {
     STATE: 4, RPC_QUERY: 1, PROVIDER_UPDATE: 2, INVOKE: 6, ACK: 1, ACCEPTED: 1,
     RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1, CHECK: 1, ECHO: 0, ANNOUNCE: 0,

@@ -252,6 +252,11 @@ class Router:
         # list it was drawn from (a new list: the targets changed, draw again)], for the
         # calls of one batch (``new_batch``)
         self._drawn: dict[str, list[Any]] = {}
+        # new_batch(): the calls handed in from here on came together (a client's frame),
+        # so no draw made for earlier calls holds for them. It is the table's own clear,
+        # called without a Python frame (every client frame starts a batch); the table is
+        # never replaced, only emptied.
+        self.new_batch: Callable[[], None] = self._drawn.clear
 
     # -- what a node can be asked about ------------------------------------------
 
@@ -301,12 +306,6 @@ class Router:
         if self.count_changed is not None:
             for name in self._providers:
                 self.count_changed(name, self.advertised(name))
-
-    def new_batch(self) -> None:
-        """The calls handed in from here on came together (a client's frame): no draw
-        made for earlier calls holds for them (``affinity``)."""
-        if self._drawn:
-            self._drawn.clear()
 
     # -- providers -----------------------------------------------------------------
 

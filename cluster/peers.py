@@ -52,7 +52,7 @@ class RemoteNode:
             msg[0], msg[5], msg[6] = m.INVOKE, self.link.ack_ms, msg[5]
             if len(msg) > 7 and msg[8] is None:
                 del msg[8]
-            self.publish(msg)
+            self.link.bus.publish(self.topic, msg, None, self.incarnation)  # publish, inlined
         elif msg[0] == C_CANCEL:
             self.publish([m.CANCEL, msg[1]])
         elif msg[0] == ACK_CHECK:
@@ -118,9 +118,9 @@ class RemoteCaller:
         if kind == ACCEPT:
             node.publish([m.ACCEPTED, self.id], hold_until=self.deadline)
             return
-        if kind == C_RESPONSE:
+        if kind == C_RESPONSE:  # node.publish, inlined (one per call)
             msg[0] = m.RESPONSE
-            node.publish(msg, hold_until=self.deadline)
+            self.link.bus.publish(node.topic, msg, None, node.incarnation, self.deadline)
         elif kind == C_ERROR and msg[2] == errors.NO_PROVIDER:
             node.publish([m.REJECT, self.id], hold_until=self.deadline)
         elif kind == C_ERROR:

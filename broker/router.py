@@ -38,9 +38,10 @@ number of providers (with a weights file, ``set_weights``: a local provider
 counts its weight, a node the sum of its providers' weights). With ``affinity``
 K > 1 a first attempt's draw also takes the next K - 1 first attempts of that name
 handed in with it (one client frame: ``new_batch()`` before each; the calls one
-``resume`` routes): they go to one node in one bus batch, not one per node. The
-calls a draw takes are fixed before it is made, so each target's share stays its
-weight's (docs/cluster.md, "Choice"). A call for a
+``resume`` routes): they go to one node in one bus batch, not one per node. Such a
+draw is only among the targets behind their share of the name's first attempts, so
+each target stays within about K calls of its weight's share (docs/cluster.md,
+"Choice"). A call for a
 name whose providers elsewhere are being discovered waits, with its deadline,
 until ``resume(name)``. A node attempt
 is first acknowledged (``ack``: the node has it) within the ack timeout;
@@ -84,6 +85,9 @@ if TYPE_CHECKING:
 _SAMPLE_P = 1.0 / SAMPLE  # per-rpc latency: the share of calls measured
 HISTORY_SAMPLE = 16  # the load history measures latency and sizes of 1 attempt in 16
 _HISTORY_MASK = HISTORY_SAMPLE - 1
+# names whose first attempts ``_balanced`` counts; past that the counts start over (every
+# share starts even again), so names provided elsewhere and gone keep no memory
+BALANCED_NAMES = 4096
 
 
 class Peer(Protocol):
@@ -249,9 +253,13 @@ class Router:
         self._seq = 0
         self.stats = RouterStats()
         # name -> [the drawn target, first attempts it still takes, the remote targets
-        # list it was drawn from (a new list: the targets changed, draw again)], for the
-        # calls of one batch (``new_batch``)
+        # list it was drawn from (a new list: the targets changed, draw again), the
+        # name's first attempts per target (``_balanced``)], for the calls of one batch
+        # (``new_batch``)
         self._drawn: dict[str, list[Any]] = {}
+        # name -> (the remote targets list, first attempts per target since that list
+        # or the local providers last changed): what ``_balanced`` draws by
+        self._balance: dict[str, tuple[Sequence[Any], dict[Peer, int]]] = {}
         # new_batch(): the calls handed in from here on came together (a client's frame),
         # so no draw made for earlier calls holds for them. It is the table's own clear,
         # called without a Python frame (every client frame starts a batch); the table is
@@ -303,6 +311,7 @@ class Router:
         """Use ``weights`` (broker.weights.Weights, or None: all 1) from the next call on;
         what this node advertises for each name changes with them."""
         self.weights = weights
+        self._balance.clear()  # shares by the new weights from here on
         if self.count_changed is not None:
             for name in self._providers:
                 self.count_changed(name, self.advertised(name))
@@ -317,6 +326,7 @@ class Router:
             if peer not in peers:
                 peers.append(peer)
                 self._drawn.pop(name, None)  # the choice changed: draw again
+                self._balance.pop(name, None)
                 if self.count_changed is not None:
                     self.count_changed(name, self.advertised(name))
             peer.provides.add(name)
@@ -328,6 +338,7 @@ class Router:
             if peers is not None and peer in peers:
                 peers.remove(peer)
                 self._drawn.pop(name, None)  # it may have been the drawn target
+                self._balance.pop(name, None)
                 if not peers:
                     del self._providers[name]
                 if self.count_changed is not None:
@@ -636,10 +647,13 @@ class Router:
                     drawn[1] and drawn[2] is remote and not drawn[0].closed):
                 provider = drawn[0]  # the draw holds (``affinity``)
                 drawn[1] -= 1
+                drawn[3][provider] += 1
+            elif self.affinity > 1:
+                provider, taken = self._balanced(call.name, local, remote)  # a draw
+                if provider is not None:
+                    self._drawn[call.name] = [provider, self.affinity - 1, remote, taken]
             else:
-                provider = self._weighted(call.name, local, remote, None)  # a draw
-                if self.affinity > 1 and provider is not None:
-                    self._drawn[call.name] = [provider, self.affinity - 1, remote]
+                provider = self._weighted(call.name, local, remote, None)  # a draw per call
         elif self.weights is not None or remote:  # weighted, without the targets tried
             provider = self._weighted(call.name, local, remote, tried)
         else:
@@ -708,6 +722,53 @@ class Router:
             if pick < 0:
                 return provider
         return weighted[-1][0]  # rounding left a sliver above the last one
+
+    def _balanced(self, name: str, local: Sequence[Peer], remote: Sequence[tuple[Peer, float]]
+                  ) -> tuple[Peer | None, dict[Peer, int]]:
+        """A first attempt's draw when draws hold (``affinity``), counted: only among the
+        targets behind their weight's share of the name's first attempts since its targets
+        last changed, by how far behind. Returns the target (None: none has weight) and
+        the counts, where the calls the draw then holds are counted too.
+
+        Held draws make bigger batches, and drawn at random they would spread calls in
+        lumps of up to ``affinity``: over a short window one target could get several
+        lumps more than its share. Drawing only among the targets behind keeps every
+        target within about one hold of its share at any time, so shares per window stay
+        the weights' (what ``rpcbus analyze``'s fairness checks); the draw stays random
+        among those behind, so no fixed order of calls can line up with the targets."""
+        balance = self._balance.get(name)
+        if balance is None or balance[0] is not remote:  # new targets: every share starts even
+            if balance is None and len(self._balance) >= BALANCED_NAMES:
+                self._balance.clear()
+            balance = self._balance[name] = (remote, {})
+        taken = balance[1]
+        if self.weights is None:
+            weighted = [(p, 1.0) for p in local]
+        else:
+            weight = self.weights.of
+            weighted = [(p, weight(name, p.provider_name)) for p in local]
+        weighted += remote
+        total = sum(n for _, n in weighted)
+        if total <= 0:
+            return None, taken
+        calls = sum(taken.values()) + 1  # this one too
+        # what each target is behind by (the gaps add up to 1, so some target is behind)
+        behind = [(p, gap) for p, n in weighted if (gap := calls * n / total - taken.get(p, 0)) > 0]
+        if behind:
+            pick = self._rand() * sum(gap for _, gap in behind)
+            provider = behind[-1][0]  # should rounding leave a sliver above the last one
+            for p, gap in behind:
+                pick -= gap
+                if pick < 0:
+                    provider = p
+                    break
+        else:  # cannot happen while the counts are of these targets only
+            found = self._weighted(name, local, remote, None)
+            if found is None:
+                return None, taken
+            provider = found
+        taken[provider] = taken.get(provider, 0) + 1
+        return provider, taken
 
     def _no_target(self, call: Call) -> None:
         cluster = self.cluster

@@ -432,7 +432,7 @@ def test_the_counts_behind_held_draws_are_kept_for_a_bounded_number_of_names():
     view = View({name: [(a, 1), (b, 1)] for name in names})
     r = router(view, affinity=4)
     caller = Peer("c")
-    for i, name in enumerate(names):   # each provided elsewhere, called once, then gone
+    for i, name in enumerate(names):   # names that come and go: each called once
         r.request(caller, i, name, None, None, now=0.0)
     assert len(r._balance) <= BALANCED_NAMES
     assert len(requests_to(a)) + len(requests_to(b)) == len(names)

@@ -704,8 +704,16 @@ class Router:
     def _weighted(self, name: str, local: Sequence[Peer],
                   remote: Sequence[tuple[Peer, float]],
                   tried: set[Peer] | None) -> Peer | None:
-        """A target not in ``tried``, chosen by weight: a local provider's from the weights
-        file (1 without one), a node's the sum it advertises."""
+        """A target not in ``tried``, at random by weight (``_weighing``); None when no
+        such target has any weight."""
+        weighted = self._weighing(name, local, remote, tried)
+        total = sum(n for _, n in weighted)
+        return self._pick(weighted, total) if total > 0 else None
+
+    def _weighing(self, name: str, local: Sequence[Peer], remote: Sequence[tuple[Peer, float]],
+                  tried: set[Peer] | None) -> list[tuple[Peer, float]]:
+        """The targets not in ``tried`` with their weights: a local provider's from the
+        weights file (1 without one), a node's the sum it advertises."""
         if self.weights is None:
             weighted = [(p, 1.0) for p in local if tried is None or p not in tried]
         else:
@@ -713,9 +721,10 @@ class Router:
             weighted = [(p, weight(name, p.provider_name)) for p in local
                         if tried is None or p not in tried]
         weighted += [(p, n) for p, n in remote if tried is None or p not in tried]
-        total = sum(n for _, n in weighted)
-        if not weighted or total <= 0:
-            return None
+        return weighted
+
+    def _pick(self, weighted: Sequence[tuple[Peer, float]], total: float) -> Peer:
+        """One of ``weighted`` at random by weight; ``total`` is their sum (over 0)."""
         pick = self._rand() * total
         for provider, n in weighted:
             pick -= n
@@ -742,31 +751,16 @@ class Router:
                 self._balance.clear()
             balance = self._balance[name] = (remote, {})
         taken = balance[1]
-        if self.weights is None:
-            weighted = [(p, 1.0) for p in local]
-        else:
-            weight = self.weights.of
-            weighted = [(p, weight(name, p.provider_name)) for p in local]
-        weighted += remote
+        weighted = self._weighing(name, local, remote, None)
         total = sum(n for _, n in weighted)
         if total <= 0:
             return None, taken
         calls = sum(taken.values()) + 1  # this one too
-        # what each target is behind by (the gaps add up to 1, so some target is behind)
+        # what each target is behind by: the gaps add up to 1, as the counts are of these
+        # targets only, so some target is behind (all of them, should rounding say none)
         behind = [(p, gap) for p, n in weighted if (gap := calls * n / total - taken.get(p, 0)) > 0]
-        if behind:
-            pick = self._rand() * sum(gap for _, gap in behind)
-            provider = behind[-1][0]  # should rounding leave a sliver above the last one
-            for p, gap in behind:
-                pick -= gap
-                if pick < 0:
-                    provider = p
-                    break
-        else:  # cannot happen while the counts are of these targets only
-            found = self._weighted(name, local, remote, None)
-            if found is None:
-                return None, taken
-            provider = found
+        provider = (self._pick(behind, sum(gap for _, gap in behind)) if behind
+                    else self._pick(weighted, total))
         taken[provider] = taken.get(provider, 0) + 1
         return provider, taken
 

@@ -27,9 +27,11 @@ estimates, exact for uniform payloads.
 Writing never blocks the event loop: ``roll`` hands finished rows to a
 ``HistoryWriter`` thread through a bounded queue (full: rows are dropped and
 counted, never waited for). Files are JSON lines, partitioned
-``DIR/date=YYYY-MM-DD/hour=HH/node=NAME/part-<start>-<pid>.jsonl``: one file
-per node and hour (a new hour rotates to a new file). ``close`` flushes what is
-left (graceful shutdown).
+``DIR/date=YYYY-MM-DD/hour=HH/node=NAME/part-<start>-<pid>[-<n>].jsonl``: one file
+per node and hour (a new hour rotates to a new file). A batch of rows that cannot
+be written (the disk is full) is dropped whole, counted and logged
+(``history_write_failed``), and the file cut back to its last whole line: a row is
+never torn. ``close`` flushes what is left (graceful shutdown).
 """
 
 from __future__ import annotations
@@ -264,6 +266,8 @@ class HistoryWriter:
             queue.Queue(max_queued)
         self._file: Any = None
         self._path = ""
+        self._good = 0                   # the file's size after its last whole write
+        self._parts = 0                  # files this writer opened (each gets its own name)
         self._thread = threading.Thread(target=self._run, name="rpcbus-history", daemon=True)
         self._thread.start()
 
@@ -289,12 +293,16 @@ class HistoryWriter:
                 self._write(rows)
             except OSError as exc:
                 self.dropped += len(rows)
-                log.error("history_write_failed", error=str(exc), rows=len(rows))
+                log.error("history_write_failed", error=str(exc), rows=len(rows),
+                          total_dropped=self.dropped)
             self.lag_s = time.monotonic() - queued_at
         if self._file is not None:
             self._file.close()
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
+        """Append ``rows`` whole, or none of them: a write that fails part-way (the disk
+        full) is cut back to the file's last whole line, or, if even that fails, the file
+        is left and the next rows start a new one; either way no row is ever torn."""
         start = rows[0]["window_start"]
         t = time.gmtime(start)
         folder = os.path.join(self.directory, time.strftime("date=%Y-%m-%d", t),
@@ -302,9 +310,24 @@ class HistoryWriter:
         if self._file is None or not self._path.startswith(folder + os.sep):
             if self._file is not None:
                 self._file.close()  # a new hour: rotate
+                self._file = None
             os.makedirs(folder, exist_ok=True)
-            self._path = os.path.join(folder, f"part-{int(start)}-{os.getpid()}.jsonl")
-            self._file = open(self._path, "a", encoding="utf-8")
-        self._file.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-        self._file.flush()
+            self._parts += 1
+            suffix = f"-{self._parts}" if self._parts > 1 else ""
+            self._path = os.path.join(folder, f"part-{int(start)}-{os.getpid()}{suffix}.jsonl")
+            self._file = open(self._path, "ab", buffering=0)
+            self._good = self._file.seek(0, os.SEEK_END)
+        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows).encode()
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[self._file.write(view):]
+        except OSError:
+            try:
+                os.ftruncate(self._file.fileno(), self._good)
+            except OSError:  # cannot even cut it back: leave that file, start another
+                self._file.close()
+                self._file = None
+            raise
+        self._good += len(data)
         self.written += len(rows)

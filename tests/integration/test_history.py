@@ -62,3 +62,44 @@ async def test_history_counts_every_attempt_per_provider_and_window(tmp_path):
     assert max(r["peak_in_flight"] for r in echo) >= 50               # 100 at once
     # one routing node here: the provider's peak over routing nodes is its row's
     assert all(r["provider_peak_in_flight"] == r["peak_in_flight"] for r in echo)
+
+
+_FULL_DISK = r'''
+import json, resource, signal, sys, time
+from rpcbus.broker.history import HistoryWriter
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit: EFBIG, as a full disk's ENOSPC
+writer = HistoryWriter(sys.argv[1], "n1")
+rows = [{"schema_version": 1, "window_start": 1.7e9, "i": i, "pad": "x" * 100}
+        for i in range(30)]
+
+def settle(n):
+    deadline = time.monotonic() + 10
+    while writer.written + writer.dropped < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))  # "full" at 1 kB
+for i in range(20):
+    writer.put(rows[i:i + 1])
+settle(20)
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+writer.put(rows[20:30])  # space again
+writer.close()
+print(json.dumps({"written": writer.written, "dropped": writer.dropped}))
+'''
+
+
+def test_a_full_disk_drops_whole_rows_and_never_tears_one(tmp_path):
+    """Writes that fail part-way (the file may not grow: the disk is full) drop their
+    rows whole, counted; the rows after the disk has room again are whole lines."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _FULL_DISK, str(tmp_path)], check=True,
+                         capture_output=True, text=True, timeout=60)
+    counts = json.loads(out.stdout.splitlines()[-1])  # after the writer's log lines
+    lines = [line for f in sorted(glob.glob(f"{tmp_path}/**/*.jsonl", recursive=True))
+             for line in Path(f).read_text().splitlines()]
+    kept = [json.loads(line)["i"] for line in lines]  # every line is one whole row
+    assert counts["written"] == len(kept) and counts["dropped"] == 30 - len(kept)
+    assert counts["dropped"] > 0 and kept[-10:] == list(range(20, 30))
+    assert kept == sorted(set(kept))

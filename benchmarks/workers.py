@@ -174,25 +174,48 @@ class _AuthWaiter:
 
 async def run_provider(args: argparse.Namespace) -> None:
     """An echo provider on one or several (comma-separated) URLs; with ``--record FILE``
-    it appends every call's data to FILE as it runs it (unbuffered: a SIGKILL loses none)."""
-    handler = _echo
-    if args.record:
-        fd = os.open(args.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    it appends every call's data to FILE as it runs it (unbuffered: a SIGKILL loses none),
+    and ``{"cancelled": data}`` for a call the node cancelled while it ran.
+    ``--work S`` makes each call take S seconds in the handler ``--handler`` names:
+    ``async`` (awaits), ``def`` (a plain function that blocks: the SDK runs it in a worker
+    thread) or ``spin`` (an ``async def`` that holds the event loop, CPU-bound)."""
+    fd = os.open(args.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) \
+        if args.record else -1
+    work = args.work
 
-        def handler(data: Any) -> Any:
+    def record(data: Any) -> None:
+        if fd >= 0:
             os.write(fd, json.dumps(data).encode() + b"\n")
-            return data
 
+    async def echo(data: Any) -> Any:
+        record(data)
+        if work:
+            try:
+                await asyncio.sleep(work)
+            except asyncio.CancelledError:  # the node cancelled it: recorded as such
+                record({"cancelled": data})
+                raise
+        return data
+
+    def blocking(data: Any) -> Any:
+        record(data)
+        time.sleep(work)
+        return data
+
+    async def spin(data: Any) -> Any:
+        record(data)
+        until = time.monotonic() + work
+        while time.monotonic() < until:
+            pass
+        return data
+
+    handler = {"async": echo, "def": blocking, "spin": spin}[args.handler]
     async with rpcbus.connect(args.url.split(","), name="bench-provider",
                                ping_interval=None) as c:
         for name in args.rpc.split(","):
             await c.provide(name, handler)
         print(json.dumps({"ready": True}), flush=True)
         await asyncio.Event().wait()  # until killed
-
-
-def _echo(data: Any) -> Any:
-    return data
 
 
 class _EchoSession(FrameIO, ServerConnection):
@@ -231,6 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sample-every", type=int, default=4)
     ap.add_argument("--start-at", type=float, default=0.0)
     ap.add_argument("--record", default="", help="provider: append each call's data here")
+    ap.add_argument("--work", type=float, default=0.0, help="provider: seconds per call")
+    ap.add_argument("--handler", choices=["async", "def", "spin"], default="async",
+                    help="provider: how the handler spends --work (see run_provider)")
     args = ap.parse_args(argv)
     use_uvloop(True)
     configure("warning", "json")  # stdout carries the results: logs go to stderr

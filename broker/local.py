@@ -301,13 +301,17 @@ class LocalCluster:
             raise
         return self
 
-    def restart(self, i: int) -> NodeProcess:
-        """SIGKILL node ``i`` and start a new process under its name, port and options at
-        once (as a process supervisor would); returns the new node once it serves."""
+    def restart(self, i: int, graceful: bool = False) -> NodeProcess:
+        """SIGKILL node ``i`` (``graceful``: SIGTERM, and wait for it to drain and exit) and
+        start a new process under its name, port and options at once (as a process
+        supervisor would); returns the new node once it serves."""
         old = self.nodes[i]
         args = list(old.args)
         args[args.index("--port") + 1] = old.url.rsplit(":", 1)[1]
-        old.kill()
+        if graceful:
+            old.stop()
+        else:
+            old.kill()
         new = NodeProcess(*args, env=old.env, echo=self.echo)
         self.nodes[i] = new
         return new.start()

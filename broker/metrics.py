@@ -155,7 +155,8 @@ def _cluster(cluster: dict[str, Any]) -> Iterator[Metric]:
         "provider_cache_misses": (cluster["cache_misses"], "Provider cache misses."),
         "provider_queries": (cluster["queries_sent"], "Provider queries sent to the cluster."),
         "stale_invokes": (cluster["stale_invokes"], "INVOKEs refused unrun as too late."),
-        "nodes_dead": (cluster["nodes_dead"], "Nodes declared dead."),
+        "nodes_dead": (cluster["nodes_dead"], "Nodes declared dead (silent, unannounced)."),
+        "nodes_left": (cluster["nodes_left"], "Nodes that stopped as planned (terminating)."),
     }.items():
         yield _counter(f"rpcbus_{name}", text, value)
 

@@ -45,7 +45,7 @@ from rpcbus.broker.config import Config, ConfigError
 from rpcbus.broker.gate import Gate
 from rpcbus.broker.history import SCAN_INTERVAL
 from rpcbus.broker.router import Router
-from rpcbus.broker.session import Session
+from rpcbus.broker.session import CUT_OFF_NOTICE, Session
 from rpcbus.broker.weights import WeightsError, WeightsFile
 from rpcbus.protocol import DRAIN_PING, ERROR, PING
 
@@ -96,6 +96,8 @@ class Node:
         self.ready = False
         self.failed: str | None = None   # why the node stopped by itself (exit code 1)
         self.draining = False
+        self.cut_off = False             # the bus has been down past cluster.evacuate_after
+        self._down_since: float | None = None
         self.url = ""
         self.port = 0
         self._session_seq = 0
@@ -193,13 +195,16 @@ class Node:
         self.stop()
 
     async def _wait_for_bus(self) -> None:
-        """Take no clients until the cluster bus is up, for at most BUS_WAIT_S: a call that
-        arrives first (a client reconnecting at once to a restarted node) would otherwise
-        fail CLUSTER_UNAVAILABLE. Past that, serve local calls and say why in /readyz."""
+        """Take no clients until the cluster bus is up and a first round of heartbeats has
+        been heard (the node knows its peers), for at most BUS_WAIT_S: a call that arrived
+        first (a client reconnecting at once to a restarted node) would fail
+        CLUSTER_UNAVAILABLE, or wait for the join to find its providers. Meanwhile the
+        WebSocket handshake is answered 503 "starting", which the SDKs take as "try again,
+        or another URL". Past BUS_WAIT_S, serve local calls and say why in /readyz."""
         assert self.link is not None
         try:
             async with asyncio.timeout(BUS_WAIT_S):
-                await self.link.up.wait()
+                await self.link.wait_joined()
         except TimeoutError:
             log.warning("node_ready_without_bus", node=self.name, waited_s=BUS_WAIT_S,
                         detail="cross-node calls fail CLUSTER_UNAVAILABLE until Redis answers")
@@ -304,12 +309,17 @@ class Node:
                 hold_until = now + STALL_HOLD
                 if self.link is not None:
                     self.link.stalled(now)
+                    if now - last >= self.config.cluster.evacuate_after and not self.draining:
+                        # stopped (SIGSTOP) or starved that long: the cluster gave it up
+                        # meanwhile, and a node that does this is no home for providers
+                        self._send_clients_elsewhere(now - last, "this node was stalled")
             last = now
             if now < hold_until:
                 continue
             router.tick(now)
             if self.link is not None:
                 self.link.tick(now)
+                self._check_cut_off(now)
             if self.history is not None and now >= history_due:
                 history_due = now + SCAN_INTERVAL
                 pending = router.history_pending()
@@ -321,6 +331,33 @@ class Node:
                 self._reload_weights()
             if self.draining and not self.in_flight:
                 self._drained.set()
+
+    def _check_cut_off(self, now: float) -> None:
+        """Once the cluster bus has been down for ``cluster.evacuate_after``, tell every
+        client (and every one that logs in while it stays down) to move to another node
+        it knows: cut off, this node can serve only local calls, and nobody elsewhere
+        can reach its providers. Clients that find no other node stay."""
+        assert self.link is not None
+        if self.link.available or self.draining:
+            if self.cut_off:
+                log.info("cluster_reachable_again", node=self.name)
+            self._down_since, self.cut_off = None, False
+            return
+        if self._down_since is None:
+            self._down_since = now
+        elif not self.cut_off and now - self._down_since >= self.config.cluster.evacuate_after:
+            self.cut_off = True
+            self._send_clients_elsewhere(now - self._down_since,
+                                         "the cluster bus (Redis) is unreachable")
+
+    def _send_clients_elsewhere(self, for_s: float, reason: str) -> None:
+        """Tell every client to move to another node it knows (CUT_OFF_NOTICE)."""
+        told = [s for s in self.sessions if s.authenticated]
+        for session in told:
+            session.send(CUT_OFF_NOTICE)
+        self.stats["clients_sent_elsewhere"] += len(told)
+        log.warning("clients_sent_elsewhere", node=self.name, clients=len(told),
+                    for_s=round(for_s, 3), reason=reason)
 
     def _reload_weights(self) -> None:
         """The weights file changed: use it (a bad one is logged, the old weights stay)."""

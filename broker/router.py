@@ -26,7 +26,9 @@ Per call (docs/protocol.md has the diagram)::
 A peer is any object with ``send(msg)``, ``closed`` (bool), ``label`` (how
 providers see it as a caller), ``user_name`` (its authenticated user, or None;
 providers get it as the caller's user), ``inflight`` (calls it made that are pending,
-kept up to date here), ``provides`` (a set of names, kept here) and
+kept up to date here), ``calls`` (those calls by the caller's own ids, kept here: a
+CANCEL finds its call in O(1), and a caller that leaves cancels them all),
+``provides`` (a set of names, kept here) and
 ``is_node``: False for a client's session, True for another node of the
 cluster, as a provider (its REQUESTs become INVOKEs) or as a caller (INVOKEs
 it sent; they may only go to local providers, and an accept is reported back).
@@ -95,6 +97,10 @@ class Peer(Protocol):
     caller): everything the router reads or keeps on one."""
 
     inflight: int           # its calls in flight as a caller (kept here)
+    calls: dict[int, Call]  # those calls by its own ids (kept here)
+    # as a provider: every attempt sent to it up to this id that it did not REJECT, it
+    # accepted (a client's ACCEPT_UPTO; 0 for other peers)
+    accepted_upto: int
 
     @property
     def closed(self) -> bool: ...
@@ -151,7 +157,7 @@ class Call:
 
     __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
                  "accepted", "acked", "checked", "tried", "local_only", "started",
-                 "traceparent", "hrow", "hstart")
+                 "traceparent", "hrow", "hstart", "unsure")
     # set by each dispatch (see the end of __init__)
     id: int
     provider: Peer | None
@@ -171,6 +177,7 @@ class Call:
         self.traceparent: str | None = None
         self.hrow: Row | None = None         # the current attempt's load-history row
         self.hstart = 0.0
+        self.unsure = False                  # a node it was sent to stayed silent
         # id (the current attempt's), provider, accepted, acked and checked (when the
         # node was asked whether it started the attempt; 0.0: not) are set by each dispatch.
 
@@ -183,7 +190,7 @@ class RouterStats:
     __slots__ = ("ok", "provider_errors", "no_provider", "response_timeouts",
                  "ack_timeouts", "rejects", "provider_gone", "retries", "late", "foreign",
                  "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled",
-                 "ack_checks", "calls_ok", "calls_failed")
+                 "ack_checks", "calls_ok", "calls_failed", "duplicate_ids")
     ok: int
     provider_errors: int
     no_provider: int
@@ -205,6 +212,7 @@ class RouterStats:
     # count there too: sum these over nodes to count each call once.
     calls_ok: int
     calls_failed: int
+    duplicate_ids: int  # REQUESTs refused: the caller's id belongs to a call in flight
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -352,9 +360,12 @@ class Router:
         re-routing them could run them twice). Its other attempts never started there and
         go elsewhere at once.
 
-        Calls it made as a caller finish as usual; their outcomes are discarded
-        (counted) because the peer is closed.
+        Calls it made as a caller are cancelled, as by its CANCEL: their providers (here
+        or on the nodes they went to) get CANCEL, so nobody works for a caller that left.
         """
+        if peer.calls:
+            for call in list(peer.calls.values()):
+                self._cancel(call)
         if peer not in self._provider_peers and not peer.is_node:
             return
         self._provider_peers.discard(peer)
@@ -366,7 +377,7 @@ class Router:
             self._end_attempt(call)
             if call.hrow is not None:
                 self._history_end(call, Outcome.ERRORS)  # errors: the provider left
-            if call.accepted or call.acked:
+            if call.accepted or call.acked or call.id <= peer.accepted_upto:
                 self.stats.provider_gone += 1
                 self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
                                       f"the provider of {call.name!r} is gone"])
@@ -426,7 +437,15 @@ class Router:
                 timeout_ms: int | None, now: float, traceparent: str | None = None) -> None:
         """A REQUEST (or an INVOKE from another node): route it, or answer an error.
 
-        ``traceparent`` (W3C trace context) travels with every attempt to the provider."""
+        ``traceparent`` (W3C trace context) travels with every attempt to the provider.
+        A ``cid`` of one of the caller's calls in flight is refused (INVALID_MESSAGE):
+        every call is known by its caller's id alone."""
+        calls = caller.calls
+        if cid in calls:
+            self.stats.duplicate_ids += 1
+            caller.send([ERROR, cid, errors.INVALID_MESSAGE,
+                         f"call id {cid} belongs to a call still in flight"])
+            return
         caller.inflight += 1
         if timeout_ms is None:
             timeout = self.response_timeout
@@ -435,6 +454,7 @@ class Router:
             if timeout > self.max_timeout:
                 timeout = self.max_timeout
         call = Call(caller, cid, name, data, now + timeout)
+        calls[cid] = call
         if self._clock is not None and self._sample() < _SAMPLE_P:
             call.started = self._clock()
         if traceparent is not None:
@@ -529,20 +549,23 @@ class Router:
     def cancel_from(self, caller: Peer, cid: int) -> None:
         """The caller gave call ``cid`` up (a client's CANCEL, or the origin node's for an
         INVOKE): it leaves every table, its provider (a client, or the node it was sent
-        to, which cancels it there) gets CANCEL, nobody is answered. A scan of the calls
-        in flight: rare, and a client's CANCELs count against its rate limit."""
-        for call in self._calls.values():
-            if call.caller is caller and call.cid == cid:
-                self._end_attempt(call)
-                if call.hrow is not None:
-                    # the history has no outcome of its own for a call given up: its
-                    # caller stopped waiting, counted as a response timeout
-                    self._history_end(call, Outcome.RESPONSE_TIMEOUTS)
-                self.stats.cancelled += 1
-                if call.provider is not None and not call.provider.closed:
-                    call.provider.send([CANCEL, call.id])
-                caller.inflight -= 1
-                return
+        to, which cancels it there) gets CANCEL, nobody is answered. One lookup: the
+        cost does not grow with the calls in flight. An unknown ``cid`` is ignored."""
+        call = caller.calls.get(cid)
+        if call is not None:
+            self._cancel(call)
+
+    def _cancel(self, call: Call) -> None:
+        self._end_attempt(call)
+        del call.caller.calls[call.cid]
+        call.caller.inflight -= 1
+        if call.hrow is not None:
+            # the history has no outcome of its own for a call given up: its caller
+            # stopped waiting, counted as a response timeout
+            self._history_end(call, Outcome.RESPONSE_TIMEOUTS)
+        self.stats.cancelled += 1
+        if call.provider is not None and not call.provider.closed:
+            call.provider.send([CANCEL, call.id])
 
     def tick(self, now: float) -> None:
         """Apply every deadline due by ``now``: ack timeouts retry, response timeouts fail."""
@@ -551,11 +574,27 @@ class Router:
             call = calls.get(attempt)
             if call is None:
                 continue                  # finished long ago: its id just waited here
-            if now >= call.deadline:
+            if now >= call.deadline and call.provider is None:
+                # waiting for discovery: it never left this node (not run). Known to have
+                # no provider (one moving off a stopping node did not reappear in time):
+                # NO_PROVIDER; not known, as the cluster has not answered: that is no
+                # "nobody provides it"
+                if self.cluster is not None and not self.cluster.knows(call.name):
+                    self.stats.cluster_unavailable += 1
+                    msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                           f"the cluster did not say in time who provides {call.name!r} "
+                           "(not run)"]
+                else:
+                    self.stats.no_provider += 1
+                    msg = [ERROR, call.cid, errors.NO_PROVIDER,
+                           f"no provider of {call.name!r} was found within the call's "
+                           "deadline (not run)"]
+            elif now >= call.deadline:
                 self.stats.response_timeouts += 1
                 msg = [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
                        f"no response from {call.name!r} in time"]
-            elif call.accepted or call.acked or call.provider is None:
+            elif (call.accepted or call.acked or call.provider is None
+                  or attempt <= call.provider.accepted_upto):
                 # The ack deadline of an attempt acknowledged since (or a parked call's
                 # entry): only now file its response deadline, so the many calls that
                 # finish first cost no entry.
@@ -593,6 +632,7 @@ class Router:
             assert provider is not None  # parked calls (no provider) never come here
             if provider.is_node and self.cluster is not None:
                 self.cluster.silent(call.name, provider)
+                call.unsure = True
             self._retry(call, now)
 
     # -- internals -------------------------------------------------------------------
@@ -772,6 +812,12 @@ class Router:
                                   f"no local provider of {call.name!r} took the call and the "
                                   "cluster bus is down"])
             return
+        if call.unsure:  # a node that provides it was too slow to answer: not "nobody"
+            self.stats.cluster_unavailable += 1
+            self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                                  f"no provider of {call.name!r} took the call: a node that "
+                                  "provides it did not answer in time (not run)"])
+            return
         self.stats.no_provider += 1
         if call.tried is None:
             self._conclude(call, [ERROR, call.cid, errors.NO_PROVIDER,
@@ -830,8 +876,10 @@ class Router:
                     stats.error(msg[2])
                 if call.started:
                     stats.observe(self._clock() - call.started)
-        call.caller.inflight -= 1
-        if call.caller.closed:
+        caller = call.caller
+        caller.inflight -= 1
+        del caller.calls[call.cid]
+        if caller.closed:
             self.stats.discarded += 1
         else:
-            call.caller.send(msg)
+            caller.send(msg)

@@ -34,6 +34,7 @@ from rpcbus import errors
 from rpcbus.broker.gate import BUSY
 from rpcbus.protocol import (
     ACCEPT,
+    ACCEPT_UPTO,
     AUTH,
     AUTH_FAIL,
     AUTH_OK,
@@ -65,6 +66,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger(module="rpcbus.session")
 
 
+# to every client of a node cut off from the cluster (Node._check_cut_off): connect to
+# another node you know (the SDKs do, and stay when none answers)
+CUT_OFF_NOTICE = [ERROR, None, errors.CLUSTER_UNAVAILABLE,
+                  "this node cannot reach the cluster: connect to another node"]
+
+
 class Session(FrameIO, ServerConnection):
     """A client of this node, as caller and provider (the router's ``Peer``)."""
 
@@ -82,6 +89,8 @@ class Session(FrameIO, ServerConnection):
         self.closed = False
         self.authenticated = False
         self.inflight = 0
+        self.calls: dict[int, Any] = {}    # its calls in flight by its ids (the router's)
+        self.accepted_upto = 0           # ACCEPT_UPTO: attempts up to this one it took
         self.provides: set[str] = set()
         self.is_node = False             # a client, not another node of the cluster
         self.max_out_frame = limits.max_frame_bytes
@@ -188,12 +197,17 @@ class Session(FrameIO, ServerConnection):
         now = self.loop.time()
         serving = self.authenticated and not self.node.draining
         for msg in msgs:
-            # Fast paths for the two messages every call carries: the checks are the
+            # Fast paths for the messages every call carries: the checks are the
             # ones check_from_client makes (names are checked by the router on a miss).
             kind = msg[0]
             if kind == RESPONSE:
                 if len(msg) == 3 and type(msg[1]) is int and serving:
                     router.respond(self, msg[1], msg[2])
+                    continue
+            elif kind == ACCEPT_UPTO:  # once per frame of REQUESTs a provider takes
+                if len(msg) == 2 and type(msg[1]) is int and self.authenticated:
+                    if msg[1] > self.accepted_upto:
+                        self.accepted_upto = msg[1]
                     continue
             elif kind == REQUEST:
                 if (serving and len(msg) == 5 and type(msg[1]) is int and msg[1] >= 0
@@ -232,6 +246,8 @@ class Session(FrameIO, ServerConnection):
             router.respond(self, msg[1], msg[2])
         elif kind == ACCEPT:
             router.accept(self, msg[1], now)
+        elif kind == ACCEPT_UPTO:
+            self.accepted_upto = max(self.accepted_upto, msg[1])
         elif kind == REJECT:
             router.reject(self, msg[1], now)
         elif kind == ERROR:  # a provider's failure: PROVIDER_ERROR, or its answer too large
@@ -418,7 +434,11 @@ class Session(FrameIO, ServerConnection):
             "max_inflight": limits.max_inflight_per_connection,
             "ack_timeout_ms": int(self.node.config.rpc.ack_timeout * 1000),
             "response_timeout_ms": int(self.node.config.rpc.response_timeout * 1000),
+            "accept_upto": True,   # it takes ACCEPT_UPTO
         }])
+        if self.node.cut_off:  # the notice its peers had: move on if you know another node
+            self.send(CUT_OFF_NOTICE)
+            self.node.stats["clients_sent_elsewhere"] += 1
 
     def invalid(self, ref: int | None, reason: str) -> None:
         """Answer a malformed message with INVALID_MESSAGE and count a strike."""

@@ -15,16 +15,26 @@ connection (they were not sent, so they cannot have run) until their
 deadline. A node that is shutting down tells its clients: the client moves to
 another URL at once, while calls and handlers already on the old connection
 finish there; a call the node refused with SHUTTING_DOWN never ran, so it is
-sent again on the next connection (not failed). ``on_state`` hears "connected", "reconnecting" and
-"closed".
+sent again on the next connection (not failed). A node cut off from the
+cluster says so too (a CLUSTER_UNAVAILABLE notice): the client moves to another
+of its URLs if one answers, the same way, else it stays (local calls still
+work there). A node still starting answers 503 "starting": ``connect`` waits
+for it within ``open_timeout``. ``on_state`` hears "connected",
+"reconnecting" and "closed".
 
 Providing: a handler gets the request's data (and, if it takes a second
-positional argument, a ``CallContext``). A plain function is answered as soon
-as it returns. A coroutine function runs in a Task; when it has not finished
-by the end of the loop tick the node is sent ACCEPT, else the answer goes out
-directly (the answer implies the accept). ``Reject`` hands the call to another
+positional argument, a ``CallContext``). A coroutine function runs in a Task on
+the client's loop; a plain function runs in a worker thread (at most
+``handler_threads`` at once; more calls wait for a thread), so it may block.
+Every call's ACCEPT is written to the socket before any of its handler's code
+runs, and a REQUEST read after half the node's ack timeout is refused unrun
+(REJECT), judged per REQUEST: so however long a handler blocks — a thread, or
+an ``async def`` that holds the loop — the node never moves a call that started
+here, and never runs one twice. ``Reject`` hands the call to another
 provider; any other exception answers PROVIDER_ERROR with its message, never a
-traceback. A CANCEL from the node (it gave the attempt up) cancels the Task.
+traceback. A CANCEL from the node (it gave the attempt up) cancels the Task; a
+plain function not yet started in its thread never starts, one running cannot
+be stopped (its answer is dropped).
 
 Cancelling ``call()`` is safe: the call is forgotten here and a late answer is
 dropped. Cancelling ``provide()`` may leave the name provided on the node.
@@ -33,6 +43,7 @@ dropped. Cancelling ``provide()`` may leave the name provided on the node.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import itertools
@@ -42,7 +53,7 @@ from typing import Any, Callable, Sequence
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import WebSocketException
+from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.protocol import OPEN
 
 from rpcbus import errors
@@ -51,6 +62,7 @@ from rpcbus.deadlines import Deadlines
 from rpcbus.handlers import CallContext, Handler, awaited, describe, failure, outcome
 from rpcbus.protocol import (
     ACCEPT,
+    ACCEPT_UPTO,
     AUTH,
     AUTH_FAIL,
     AUTH_OK,
@@ -76,6 +88,9 @@ __all__ = ["CallContext", "Client", "connect"]
 log = logging.getLogger("rpcbus.client")  # no handler of ours: the application decides
 
 
+_Entry = tuple[Handler, bool, bool]  # a provided name's handler, as ``describe`` gives it
+
+
 class _NotRun(Exception):
     """A node refused a call without running it (it is shutting down)."""
 
@@ -88,33 +103,34 @@ class _Wire(FrameIO, ClientConnection):
     auth: asyncio.Future[dict[str, Any]]
     session: dict[str, Any]                # the node's AUTH_OK
     draining = False                       # its node is shutting down: no new calls here
+    accept_upto = False                    # its node takes ACCEPT_UPTO (AUTH_OK says)
     # Staleness of REQUESTs: the node moves an attempt on after its ack timeout, so one
-    # read later than that (this process was stalled or starved) may run elsewhere too.
-    # The least (read - sent) seen in the last SKEW_WINDOW stands for the clocks' offset
-    # plus the least delay; a REQUEST read more than half the ack timeout after that is
+    # taken later than that (this process was stalled or starved) may run elsewhere too.
+    # The least (taken - sent) seen in the last SKEW_WINDOW stands for the clocks' offset
+    # plus the least delay; a REQUEST taken more than half the ack timeout after that is
     # refused unrun (REJECT). This underestimates an age, never overestimates it, so a
-    # fresh REQUEST is never refused, and it follows clock drift window by window.
+    # fresh REQUEST is never refused, and it follows clock drift window by window. Each
+    # REQUEST is judged when it is taken (its ACCEPT queued), not when its frame was read.
     stale_after_ms = 500.0
-    _read_ms = 0.0
     _skew: float | None = None
     _skew_next: float | None = None
     _skew_until = 0.0
     SKEW_WINDOW = 30.0
 
     def frame_received(self, data: FrameData) -> None:
-        self._read_ms = self.loop.time() * 1000
         self.owner._on_frame(self, data)
 
     def stale(self, sent_ms: Any) -> bool:
-        """True for a REQUEST (stamped ``sent_ms`` by the node) read too late to run."""
+        """True for a REQUEST (stamped ``sent_ms`` by the node) taken too late to run."""
         if type(sent_ms) is not int:
             return False
-        seen = self._read_ms - sent_ms
-        if self._read_ms >= self._skew_until:  # a new window: keep the last one's minimum
+        now_ms = self.loop.time() * 1000
+        seen = now_ms - sent_ms
+        if now_ms >= self._skew_until:  # a new window: keep the last one's minimum
             if self._skew_next is not None:
                 self._skew = self._skew_next
             self._skew_next = None
-            self._skew_until = self._read_ms + self.SKEW_WINDOW * 1000
+            self._skew_until = now_ms + self.SKEW_WINDOW * 1000
         if self._skew_next is None or seen < self._skew_next:
             self._skew_next = seen
         skew = self._skew
@@ -146,10 +162,13 @@ class Client:
                  max_size: int = 16 << 20, ping_interval: float | None = 20.0,
                  reconnect: bool = True, backoff: Backoff | None = None,
                  on_state: Callable[[str], None] | None = None,
-                 ca_file: str | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+                 ca_file: str | None = None, ssl_context: ssl.SSLContext | None = None,
+                 handler_threads: int = 32) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ValueError("connect needs at least one URL")
+        if type(handler_threads) is not int or handler_threads < 1:
+            raise ValueError("handler_threads must be a positive integer")
         for url in self.urls:
             if not isinstance(url, str) or not url.startswith(("ws://", "wss://")):
                 raise ValueError(f"not a WebSocket URL (ws:// or wss://): {url!r}")
@@ -173,17 +192,23 @@ class Client:
         self._resend: dict[int, list[Any]] = {}  # idempotent calls: their REQUEST
         self._until: dict[int, float] = {}     # calls in _resend: their deadline (loop time)
         self._queued: list[int] = []           # calls waiting for a connection
-        self._handlers: dict[str, tuple[Handler, bool, bool]] = {}
+        self._handlers: dict[str, _Entry] = {}
         self._running: dict[tuple[_Wire, int], asyncio.Task[Any]] = {}
-        self._new_tasks: list[tuple[_Wire, int]] = []
+        # calls ACCEPTed in the frame being read: their handlers start once it is written
+        self._starting: list[tuple[_Wire, int, str, _Entry, tuple[Any, ...]]] = []
+        self._handler_threads = handler_threads
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
+        self._moving: asyncio.Task[None] | None = None    # off a node cut off from the cluster
+        self._retiring: set[asyncio.Task[None]] = set()   # closing connections left behind
         self._closed = False
         self.session: dict[str, Any] = {}     # the current node's AUTH_OK fields
         self._default_timeout = 10.0
         self._last_error = ""
         self._last_exc: Exception | None = None
         self.stale_requests = 0               # REQUESTs refused unrun: read too late
+        self._starting_seen = False           # the last pass met a node still starting
 
     @property
     def url(self) -> str:
@@ -199,7 +224,18 @@ class Client:
     async def _open(self) -> "Client":
         loop = asyncio.get_running_loop()
         self._deadlines = Deadlines[int](0.05, loop.time())
-        wire = await self._connect_any(avoid=None)
+        # Nodes still starting (joining the cluster) answer 503 "starting": wait for them
+        # within open_timeout, trying every URL again; any other failure is final here.
+        give_up = loop.time() + self._open_timeout
+        again = Backoff(0.05, 0.5)
+        while True:
+            wire = await self._connect_any(avoid=None)
+            if wire is not None or not self._starting_seen:
+                break
+            delay = again.next()
+            if loop.time() + delay >= give_up:
+                break
+            await asyncio.sleep(delay)
         if wire is None:
             self._set_state("closed")
             self._closed = True
@@ -210,19 +246,25 @@ class Client:
         self._sweeper = loop.create_task(self._sweep_forever(), name="rpcbus-client-sweeper")
         return self
 
-    async def _connect_any(self, avoid: str | None) -> _Wire | None:
-        """One pass over the URLs (``avoid`` last); the first authenticated wire, or None."""
+    async def _connect_any(self, avoid: str | None, skip: bool = False) -> _Wire | None:
+        """One pass over the URLs (``avoid`` last, or not at all with ``skip``); the first
+        authenticated wire, or None."""
         order = [self.urls[(self._next_url + i) % len(self.urls)] for i in range(len(self.urls))]
         if avoid in order and len(order) > 1:
             order.remove(avoid)
-            order.append(avoid)
+            if not skip:
+                order.append(avoid)
         self._last_error, self._last_exc = "no URL tried", None
+        self._starting_seen = False
         for url in order:
             self._next_url = (self.urls.index(url) + 1) % len(self.urls)
             try:
                 return await self._handshake(url)
             except (OSError, TimeoutError, WebSocketException, errors.RpcError) as exc:
                 self._last_error, self._last_exc = f"{url}: {exc}", exc
+                if (isinstance(exc, InvalidStatus) and exc.response.status_code == 503
+                        and exc.response.body.startswith(b"starting")):
+                    self._starting_seen = True  # it will take clients in a moment
         return None
 
     async def _handshake(self, url: str) -> _Wire:
@@ -253,6 +295,7 @@ class Client:
                     except errors.BusyError:
                         await asyncio.sleep(busy.next())
                 wire.stale_after_ms = wire.session.get("ack_timeout_ms", 1000) / 2
+                wire.accept_upto = wire.session.get("accept_upto") is True
                 max_frame = wire.session.get("max_frame")
                 if type(max_frame) is int and max_frame > 0:  # never send more than that
                     wire.max_out_frame = max_frame
@@ -283,9 +326,9 @@ class Client:
         its caller has left (one whose time is up stays for the sweeper to fail)."""
         queued, self._queued = self._queued, []
         now = wire.loop.time()
-        for cid in queued:
+        for cid in dict.fromkeys(queued):  # each once, in order
             msg = self._resend.get(cid)
-            if msg is None or cid not in self._pending:
+            if msg is None or cid not in self._pending or cid in self._where:
                 continue
             left = self._until[cid] - now
             if left <= 0:
@@ -309,13 +352,13 @@ class Client:
         """Close the connection(s); pending calls fail with CONNECTION_LOST (the node is
         told to CANCEL them, so their providers' handlers stop). Idempotent.
 
-        Handlers still running are cancelled; the node is first told they started
-        (ACCEPT), so their callers get PROVIDER_GONE and the calls are not run again
-        elsewhere. REQUESTs that arrive from now on are refused unrun."""
+        Handlers still running are cancelled; the node was told they started (ACCEPT
+        leaves before a handler does), so their callers get PROVIDER_GONE and the calls
+        are not run again elsewhere. REQUESTs that arrive from now on are refused unrun.
+        Plain-function handlers running in threads are not waited for."""
         if self._closed:
             return
         self._closed = True
-        self._ack_new_tasks()
         if self._reconnecting is not None:
             self._reconnecting.cancel()
         for cid, sent_on in self._where.items():  # nobody waits for these answers now
@@ -326,6 +369,8 @@ class Client:
             wire.flush()
             await wire.close()
         self._fail_all(errors.ConnectionLostError(None, "the client was closed"))
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
         self._set_state("closed")
 
     async def drain(self, timeout: float | None = None) -> None:
@@ -399,6 +444,8 @@ class Client:
                 try:
                     return await fut
                 except _NotRun:  # refused by a node shutting down: send it elsewhere
+                    # (no longer on that wire: its loss must not queue the call again)
+                    self._where.pop(cid, None)
                     self._pending[cid] = fut = loop.create_future()
                     self._resend[cid] = msg
                     self._until[cid] = until
@@ -476,8 +523,15 @@ class Client:
                 self._on_message(wire, msg)
             except Exception:  # a malformed message from the node must not kill the client
                 log.exception("bad_message_from_node url=%s kind=%s", wire.url, msg[0])
-        if self._new_tasks:
-            wire.loop.call_soon(self._ack_new_tasks)
+        if self._starting:
+            # The calls' ACCEPTs go to the socket first: no handler code has run yet, so
+            # however long one holds this loop, the node knows every call here started.
+            starting, self._starting = self._starting, []
+            if wire.accept_upto:  # one message for them all (REJECTs went before it)
+                wire.send([ACCEPT_UPTO, max(start[1] for start in starting)])
+            wire.flush()
+            for start in starting:
+                self._start(*start)
 
     def _on_message(self, wire: _Wire, msg: list[Any]) -> None:
         kind = msg[0]
@@ -491,10 +545,13 @@ class Client:
                     log.warning("stale_requests_refused url=%s total=%d", wire.url,
                                 self.stale_requests)
                 return
-            self._serve(wire, msg[1], msg[2], msg[3], msg[4], msg[5],
-                        msg[7] if len(msg) > 7 else None, msg[8] if len(msg) > 8 else None)
+            self._take(wire, msg[1], msg[2], msg[3], msg[4], msg[5],
+                       msg[7] if len(msg) > 7 else None, msg[8] if len(msg) > 8 else None)
         elif kind == ERROR:
             ref, code, message = msg[1], msg[2], msg[3]
+            if ref is None and code == errors.CLUSTER_UNAVAILABLE:
+                self._node_cut_off(wire)  # a notice: the node cannot reach the cluster
+                return
             if code == errors.SHUTTING_DOWN:
                 self._node_draining(wire)
                 if ref is not None and self._reconnect and not self._closed:
@@ -535,50 +592,54 @@ class Client:
 
     # -- serving -------------------------------------------------------------------------
 
-    def _serve(self, wire: _Wire, attempt: int, name: str, data: Any, time_left_ms: int,
-               caller: str, traceparent: str | None = None, user: str | None = None) -> None:
+    def _take(self, wire: _Wire, attempt: int, name: str, data: Any, time_left_ms: int,
+              caller: str, traceparent: str | None = None, user: str | None = None) -> None:
+        """Take a REQUEST: ACCEPT it (its handler starts once the frame is read and the
+        ACCEPTs written), or REJECT it unrun when the name is no longer provided here."""
         entry = self._handlers.get(name)
         if entry is None or self._closed:  # unprovided a moment ago, or closing: not run
             wire.send([REJECT, attempt])
             return
-        handler, is_async, wants_ctx = entry
-        try:
-            if wants_ctx:
-                result = handler(data, CallContext(name, attempt, caller, time_left_ms / 1000,
-                                                   traceparent, user))
-            else:
-                result = handler(data)
-        except Exception as exc:
-            wire.send(failure(attempt, name, exc))
-            return
-        if not is_async and not inspect.isawaitable(result):
-            wire.send([RESPONSE, attempt, result])
-            return
+        if not wire.accept_upto:  # a node that takes only one ACCEPT per call
+            wire.send([ACCEPT, attempt])
+        args = (data, CallContext(name, attempt, caller, time_left_ms / 1000, traceparent,
+                                  user)) if entry[2] else (data,)
+        self._starting.append((wire, attempt, name, entry, args))
+
+    def _start(self, wire: _Wire, attempt: int, name: str,
+               entry: _Entry, args: tuple[Any, ...]) -> None:
+        """Run an accepted call's handler: a coroutine function as a Task, a plain function
+        in a worker thread; its outcome is sent when it ends (``_task_done``)."""
+        handler, is_async, _ = entry
+        if is_async:
+            try:
+                work = handler(*args)  # a coroutine function: none of its code runs here
+            except Exception as exc:
+                wire.send(failure(attempt, name, exc))
+                return
+        else:
+            work = self._in_thread(handler, args)
         key = (wire, attempt)
         # a coroutine is its own task: one cancelled before it starts then ends there
-        # (wrapped, the handler's coroutine would be left never awaited)
-        task = wire.loop.create_task(result if inspect.iscoroutine(result) else awaited(result))
+        task = wire.loop.create_task(work if inspect.iscoroutine(work) else awaited(work))
         self._running[key] = task
-        self._new_tasks.append(key)
         task.add_done_callback(functools.partial(self._task_done, key, name))
 
-    def _ack_new_tasks(self) -> None:
-        """End of the tick that started handler tasks: answer the finished, ACCEPT the rest."""
-        new, self._new_tasks = self._new_tasks, []
-        for key in new:
-            task = self._running.get(key)
-            if task is None:
-                continue
-            wire, attempt = key
-            if task.done():
-                del self._running[key]
-                wire.send(outcome(attempt, task))
-            else:
-                wire.send([ACCEPT, attempt])
+    async def _in_thread(self, handler: Handler, args: tuple[Any, ...]) -> Any:
+        """``handler(*args)`` in one of the client's worker threads (an awaitable it
+        returns is awaited here). Cancelled before a thread took it, it never runs."""
+        if self._threads is None:
+            self._threads = concurrent.futures.ThreadPoolExecutor(
+                self._handler_threads, thread_name_prefix="rpcbus-handler")
+        result = await asyncio.get_running_loop().run_in_executor(
+            self._threads, functools.partial(handler, *args))
+        if inspect.isawaitable(result):
+            result = await result
+        return result
 
     def _task_done(self, key: tuple[_Wire, int], name: str, task: asyncio.Task[Any]) -> None:
         if self._running.pop(key, None) is None:
-            return  # answered already, cancelled by the node, or the connection is gone
+            return  # cancelled by the node, or the connection is gone
         wire, attempt = key
         wire.send(outcome(attempt, task, name))
 
@@ -633,6 +694,47 @@ class Client:
             self._wire = None
             self._connected.clear()
             self._start_reconnect(avoid=wire.url, at_once=True)
+
+    def _node_cut_off(self, wire: _Wire) -> None:
+        """The node cannot reach the cluster: move to another URL if one answers (calls and
+        handlers under way on this connection finish there), else stay."""
+        if (wire is not self._wire or self._closed or not self._reconnect
+                or len(self.urls) < 2 or self._moving is not None):
+            return
+        log.info("node_cut_off url=%s", wire.url)
+        self._moving = wire.loop.create_task(self._move_from(wire), name="rpcbus-client-move")
+
+    async def _move_from(self, wire: _Wire) -> None:
+        try:
+            new = await self._connect_any(avoid=wire.url, skip=True)
+        finally:
+            self._moving = None
+        if new is None:
+            log.info("node_cut_off_staying url=%s error=%s", wire.url, self._last_error)
+            return
+        if self._closed or self._wire is not wire:  # closed, or it moved meanwhile
+            new.owner = None  # type: ignore[assignment]  # its loss is not ours
+            new.transport.abort()
+            return
+        wire.draining = True
+        self._use(new)  # provides here what it provided, sends what waited
+        if self._handlers and wire.protocol.state is OPEN:  # nothing new for it there
+            wire.send([UNPROVIDE, next(self._ids), list(self._handlers)])
+        retiring = wire.loop.create_task(self._close_when_idle(wire))
+        self._retiring.add(retiring)
+        retiring.add_done_callback(self._retiring.discard)
+
+    async def _close_when_idle(self, wire: _Wire) -> None:
+        """Close a connection new calls no longer use once its calls and handlers ended
+        (each ends by its deadline)."""
+        while not self._closed:
+            under_way = [self._pending[c] for c, w in self._where.items()
+                         if w is wire and c in self._pending]
+            under_way += [task for key, task in self._running.items() if key[0] is wire]
+            if not under_way:
+                break
+            await asyncio.wait(under_way)
+        await wire.close()
 
     def _on_lost(self, wire: _Wire, exc: BaseException | None) -> None:
         lost = errors.ConnectionLostError(

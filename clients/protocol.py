@@ -48,6 +48,9 @@ RESPONSE = 18
 REJECT = 19
 ERROR = 20
 CANCEL = 21
+# provider -> node, [22, id]: every REQUEST of this connection up to ``id`` that the
+# provider did not REJECT is accepted (one message for a frame's ACCEPTs)
+ACCEPT_UPTO = 22
 PING = 30
 PONG = 31
 
@@ -68,6 +71,7 @@ KIND_NAMES = {
     REJECT: "REJECT",
     ERROR: "ERROR",
     CANCEL: "CANCEL",
+    ACCEPT_UPTO: "ACCEPT_UPTO",
     PING: "PING",
     PONG: "PONG",
 }
@@ -188,7 +192,7 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
         if n != 3 or not is_id(msg[1]):
             return "RESPONSE takes [18, id, data]"
         return None
-    if kind == ACCEPT or kind == REJECT or kind == CANCEL:
+    if kind == ACCEPT or kind == REJECT or kind == CANCEL or kind == ACCEPT_UPTO:
         if n != 2 or not is_id(msg[1]):
             return f"{KIND_NAMES[kind]} takes [{kind}, id]"
         return None

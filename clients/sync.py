@@ -11,7 +11,7 @@ and where none does (a plain script). Each method blocks the calling thread unti
 client's coroutine ends and returns its result or raises its error (the same classes as
 the async client's: ``rpcbus.NoProviderError``, ``ResponseTimeoutError``, ...).
 
-Handlers: a plain function runs in a worker thread (``asyncio.to_thread``), so it may
+Handlers: a plain function runs in a worker thread (as with the async client), so it may
 block (a database, ``requests``, ``time.sleep``) and may itself call through this client;
 a cancelled call (its caller gave up) cannot stop such a thread: its answer is dropped.
 An ``async def`` handler runs on the client's loop and is cancelled as usual.
@@ -29,7 +29,7 @@ import threading
 from typing import Any, Coroutine, Sequence, TypeVar
 
 from rpcbus.client import Client, connect
-from rpcbus.handlers import Handler, describe
+from rpcbus.handlers import Handler
 
 T = TypeVar("T")
 
@@ -69,7 +69,7 @@ class SyncClient:
 
     def provide(self, name: str, handler: Handler) -> None:
         """``Client.provide``; a plain function runs in a worker thread (it may block)."""
-        self._run(self._client.provide(name, _threaded(handler)))
+        self._run(self._client.provide(name, handler))
 
     def unprovide(self, name: str) -> None:
         self._run(self._client.unprovide(name))
@@ -131,22 +131,6 @@ class SyncClient:
 async def _open(urls: str | Sequence[str], options: dict[str, Any]) -> Client:
     client: Client = await connect(urls, **options)
     return client
-
-
-def _threaded(handler: Handler) -> Handler:
-    """``handler`` as the async client runs it: a plain function in a worker thread (same
-    arguments: a CallContext second when it takes one), an async one unchanged."""
-    fn, is_async, wants_context = describe(handler)
-    if is_async:
-        return fn
-    if wants_context:
-        async def with_context(data: Any, context: Any) -> Any:
-            return await asyncio.to_thread(fn, data, context)
-        return with_context
-
-    async def plain(data: Any) -> Any:
-        return await asyncio.to_thread(fn, data)
-    return plain
 
 
 def connect_sync(urls: str | Sequence[str], **options: Any) -> SyncClient:

@@ -88,7 +88,8 @@ class ClusterLink:
         keep = 1.5 * router.ack_timeout + 0.5
         self.acked, self.refused = RecentIds(keep), RecentIds(keep)
         self._terminating: set[str] = set()
-        self.stats = {"stale_invokes": 0, "nodes_dead": 0, "silent_attempts": 0,
+        self.stats = {"stale_invokes": 0, "nodes_dead": 0, "nodes_left": 0,
+                      "silent_attempts": 0,
                       "checks_refused": 0, "cache_lookups": 0, "cache_misses": 0,
                       "nodes_restarted": 0, "misaddressed": 0, "old_incarnation": 0,
                       "unsettled": 0, "announces": 0, "query_retries": 0}
@@ -127,6 +128,8 @@ class ClusterLink:
         if peers is None:
             nodes = self.nodes
             peers = entry.peers = [(nodes[n], c) for n, c in entry.targets if n in nodes]
+        if not peers and name in self.cache.moving and not self.router.providers_of(name):
+            return None  # its providers are moving off a stopping node: wait for them
         return peers
 
     def knows(self, name: str) -> bool:
@@ -187,6 +190,14 @@ class ClusterLink:
     def joined(self, now: float) -> bool:
         """The bus works and a first round of heartbeats has been heard."""
         return self.available and now >= self._settled_at
+
+    async def wait_joined(self) -> None:
+        """Until ``joined``: the bus is up and a first round of heartbeats was heard."""
+        while not self.joined(self.loop.time()):
+            if not self.available:
+                await self.up.wait()
+            else:
+                await asyncio.sleep(self._settled_at - self.loop.time())
 
     def stalled(self, now: float) -> None:
         """This process was stopped or starved, not the bus or the peers: nothing could
@@ -262,6 +273,8 @@ class ClusterLink:
 
     def _count_changed(self, name: str, count: float) -> None:
         self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, name, count])
+        if count > 0 and self.cache.moving.pop(name, None) is not None:
+            self.router.resume(name, self.loop.time())  # it moved here: its calls go on
 
     def _on_batch(self, batch: m.Batch) -> None:
         now = self.loop.time()
@@ -374,7 +387,7 @@ class ClusterLink:
             if sender not in self._terminating:  # heartbeats repeat it while it drains
                 self._terminating.add(sender)
                 log.info("node_terminating", node=sender)
-                for name in self.cache.node_gone(sender, now):
+                for name in self.cache.node_gone(sender, now, self.config.handover_wait):
                     self.router.resume(name, now)
         elif new:
             self._terminating.discard(sender)
@@ -407,8 +420,13 @@ class ClusterLink:
         starts an attempt only once Redis has taken its ACK, and that ACK would have
         reached this node before the new process's first batch); its entries leave the
         provider cache, and calls it invoked here are cancelled (nobody waits for them)."""
-        self.stats["nodes_restarted"] += 1
-        log.warning("node_restarted", node=old.name)
+        if old.name in self._terminating:  # stopped as planned, started again
+            if not old.closed:  # not yet counted as left (restarted within its misses)
+                self.stats["nodes_left"] += 1
+            log.info("node_rejoined", node=old.name)
+        else:
+            self.stats["nodes_restarted"] += 1
+            log.warning("node_restarted", node=old.name)
         old.closed = True
         self.membership.forget(old.name)
         self._terminating.discard(old.name)
@@ -474,9 +492,13 @@ class ClusterLink:
                 f"(cluster.max_skew {self.config.max_skew:g} s): sync the clocks (NTP)")
 
     def _node_dead(self, name: str, now: float) -> None:
-        self.stats["nodes_dead"] += 1
-        log.warning("node_dead", node=name, silent_s=self.config.heartbeat_interval *
-                    self.config.heartbeat_misses)
+        if name in self._terminating:  # it said it was stopping: a planned leave (kept
+            self.stats["nodes_left"] += 1  # there until it rejoins or is replaced)
+            log.info("node_left", node=name)
+        else:
+            self.stats["nodes_dead"] += 1
+            log.warning("node_dead", node=name, silent_s=self.config.heartbeat_interval *
+                        self.config.heartbeat_misses)
         for rpc in self.cache.node_gone(name, now):
             self.router.resume(rpc, now)
         node = self.nodes.get(name)

@@ -4,7 +4,8 @@
   published as INVOKE on that node's private topic, a CANCEL as CANCEL, an
   ack check as CHECK (with an ECHO, so the link can tell whether it hears).
 * ``RemoteCaller`` is one INVOKE received from another node, as a caller peer:
-  RESPONSE, ERROR and ACCEPT go back to the origin; a NO_PROVIDER outcome
+  RESPONSE and ERROR go back to the origin (its ACCEPT is not sent: the ACK
+  said as much); a NO_PROVIDER outcome
   becomes REJECT, so the origin tries another node.
 * ``RecentIds`` remembers attempt keys for a while (acknowledged, refused).
 """
@@ -40,6 +41,8 @@ class RemoteNode:
         self.topic = Bus.topic_of(name, link.config.namespace)
         self.closed = False              # declared dead, or replaced by a new incarnation
         self.inflight = 0
+        self.calls: dict[int, Any] = {}  # never added to: a provider, never a caller
+        self.accepted_upto = 0           # a node acknowledges (ACK), never ACCEPT_UPTO
         self.provides: set[str] = set()
 
     def publish(self, msg: list[Any], then: Any = None, hold_until: float = 0.0) -> None:
@@ -68,9 +71,10 @@ class RemoteCaller:
     provides: frozenset[str] = frozenset()  # a caller, never a provider
     provider_name = ""
     hrows: dict[Any, Any] = {}  # never added to: a caller, never a provider
+    accepted_upto = 0           # a caller, never a provider
 
     __slots__ = ("link", "node", "origin", "id", "key", "label", "user_name", "inflight",
-                 "invoke", "late_at", "deadline")
+                 "calls", "invoke", "late_at", "deadline")
 
     def __init__(self, link: "ClusterLink", origin: "RemoteNode", key: tuple[int, int],
                  label: str, invoke: list[Any], late_at: float) -> None:
@@ -79,6 +83,7 @@ class RemoteCaller:
         self.id, self.label = key[1], label
         self.user_name = invoke[8] if len(invoke) > 8 else None  # checked at the origin
         self.inflight = 0
+        self.calls: dict[int, Any] = {}  # its one call (the router's)
         self.invoke: list[Any] | None = invoke  # the INVOKE, until it starts
         self.late_at = late_at    # starting after this, the origin may have moved it on
         self.deadline = invoke[4]  # the call's, on this node's clock
@@ -108,15 +113,15 @@ class RemoteCaller:
                             msg[7] if len(msg) > 7 else None)
 
     def send(self, msg: list[Any]) -> None:
-        """The call's ACCEPT or outcome, back to the origin. Kept while the bus is down
+        """The call's outcome, back to the origin (an ACCEPT stays here: the ACK the origin
+        had before the call started says as much). Kept while the bus is down
         (until the call's deadline) and sent after the reconnect: the call ran.
 
         A RESPONSE leaves as the list the router made for this peer alone
         (``[RESPONSE, id, data]``, ``id`` this attempt's): its kind becomes the bus's."""
         kind = msg[0]
         node = self.node
-        if kind == ACCEPT:
-            node.publish([m.ACCEPTED, self.id], hold_until=self.deadline)
+        if kind == ACCEPT:  # the origin knows it started: it had the ACK before it ran
             return
         if kind == C_RESPONSE:  # node.publish, inlined (one per call)
             msg[0] = m.RESPONSE

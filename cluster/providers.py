@@ -16,6 +16,12 @@ are stored with the short TTL (asked afresh soon); with none, it is asked again
 while calls wait for it (``expire``'s ``waiting``), and nothing negative is
 stored. A node that dies leaves every query (membership), which then completes.
 Concurrent misses for one name share one query.
+
+A node that stops as planned hands its providers over: they reconnect to another
+node and provide there a moment later. Names it leaves with no provider anywhere
+are ``moving`` until a provider reappears (``on_update``, or the owner's own
+provider) or the handover bound passes (``expire``); calls wait for them meanwhile
+instead of failing NO_PROVIDER in that gap.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ class ProviderCache:
         self.entries: dict[str, Entry] = {}   # the hot path's mirror
         self.queries: dict[str, Query] = {}
         self.queries_sent = 0
+        self.moving: dict[str, float] = {}    # name -> until when its providers may reappear
 
     def _clock(self) -> float:
         return self._now
@@ -101,8 +108,17 @@ class ProviderCache:
             query.deadline = max(query.settled_at, now + self.query_timeout)
 
     def on_update(self, node: str, name: str, count: float, now: float) -> bool:
-        """A PROVIDER_UPDATE from ``node``; True when it completed a query for ``name``."""
+        """A PROVIDER_UPDATE from ``node``; True when it completed a query for ``name``, or
+        a provider of a ``moving`` name reappeared (either way, waiting calls go on)."""
         self._now = now
+        if count > 0 and self.moving.pop(name, None) is not None and name not in self.queries:
+            entry = self.entries.get(name)
+            if entry is None:
+                self._store(name, {node: count})
+            else:
+                entry.set(node, count)
+                self._store(name, entry.counts)
+            return True
         query = self.queries.get(name)
         if query is not None:
             query.answers[node] = count
@@ -120,12 +136,16 @@ class ProviderCache:
                 self._store(name, entry.counts)  # now a positive entry, with the long TTL
         return False
 
-    def node_gone(self, node: str, now: float) -> list[str]:
-        """``node`` left: drop it everywhere; returns names whose queries it completed."""
+    def node_gone(self, node: str, now: float, handover: float = 0.0) -> list[str]:
+        """``node`` left: drop it everywhere; returns names whose queries it completed.
+        ``handover`` > 0: it stops as planned, and the names it leaves with no provider
+        are ``moving`` for that long."""
         self._now = now
-        for entry in self.entries.values():
+        for name, entry in self.entries.items():
             if node in entry.counts:
                 entry.set(node, 0)
+                if handover > 0 and not entry.counts:
+                    self.moving[name] = now + handover
         done = []
         for name, query in list(self.queries.items()):
             query.answers.pop(node, None)
@@ -138,13 +158,17 @@ class ProviderCache:
 
     def forget_node_for(self, name: str, node: str) -> None:
         """``node`` did not acknowledge a call for ``name``: leave it out, and ask afresh
-        once the short negative TTL has passed."""
+        once the short negative TTL has passed. If it was the only provider, the entry
+        goes: a slow node is not "nobody provides it", so the next call asks again."""
         entry = self.entries.get(name)
         if entry is None or node not in entry.counts:
             return
         entry.set(node, 0)
         self._positive.pop(name, None)
-        self._negative[name] = entry
+        if entry.counts:
+            self._negative[name] = entry
+        else:
+            del self.entries[name]
 
     def expire(self, now: float, waiting: Callable[[str], bool] = lambda name: False
                ) -> tuple[list[str], list[str]]:
@@ -160,6 +184,9 @@ class ProviderCache:
                 if self.entries.get(name) is entry:
                     del self.entries[name]
         finished, again = [], []
+        for name in [n for n, until in self.moving.items() if until <= now]:
+            del self.moving[name]  # no provider came back: its calls go on (NO_PROVIDER)
+            finished.append(name)
         for name in [n for n, q in self.queries.items() if q.deadline <= now]:
             query = self.queries[name]
             query.expected.discard(_UNSETTLED)

@@ -132,7 +132,7 @@ class Scenario:
 
     # -- parts -----------------------------------------------------------------------
 
-    def echo(self, data: Any) -> Any:
+    async def echo(self, data: Any) -> Any:  # on the loop: runs counted without a race
         self.runs[tuple(data)] += 1
         return data
 

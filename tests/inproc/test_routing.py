@@ -19,7 +19,9 @@ from .conftest import stats
 
 
 def served_by(name):
-    return lambda data, ctx: {"served_by": name, "data": data}
+    async def handler(data, ctx):  # on the loop: the nodes here share it with the providers
+        return {"served_by": name, "data": data}
+    return handler
 
 
 async def test_callers_on_every_node_reach_providers_on_every_other(cluster3):

@@ -172,10 +172,15 @@ def test_negative_entries_and_gone_nodes():
     cache.begin_query("w", ["a", "b"], now=3.0)
     cache.on_update("a", "w", 3, now=3.01)
     assert cache.node_gone("b", now=3.02) == ["w"]       # b's death completes the query
-    cache.forget_node_for("w", "a")                      # a was silent
-    assert cache.entries["w"].targets == []
-    cache.expire(4.1)
-    assert "w" not in cache.entries                      # asked afresh soon
+    cache.forget_node_for("w", "a")                      # a, its only provider, was silent:
+    assert "w" not in cache.entries                      # not "nobody", unknown: asked afresh
+    cache.begin_query("v", ["a", "b"], now=5.0)
+    cache.on_update("a", "v", 1, now=5.01)
+    cache.on_update("b", "v", 2, now=5.02)
+    cache.forget_node_for("v", "a")                      # one of two was silent
+    assert cache.entries["v"].targets == [("b", 2)]
+    cache.expire(6.1)
+    assert "v" not in cache.entries                      # asked afresh soon
 
 
 def test_a_node_that_just_joined_waits_for_a_round_of_heartbeats_before_trusting_answers():
@@ -212,7 +217,8 @@ def test_calls_wait_for_discovery_with_their_deadline():
     assert view.asked == ["x", "x"] and caller.take() == [] and b.take() == []
     r.tick(0.52)                                         # call 2's deadline passes while parked
     [err] = caller.take()
-    assert err[:3] == [ERROR, 2, errors.RESPONSE_TIMEOUT]
+    # it never left (not run), and nobody said who provides "x": not "nobody does"
+    assert err[:3] == [ERROR, 2, errors.CLUSTER_UNAVAILABLE]
     view.entries["x"] = [(b, 1)]
     r.resume("x", now=0.6)
     [req] = b.take()
@@ -250,8 +256,8 @@ def test_a_node_acknowledges_then_may_reject_and_a_silent_node_is_reported():
     assert b.take() == [[ACK_CHECK, req_b[1]]] and caller.take() == []
     r.tick(4.2)                                          # B stays silent: given up
     assert b.take() == [[CANCEL, req_b[1]]] and view.silenced == [("x", b)]
-    [err] = caller.take()
-    assert err[:3] == [ERROR, 1, errors.NO_PROVIDER]
+    [err] = caller.take()  # B provides "x" but was too slow: not "nobody provides it"
+    assert err[:3] == [ERROR, 1, errors.CLUSTER_UNAVAILABLE]
 
 
 def test_a_late_ack_keeps_the_call_on_its_node_and_a_refused_check_moves_it():
@@ -436,3 +442,18 @@ def test_the_counts_behind_held_draws_are_kept_for_a_bounded_number_of_names():
         r.request(caller, i, name, None, None, now=0.0)
     assert len(r._balance) <= BALANCED_NAMES
     assert len(requests_to(a)) + len(requests_to(b)) == len(names)
+
+
+def test_names_of_a_node_stopping_as_planned_wait_for_their_providers_to_reappear():
+    cache = ProviderCache(ttl=60.0, negative_ttl=1.0, query_timeout=0.25)
+    cache.begin_query("x", ["a"], now=0.0)
+    assert cache.on_update("a", "x", 1, now=0.01)
+    cache.node_gone("a", now=1.0, handover=2.0)          # a stops as planned
+    assert cache.moving == {"x": 3.0} and cache.entries["x"].targets == []
+    assert cache.on_update("b", "x", 1, now=1.5)         # it reappeared on b: calls go on
+    assert cache.entries["x"].targets == [("b", 1)] and not cache.moving
+    cache.node_gone("b", now=2.0, handover=2.0)
+    assert cache.expire(3.9) == ([], [])                 # still waiting for it
+    assert cache.expire(4.0) == (["x"], []) and not cache.moving  # nobody came back
+    cache.node_gone("c", now=5.0)                        # a death is no handover
+    assert not cache.moving

@@ -16,6 +16,8 @@ class Peer:
         self.user_name = None
         self.closed = False
         self.inflight = 0
+        self.calls = {}
+        self.accepted_upto = 0
         self.provides = set()
         self.is_node = False
         self.sent = []
@@ -46,7 +48,7 @@ def assert_empty(router, *callers):
     """No call pending, no caller counted in flight, and the deadlines left send nothing."""
     assert router.pending == 0
     for c in callers:
-        assert c.inflight == 0
+        assert c.inflight == 0 and not c.calls
     peers = {id(c): c for c in callers}
     before = {k: len(c.sent) for k, c in peers.items()}
     router.tick(10_000.0)
@@ -134,6 +136,29 @@ def test_accepted_call_waits_for_the_response_deadline_and_is_never_retried():
     assert_empty(r, caller)
 
 
+def test_accept_upto_accepts_every_attempt_up_to_its_id_that_was_not_rejected():
+    r, caller, p1, p2 = make(rand=lambda: 0.0), Peer("c"), Peer("p1"), Peer("p2")
+    r.provide(p1, ["x"])
+    r.provide(p2, ["x"])
+    for cid in (1, 2, 3):
+        r.request(caller, cid, "x", cid, 5000, now=0.0)
+    a, b, c = requests_to(p1)
+    r.reject(p1, b[1], now=0.0)                 # refused (stale): it moves to p2
+    [b2] = requests_to(p2)
+    p1.accepted_upto = b[1]                     # [ACCEPT_UPTO, b's id], after that REJECT
+    p2.accepted_upto = b2[1]
+    r.tick(1.1)                                 # the ack timeout (1 s) of a, c and b2
+    assert p1.take() == [[CANCEL, c[1]]]        # a is accepted; c was not: moved
+    [c2] = requests_to(p2)
+    assert c2[3] == 3 and caller.take() == []   # b2 is accepted at p2
+    r.drop_peer(p1, now=1.2)                    # a may have run: not moved
+    assert [m[:3] for m in caller.take()] == [[ERROR, 1, errors.PROVIDER_GONE]]
+    r.respond(p2, b2[1], "b")
+    r.respond(p2, c2[1], "c")
+    assert caller.take() == [[RESPONSE, 2, "b"], [RESPONSE, 3, "c"]]
+    assert_empty(r, caller)
+
+
 def test_callers_timeout_is_capped_and_no_attempt_starts_after_the_deadline():
     r, caller, p1, p2 = make(ack_timeout=1.0), Peer("c"), Peer("p1"), Peer("p2")
     r.provide(p1, ["x"])
@@ -172,16 +197,59 @@ def test_provider_gone_before_accept_retries_after_accept_fails_at_once():
     assert_empty(r, caller)
 
 
-def test_closed_caller_outcomes_are_discarded_and_counted():
-    r, caller, prov = make(), Peer("c"), Peer("p")
+def test_a_caller_that_leaves_cancels_its_calls_at_their_providers():
+    r, caller, other, prov = make(), Peer("c"), Peer("o"), Peer("p")
     r.provide(prov, ["x"])
     r.request(caller, 1, "x", None, None, now=0.0)
-    [req] = requests_to(prov)
+    r.request(caller, 2, "x", None, None, now=0.0)
+    r.request(other, 1, "x", None, None, now=0.0)  # the same id, another caller: kept
+    first, second, others = requests_to(prov)
     caller.closed = True
     r.drop_peer(caller, now=0.0)
-    r.respond(prov, req[1], "nobody listens")
-    assert r.stats.discarded == 1
+    assert prov.take() == [[CANCEL, first[1]], [CANCEL, second[1]]]
+    assert r.stats.cancelled == 2 and r.pending == 1
+    r.respond(prov, first[1], "nobody listens")  # too late: dropped, counted
+    assert r.stats.late == 1 and r.stats.discarded == 0
+    r.respond(prov, others[1], "yours")
+    assert other.take() == [[RESPONSE, 1, "yours"]]
     assert_empty(r, caller)
+    assert_empty(r, other)
+
+
+def test_cancel_costs_one_lookup_and_ids_in_flight_are_unique_per_caller():
+    r, caller, prov = make(), Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    for cid in range(1, 2001):
+        r.request(caller, cid, "x", None, None, now=0.0)
+    requests_to(prov)
+    r.request(caller, 7, "x", None, None, now=0.0)  # 7 is in flight: refused, not routed
+    assert caller.take() == [[ERROR, 7, errors.INVALID_MESSAGE,
+                              "call id 7 belongs to a call still in flight"]]
+    assert prov.take() == [] and r.stats.duplicate_ids == 1
+    # made-up ids cost nothing and touch nothing; a real one cancels that call alone
+    scans = []
+    r._calls = _Counting(r._calls, scans)
+    for cid in range(5000, 15000):
+        r.cancel_from(caller, cid)
+    r.cancel_from(caller, 7)
+    assert scans == [] and r.pending == 1999 and r.stats.cancelled == 1
+    assert len(prov.take()) == 1
+
+
+class _Counting(dict):
+    """A call table that records every walk over it (a CANCEL must never walk it)."""
+
+    def __init__(self, table, walks):
+        super().__init__(table)
+        self._walks = walks
+
+    def values(self):
+        self._walks.append("values")
+        return super().values()
+
+    def __iter__(self):
+        self._walks.append("iter")
+        return super().__iter__()
 
 
 def test_unknown_and_invalid_names():

@@ -13,8 +13,11 @@
 // at once; calls and handlers under way there finish there, and a call it refused with
 // SHUTTING_DOWN never ran, so it is sent again on the next connection.
 //
-// Providing: a handler gets (data, ctx). A value is answered at once; a promise that has
-// not settled by the end of the tick gets ACCEPT first. `throw new Reject()` hands the call
+// Providing: a handler gets (data, ctx). Every call's ACCEPT is written to the socket before
+// any of its handler's code runs, and a REQUEST taken after half the node's ack timeout is
+// refused unrun, judged per REQUEST: so however long a handler holds the event loop, the
+// node never moves a call that started here, and never runs one twice (the Python SDK's
+// rule). A value is answered at once, a promise when it settles. `throw new Reject()` hands the call
 // to another provider; any other throw answers PROVIDER_ERROR with its message. A CANCEL
 // from the node (the caller gave up, or the deadline passed) aborts `ctx.signal` and drops
 // the answer.
@@ -77,8 +80,9 @@ export class Client {
     this._pending = new Map() // ref -> {resolve, reject, wire, msg?, until?, idempotent?}
     this._queued = [] // call refs waiting for a connection
     this._handlers = new Map() // name -> handler
-    this._newTasks = [] // [wire, id] of handlers started this tick
-    this._draining = new Set() // wires of nodes shutting down, until they close
+    this._starting = [] // [wire, id, handler, data, ctx] ACCEPTed in the frame being read
+    this._draining = new Set() // wires of nodes shutting down (or cut off), until they close
+    this._moving = false // moving off a node cut off from the cluster
     this._defaultTimeout = 10000
     this._deadlines = new Deadlines(SWEEP_MS, now())
     this._sweeper = null
@@ -106,13 +110,14 @@ export class Client {
     return this
   }
 
-  /** One pass over the URLs (`avoid` last): the first authenticated wire, or null. */
-  async _connectAny (avoid) {
+  /** One pass over the URLs (`avoid` last, or not at all with `skip`): the first
+   * authenticated wire, or null. */
+  async _connectAny (avoid, skip = false) {
     const n = this.urls.length
     const order = Array.from({ length: n }, (_, i) => this.urls[(this._nextUrl + i) % n])
     if (avoid !== null && n > 1 && order.includes(avoid)) {
       order.splice(order.indexOf(avoid), 1)
-      order.push(avoid)
+      if (!skip) order.push(avoid)
     }
     this._lastError = 'no URL tried'
     this._lastErr = null
@@ -217,12 +222,11 @@ export class Client {
   }
 
   /** Close the connection(s); pending calls fail with CONNECTION_LOST and the node is told to
-   * CANCEL them. Handlers still running are told their node ACCEPTed them, then aborted
-   * (their callers get PROVIDER_GONE, never a second run). Idempotent. */
+   * CANCEL them. Handlers still running (their node had their ACCEPT before they started)
+   * are aborted: their callers get PROVIDER_GONE, never a second run. Idempotent. */
   async close () {
     if (this.closed) return
     this.closed = true
-    this._ackNewTasks()
     for (const [ref, entry] of this._pending) { // nobody waits for these answers now
       if (entry.msg !== undefined && entry.wire !== null && entry.wire.open) entry.wire.send([p.CANCEL, ref])
     }
@@ -268,7 +272,6 @@ export class Client {
   _wires () {
     const wires = new Set(this._wire ? [this._wire] : [])
     for (const entry of this._pending.values()) if (entry.wire) wires.add(entry.wire)
-    for (const [wire] of this._newTasks) wires.add(wire)
     for (const wire of this._draining) wires.add(wire)
     return wires
   }
@@ -376,7 +379,6 @@ export class Client {
   // -- frames in -------------------------------------------------------------------------
 
   _onFrame (wire, data) {
-    const readMs = now()
     if (typeof data === 'string') {
       this.log.warn(`text_frame_from_node url=${wire.url}`)
       return
@@ -390,15 +392,24 @@ export class Client {
     }
     for (const msg of msgs) {
       try {
-        this._onMessage(wire, msg, readMs)
+        this._onMessage(wire, msg)
       } catch (err) { // a malformed message from the node must not break the client
         this.log.warn(`bad_message_from_node url=${wire.url} kind=${msg[0]} error=${err}`)
       }
     }
-    if (this._newTasks.length) wire.schedule()
+    if (this._starting.length) {
+      // The calls' ACCEPTs go to the socket first: no handler code has run yet, so however
+      // long one holds the event loop, the node knows every call here started.
+      const starting = this._starting.splice(0)
+      if (wire.session && wire.session.accept_upto === true) { // one message for them all
+        wire.send([p.ACCEPT_UPTO, starting.reduce((most, start) => start[1] > most ? start[1] : most, 0)])
+      }
+      wire.flush()
+      for (const start of starting) this._start(...start)
+    }
   }
 
-  _onMessage (wire, msg, readMs) {
+  _onMessage (wire, msg) {
     const kind = msg[0]
     if (kind === p.RESPONSE) {
       if (msg.length !== 3) throw new Error('RESPONSE with the wrong fields')
@@ -409,7 +420,7 @@ export class Client {
       if (msg.length < 6 || !Number.isInteger(msg[1]) || typeof msg[2] !== 'string') {
         throw new Error('REQUEST with the wrong fields')
       }
-      if (msg.length > 6 && wire.staleness.stale(msg[6], readMs)) {
+      if (msg.length > 6 && wire.staleness.stale(msg[6], now())) {
         wire.send([p.REJECT, msg[1]]) // the node has moved it on (or is about to)
         this.staleRequests += 1
         if ((this.staleRequests & (this.staleRequests - 1)) === 0) {
@@ -417,11 +428,15 @@ export class Client {
         }
         return
       }
-      this._serve(wire, msg[1], msg[2], msg[3], msg[4], msg[5], msg[7] ?? null, msg[8] ?? null)
+      this._take(wire, msg[1], msg[2], msg[3], msg[4], msg[5], msg[7] ?? null, msg[8] ?? null)
     } else if (kind === p.ERROR) {
       const [, ref, code, message] = msg
       if (msg.length !== 4 || typeof code !== 'string' || typeof message !== 'string') {
         throw new Error('ERROR with the wrong fields')
+      }
+      if (ref == null && code === 'CLUSTER_UNAVAILABLE') {
+        this._nodeCutOff(wire) // a notice: the node cannot reach the cluster
+        return
       }
       if (code === 'SHUTTING_DOWN') {
         this._nodeDraining(wire)
@@ -462,17 +477,24 @@ export class Client {
 
   // -- serving ---------------------------------------------------------------------------
 
-  _serve (wire, id, name, data, timeLeftMs, caller, traceparent, user) {
+  /** Take a REQUEST: ACCEPT it (its handler starts once the frame is read and the ACCEPTs
+   * written), or REJECT it unrun when the name is no longer provided here. */
+  _take (wire, id, name, data, timeLeftMs, caller, traceparent, user) {
     const handler = this._handlers.get(name)
     if (handler === undefined || this.closed) { // unprovided a moment ago, or closing: not run
       wire.send([p.REJECT, id])
       return
     }
+    if (!(wire.session && wire.session.accept_upto === true)) wire.send([p.ACCEPT, id]) // an older node
+    this._starting.push([wire, id, name, handler, data, { rpc: name, callId: id, caller, timeLeft: timeLeftMs, traceparent, user }])
+  }
+
+  /** Run an accepted call's handler; its outcome is sent when it settles. */
+  _start (wire, id, name, handler, data, fields) {
     const controller = new AbortController()
-    const ctx = { rpc: name, callId: id, caller, timeLeft: timeLeftMs, traceparent, user, signal: controller.signal }
     let result
     try {
-      result = handler(data, ctx)
+      result = handler(data, { ...fields, signal: controller.signal })
     } catch (err) {
       wire.send(failure(id, err, this.log, name))
       return
@@ -483,7 +505,6 @@ export class Client {
     }
     const task = { controller, done: null }
     wire.running.set(id, task)
-    this._newTasks.push([wire, id])
     task.done = Promise.resolve(result).then(
       (value) => this._taskDone(wire, id, task, [p.RESPONSE, id, value === undefined ? null : value]),
       (err) => this._taskDone(wire, id, task, failure(id, err, this.log, name)))
@@ -493,16 +514,6 @@ export class Client {
     if (wire.running.get(id) !== task) return // cancelled by the node, or the connection is gone
     wire.running.delete(id)
     wire.send(answer)
-  }
-
-  /** End of the tick that started handlers: the unfinished get ACCEPT (the finished have
-   * answered already, and the answer implies it). */
-  _ackNewTasks () {
-    if (this._newTasks.length === 0) return
-    const fresh = this._newTasks.splice(0)
-    for (const [wire, id] of fresh) {
-      if (wire.running.has(id)) wire.send([p.ACCEPT, id])
-    }
   }
 
   _unencodable (msg, err) {
@@ -552,6 +563,44 @@ export class Client {
       this._wire = null
       this._startReconnect(wire.url, true)
     }
+  }
+
+  /** The node cannot reach the cluster: move to another URL if one answers (calls and
+   * handlers under way on this connection finish there), else stay. */
+  _nodeCutOff (wire) {
+    if (wire !== this._wire || this.closed || !this.reconnect || this.urls.length < 2 || this._moving) return
+    this.log.info(`node_cut_off url=${wire.url}`)
+    this._moving = true
+    this._connectAny(wire.url, true).then((fresh) => {
+      this._moving = false
+      if (fresh === null) {
+        this.log.info(`node_cut_off_staying url=${wire.url} error=${this._lastError}`)
+        return
+      }
+      if (this.closed || this._wire !== wire) { // closed, or it moved meanwhile
+        fresh.close()
+        return
+      }
+      wire.draining = true
+      this._draining.add(wire)
+      this._use(fresh) // provides here what it provided, sends what waited
+      if (this._handlers.size && wire.open) wire.send([p.UNPROVIDE, this._ids++, [...this._handlers.keys()]])
+      this._closeWhenIdle(wire)
+    })
+  }
+
+  /** Close a connection new calls no longer use once its calls and handlers ended. */
+  _closeWhenIdle (wire) {
+    const busy = () => wire.running.size > 0 || [...this._pending.values()].some((e) => e.wire === wire)
+    const check = () => {
+      if (!this.closed && !wire.lost && busy()) {
+        setTimeout(check, 100)
+        return
+      }
+      this._draining.delete(wire)
+      if (!wire.lost) wire.close()
+    }
+    check()
   }
 
   _onLost (wire, ev) {

@@ -18,6 +18,7 @@ export const RESPONSE = 18
 export const REJECT = 19
 export const ERROR = 20
 export const CANCEL = 21
+export const ACCEPT_UPTO = 22 // [22, id]: every REQUEST up to id not REJECTed is accepted
 export const PING = 30
 export const PONG = 31
 

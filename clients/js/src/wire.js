@@ -33,7 +33,7 @@ export class Wire {
     this.schedule()
   }
 
-  /** Make sure a flush runs at the end of this tick (handlers' ACCEPTs are decided there). */
+  /** Make sure a flush runs at the end of this tick. */
   schedule () {
     if (!this.scheduled) {
       this.scheduled = true
@@ -44,7 +44,6 @@ export class Wire {
   /** Write everything queued: one frame, more only when over the node's limits. */
   flush () {
     this.scheduled = false
-    this.client._ackNewTasks()
     const out = this.out
     if (out.length === 0) return
     this.out = []

@@ -118,7 +118,55 @@ test('a node shutting down: new calls go to another node, refused ones are sent 
   await c.close()
 })
 
-test('handlers: answered at once when they can be, ACCEPTed when not; CANCEL aborts and drops the answer', async () => {
+test('a node cut off from the cluster: the client moves to another URL, provides there, and leaves once its call there ended', async () => {
+  const net = network({ refuse: [] })
+  const c = await net.client(['ws://a', 'ws://b'])
+  const [a] = net.sockets
+  const provided = c.provide('js.echo', (d) => d)
+  await tick()
+  a.deliver([6, a.sent(4)[0][1]])
+  await provided
+  const inFlight = c.call('slow', 'there', { timeout: 5000 })
+  await tick()
+  const [slow] = a.sent(16)
+  a.deliver([20, null, 'CLUSTER_UNAVAILABLE', 'this node cannot reach the cluster: connect to another node'])
+  const b = await net.authenticate()
+  assert.equal(b.url, 'ws://b')
+  await tick()
+  assert.deepEqual(b.sent(4).map((m) => m[2]), [['js.echo']]) // provided on b
+  assert.deepEqual(a.sent(5).map((m) => m[2]), [['js.echo']]) // withdrawn from a
+  const after = c.call('x', 'here', { timeout: 5000 })
+  await tick()
+  assert.deepEqual(b.sent(16).map((m) => m[3]), ['here'])
+  b.deliver(...b.sent(16).map((m) => [18, m[1], m[3] + '!']))
+  assert.equal(a.readyState, 1) // its call there is still under way
+  a.deliver([18, slow[1], 'done there'])
+  assert.deepEqual(await Promise.all([inFlight, after]), ['done there', 'here!'])
+  for (let i = 0; i < 50 && a.readyState === 1; i++) await new Promise((resolve) => setTimeout(resolve, 10))
+  assert.notEqual(a.readyState, 1) // left once idle
+  assert.equal(c.url, 'ws://b')
+  await c.close()
+})
+
+test('a node that takes ACCEPT_UPTO gets one for a frame of REQUESTs, after its REJECTs, before any handler runs', async () => {
+  const net = network()
+  const pending = connect('ws://a', { WebSocket: net.FakeSocket })
+  const s = await net.authenticate({ accept_upto: true })
+  const c = await pending
+  const ran = []
+  const provided = c.provide('now', (d) => { ran.push(d); return d })
+  await tick()
+  s.deliver([6, s.sent(4)[0][1]])
+  await provided
+  s.deliver([16, 7, 'now', 1, 1000, 'c@s', 0], [16, 8, 'gone', 2, 1000, 'c@s', 0], [16, 9, 'now', 3, 1000, 'c@s', 0])
+  assert.deepEqual(s.frames.at(-1), [[19, 8], [22, 9]]) // written while the frame was read
+  assert.deepEqual(ran, [1, 3])
+  await tick()
+  assert.deepEqual(s.frames.at(-1), [[18, 7, 1], [18, 9, 3]])
+  await c.close()
+})
+
+test('handlers: every call ACCEPTed before its handler runs; CANCEL aborts and drops the answer', async () => {
   const net = network()
   const c = await net.client('ws://a')
   const [s] = net.sockets
@@ -133,9 +181,11 @@ test('handlers: answered at once when they can be, ACCEPTed when not; CANCEL abo
   ])
   s.deliver([16, 1, 'now', 1, 1000, 'c@s', 0], [16, 2, 'soon', 1, 1000, 'c@s', 0], [16, 3, 'later', 1, 1000, 'c@s', 0],
     [16, 4, 'fails', 1, 1000, 'c@s', 0], [16, 5, 'nobody-here', 1, 1000, 'c@s', 0])
+  // the ACCEPTs (and the refusal) are written while the frame is read, before any handler
+  const [accepted] = s.frames.slice(-1)
+  assert.deepEqual(accepted, [[17, 1], [17, 2], [17, 3], [17, 4], [19, 5]])
   await tick()
-  const frame = s.frames.at(-1)
-  assert.deepEqual(frame, [[18, 1, 2], [20, 4, 'PROVIDER_ERROR', 'bad input'], [19, 5], [18, 2, 3], [17, 3]])
+  assert.deepEqual(s.frames.at(-1), [[18, 1, 2], [20, 4, 'PROVIDER_ERROR', 'bad input'], [18, 2, 3]])
   s.deliver([21, 3]) // the node gave it up
   release('too late')
   await tick()
@@ -145,7 +195,7 @@ test('handlers: answered at once when they can be, ACCEPTed when not; CANCEL abo
   s.deliver([16, 6, 'now', 1, 1000, 'c@s', 10000])
   s.deliver([16, 7, 'now', 1, 1000, 'c@s', -10000])
   await tick()
-  assert.deepEqual(s.frames.at(-1), [[18, 6, 2], [19, 7]])
+  assert.deepEqual(s.frames.slice(-2), [[[17, 6]], [[18, 6, 2], [19, 7]]])
   assert.equal(c.staleRequests, 1)
   await c.close()
 })

@@ -8,11 +8,19 @@ import asyncio
 import logging
 import re
 import shutil
+from typing import Any
 
 import structlog
 
 import rpcbus
 from rpcbus.broker.process import NodeProcess
+
+
+async def echo(data: Any) -> Any:
+    """The provider's handler: answers in the tick it starts, on the client's loop (a
+    plain function would run in a worker thread, and its pace would shape the batches
+    the measured node sees)."""
+    return data
 
 
 async def echo_calls(callers: list[rpcbus.Client], calls: int, inflight: int) -> None:

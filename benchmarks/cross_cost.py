@@ -19,7 +19,14 @@ from __future__ import annotations
 import asyncio
 
 import rpcbus
-from rpcbus.benchmarks.callgrind import CALLGRIND, SLOW_NODE_ENV, collected, echo_calls, options
+from rpcbus.benchmarks.callgrind import (
+    CALLGRIND,
+    SLOW_NODE_ENV,
+    collected,
+    echo,
+    echo_calls,
+    options,
+)
 from rpcbus.broker.local import RedisServer
 from rpcbus.broker.process import NodeProcess
 
@@ -28,7 +35,7 @@ async def _load(provider_url: str, caller_url: str, calls: int, inflight: int,
                 conns: int) -> None:
     async with (rpcbus.connect(provider_url, name="worker") as prov,
                 rpcbus.connect(caller_url) as caller):
-        await prov.provide("cost.echo", lambda d: d)
+        await prov.provide("cost.echo", echo)
         more = [await rpcbus.connect(caller_url) for _ in range(conns - 1)]
         for _ in range(300):        # until n2 has heard of the provider on n1
             try:

@@ -18,13 +18,20 @@ import shutil
 import tempfile
 
 import rpcbus
-from rpcbus.benchmarks.callgrind import CALLGRIND, SLOW_NODE_ENV, collected, echo_calls, options
+from rpcbus.benchmarks.callgrind import (
+    CALLGRIND,
+    SLOW_NODE_ENV,
+    collected,
+    echo,
+    echo_calls,
+    options,
+)
 from rpcbus.broker.process import NodeProcess
 
 
 async def _load(url: str, calls: int, inflight: int) -> None:
     async with rpcbus.connect(url, name="worker") as prov, rpcbus.connect(url) as caller:
-        await prov.provide("cost.echo", lambda d: d)
+        await prov.provide("cost.echo", echo)
         await echo_calls([caller], calls, inflight)
 
 

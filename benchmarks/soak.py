@@ -35,6 +35,10 @@ def _stats(url: str) -> dict[str, Any]:
         return json.load(r)
 
 
+async def echo(data: Any) -> Any:  # answers on the loop: no worker thread per call
+    return data
+
+
 async def soak(duration: float, rate: float, out: str) -> dict[str, Any]:
     import psutil
 
@@ -44,7 +48,7 @@ async def soak(duration: float, rate: float, out: str) -> dict[str, Any]:
     samples: list[dict[str, Any]] = []
     try:
         async with rpcbus.connect(n1.url) as prov, rpcbus.connect(n2.url) as caller:
-            await prov.provide("soak.echo", lambda d: d)
+            await prov.provide("soak.echo", echo)
             await caller.call("soak.echo", 0, timeout=5)
             latencies: list[float] = []
             errors: Counter[str] = Counter()

@@ -597,7 +597,9 @@ class Client:
         """Take a REQUEST: ACCEPT it (its handler starts once the frame is read and the
         ACCEPTs written), or REJECT it unrun when the name is no longer provided here."""
         entry = self._handlers.get(name)
-        if entry is None or self._closed:  # unprovided a moment ago, or closing: not run
+        if entry is None or self._closed or wire.protocol.state is not OPEN:
+            # unprovided a moment ago, or closing; or this connection closes (one it moved
+            # off): no ACCEPT could reach the node, which moves the call on, so not run
             wire.send([REJECT, attempt])
             return
         if not wire.accept_upto:  # a node that takes only one ACCEPT per call

@@ -16,7 +16,7 @@ async def test_clients_of_a_node_cut_off_from_redis_move_and_serve_on(scenario):
     async def fault(sc):
         sc.proxy.blackhole(True)           # n1 hears nothing from Redis: it is cut off
         sc.cleared()                       # calls must recover while the fault lasts
-        await asyncio.sleep(EVACUATE_AFTER + 6.0)
+        await asyncio.sleep(EVACUATE_AFTER + 4.5)
         sc.proxy.blackhole(False)
 
     # the only provider, on n1 first; every client holds every URL

@@ -17,7 +17,7 @@ async def test_a_rolling_restart_of_every_node_fails_no_call(scenario):
         for i in range(3):
             processes.append(sc.cluster.nodes[i])
             await asyncio.to_thread(sc.cluster.restart, i, True)  # drains, exits, restarts
-            await asyncio.sleep(1.0)                               # steady load between
+            await asyncio.sleep(0.5)                               # steady load between
         sc.cleared()
 
     # one provider, on n1 first (it holds every URL and moves as each node stops)

@@ -481,7 +481,9 @@ export class Client {
    * written), or REJECT it unrun when the name is no longer provided here. */
   _take (wire, id, name, data, timeLeftMs, caller, traceparent, user) {
     const handler = this._handlers.get(name)
-    if (handler === undefined || this.closed) { // unprovided a moment ago, or closing: not run
+    // unprovided a moment ago, or closing; or this connection closes (one it moved off): no
+    // ACCEPT could reach the node, which moves the call on, so not run
+    if (handler === undefined || this.closed || !wire.open) {
       wire.send([p.REJECT, id])
       return
     }

@@ -88,6 +88,7 @@ class ClusterLink:
         keep = 1.5 * router.ack_timeout + 0.5
         self.acked, self.refused = RecentIds(keep), RecentIds(keep)
         self._terminating: set[str] = set()
+        self._held: dict[str, float] = {}  # names found nobody during a handover: when
         self.stats = {"stale_invokes": 0, "nodes_dead": 0, "nodes_left": 0,
                       "silent_attempts": 0,
                       "checks_refused": 0, "cache_lookups": 0, "cache_misses": 0,
@@ -224,7 +225,23 @@ class ClusterLink:
             self.stats["query_retries"] += 1
             self._query(name)
         for name in finished:
-            self.router.resume(name, now)
+            self._found(name, now)
+
+    def _found(self, name: str, now: float) -> None:
+        """Discovery of ``name`` ended: its waiting calls go on. Found nobody while a node
+        is stopping (a deploy): its providers may be on their way to another node, and
+        a stopping node answers 0, so the name waits for them as in a handover."""
+        entry = self.cache.entries.get(name)
+        wait = self.config.handover_wait
+        if (entry is not None and not entry.counts and name not in self.cache.moving
+                and now - self._held.get(name, -2 * wait) >= 2 * wait  # once per handover
+                and any(x.state == m.TERMINATING for x in self.membership.members.values())):
+            if len(self._held) >= 4096:
+                self._held.clear()
+            self._held[name] = now
+            self.cache.moving[name] = now + wait
+            return  # its calls keep waiting (targets), until a provider or the bound
+        self.router.resume(name, now)
 
     def _beat(self, now: float) -> None:
         self._next_beat = now + self.config.heartbeat_interval
@@ -352,7 +369,7 @@ class ClusterLink:
                 node.publish([m.PROVIDER_UPDATE, msg[1], 0])
         elif kind == m.PROVIDER_UPDATE:
             if self.cache.on_update(node.name, msg[1], msg[2], now):
-                router.resume(msg[1], now)
+                self._found(msg[1], now)
         elif kind == m.STATE:
             self._state(node, msg, sent_at, now)
         elif kind == m.ANNOUNCE:
@@ -499,7 +516,9 @@ class ClusterLink:
             self.stats["nodes_dead"] += 1
             log.warning("node_dead", node=name, silent_s=self.config.heartbeat_interval *
                         self.config.heartbeat_misses)
-        for rpc in self.cache.node_gone(name, now):
+        # its providers may reconnect to another node (or it was only too slow to hear):
+        # calls to the names it leaves without a provider wait for one, as in a handover
+        for rpc in self.cache.node_gone(name, now, self.config.handover_wait):
             self.router.resume(rpc, now)
         node = self.nodes.get(name)
         if node is not None:

@@ -98,7 +98,17 @@ export class Client {
   // -- life ------------------------------------------------------------------------------
 
   async _open () {
-    const wire = await this._connectAny(null)
+    // Nodes still starting (joining the cluster) answer HTTP 503 ("starting"): wait for them
+    // within openTimeout, trying every URL again. Node.js (ws) tells the status; browsers
+    // do not, so there a starting node fails connect as a refused one does.
+    const giveUp = now() + this.openTimeout
+    let wire = await this._connectAny(null)
+    while (wire === null && this._startingSeen && !this.closed) {
+      const delay = this.backoff.next() // reset once connected (_use)
+      if (now() + delay >= giveUp) break
+      await new Promise((resolve) => setTimeout(resolve, delay))
+      wire = await this._connectAny(null)
+    }
     if (wire === null) {
       this.closed = true
       this._setState('closed')
@@ -121,6 +131,7 @@ export class Client {
     }
     this._lastError = 'no URL tried'
     this._lastErr = null
+    this._startingSeen = false
     for (const url of order) {
       if (this.closed) return null
       this._nextUrl = (this.urls.indexOf(url) + 1) % n
@@ -129,6 +140,7 @@ export class Client {
       } catch (err) {
         this._lastError = `${url}: ${err && err.message}`
         this._lastErr = err
+        if (/server response: 503/.test(this._lastError)) this._startingSeen = true
       }
     }
     return null

@@ -406,17 +406,19 @@ class Session(FrameIO, ServerConnection):
 
     def _authenticated(self, user: User | None, name: str | None) -> None:
         """``name`` is a display label only: with users, who the client is reaches
-        providers as ``user`` (CallContext.user), and load history as the provider's
-        ``user/name``, so a client cannot pass for another user."""
+        providers as ``user`` (CallContext.user), and as the start of the caller label
+        and of the load history's provider name, ``user/name`` where the name differs,
+        so a client cannot pass for another user (AUTH name "admin" of user "mallory"
+        is ``mallory/admin@s18``)."""
         if name is not None:
-            self.label = f"{name}@{self.sid}"
             self.provider_name = name
-        elif user is not None:
-            self.label = f"{user.name}@{self.sid}"
         if user is not None:
             self.user_name = user.name
             self.provider_name = (user.name if name is None or name == user.name
                                   else f"{user.name}/{name}")
+            self.label = f"{self.provider_name}@{self.sid}"
+        elif name is not None:
+            self.label = f"{name}@{self.sid}"
         self._limiter = self.node.gate.limiter_for(user)
         self._gated = self._perms is not None or self._limiter is not None
         self.authenticated = True

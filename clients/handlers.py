@@ -22,8 +22,8 @@ class CallContext:
 
     rpc: str
     call_id: int          # the node's id for this attempt
-    caller: str           # the calling client's name@session (or session id): a label the
-                          # client chose, not proof of who it is
+    caller: str           # the calling client's name@session (or session id); with users,
+                          # user/name@session where its chosen name differs from its user
     time_left: float      # seconds the caller still waits, as of arrival
     traceparent: str | None = None   # the caller's W3C trace context, when it sent one
     user: str | None = None  # the caller's authenticated user (auth mode users), set by

@@ -320,7 +320,8 @@ async def test_a_client_cannot_pass_for_another_user(guarded, tmp_path):
         for i in range(40):
             assert await caller.call("pub.who", i, timeout=5) == i
     assert {u for u, _ in seen} == {"mallory"}               # across nodes, set by n1
-    assert all(label.startswith("admin@") for _, label in seen)  # the label it chose
+    # the label it chose, behind the user it is: a name cannot pass for another user's
+    assert all(label.startswith("mallory/admin@") for _, label in seen)
     for node in (n1, n2):
         assert node.stop() == 0
     rows = [json.loads(line) for path in glob.glob(f"{tmp_path}/*/*/node=*/*.jsonl")

@@ -204,7 +204,8 @@ class Session(FrameIO, ServerConnection):
                 if len(msg) == 3 and type(msg[1]) is int and serving:
                     router.respond(self, msg[1], msg[2])
                     continue
-            elif kind == ACCEPT_UPTO:  # once per frame of REQUESTs a provider takes
+            elif kind == ACCEPT_UPTO:  # once per frame of REQUESTs a provider takes (a
+                # well-formed one is always taken here, draining or not: calls still finish)
                 if len(msg) == 2 and type(msg[1]) is int and self.authenticated:
                     if msg[1] > self.accepted_upto:
                         self.accepted_upto = msg[1]
@@ -246,8 +247,6 @@ class Session(FrameIO, ServerConnection):
             router.respond(self, msg[1], msg[2])
         elif kind == ACCEPT:
             router.accept(self, msg[1], now)
-        elif kind == ACCEPT_UPTO:
-            self.accepted_upto = max(self.accepted_upto, msg[1])
         elif kind == REJECT:
             router.reject(self, msg[1], now)
         elif kind == ERROR:  # a provider's failure: PROVIDER_ERROR, or its answer too large

@@ -18,8 +18,9 @@ finish there; a call the node refused with SHUTTING_DOWN never ran, so it is
 sent again on the next connection (not failed). A node cut off from the
 cluster says so too (a CLUSTER_UNAVAILABLE notice): the client moves to another
 of its URLs if one answers, the same way, else it stays (local calls still
-work there). A node still starting answers 503 "starting": ``connect`` waits
-for it within ``open_timeout``. ``on_state`` hears "connected",
+work there). A node still starting answers 503 "starting", one with too many
+connections logging in 503 or 429: ``connect`` waits for it within
+``open_timeout``. ``on_state`` hears "connected",
 "reconnecting" and "closed".
 
 Providing: a handler gets the request's data (and, if it takes a second
@@ -77,8 +78,7 @@ from rpcbus.protocol import (
     REQUEST,
     RESPONSE,
     UNPROVIDE,
-    ProtocolError,
-    decode,
+    decode_each,
     valid_name,
 )
 from rpcbus.transport import FrameData, FrameIO
@@ -208,7 +208,8 @@ class Client:
         self._last_error = ""
         self._last_exc: Exception | None = None
         self.stale_requests = 0               # REQUESTs refused unrun: read too late
-        self._starting_seen = False           # the last pass met a node still starting
+        self.messages_dropped = 0             # from the node, undecodable (logged)
+        self._starting_seen = False           # the last pass met a node saying "soon"
 
     @property
     def url(self) -> str:
@@ -224,8 +225,9 @@ class Client:
     async def _open(self) -> "Client":
         loop = asyncio.get_running_loop()
         self._deadlines = Deadlines[int](0.05, loop.time())
-        # Nodes still starting (joining the cluster) answer 503 "starting": wait for them
-        # within open_timeout, trying every URL again; any other failure is final here.
+        # Nodes still starting (joining the cluster) answer 503 "starting", nodes with too
+        # many connections logging in 503 or 429: wait for them within open_timeout, trying
+        # every URL again; any other failure is final here.
         give_up = loop.time() + self._open_timeout
         again = Backoff(0.05, 0.5)
         while True:
@@ -262,9 +264,8 @@ class Client:
                 return await self._handshake(url)
             except (OSError, TimeoutError, WebSocketException, errors.RpcError) as exc:
                 self._last_error, self._last_exc = f"{url}: {exc}", exc
-                if (isinstance(exc, InvalidStatus) and exc.response.status_code == 503
-                        and exc.response.body.startswith(b"starting")):
-                    self._starting_seen = True  # it will take clients in a moment
+                if isinstance(exc, InvalidStatus) and exc.response.status_code in (429, 503):
+                    self._starting_seen = True  # starting, or too many connecting: soon
         return None
 
     async def _handshake(self, url: str) -> _Wire:
@@ -513,11 +514,11 @@ class Client:
     # -- frames in -----------------------------------------------------------------------
 
     def _on_frame(self, wire: _Wire, data: FrameData) -> None:
-        try:
-            msgs = decode(data)
-        except ProtocolError as exc:
-            log.warning("bad_frame_from_node url=%s error=%s", wire.url, exc)
-            return
+        msgs, bad = decode_each(data)
+        if bad:  # only those are lost; the rest of the frame is taken as usual
+            self.messages_dropped += bad
+            log.warning("bad_messages_from_node url=%s dropped=%d kept=%d", wire.url, bad,
+                        len(msgs))
         for msg in msgs:
             try:
                 self._on_message(wire, msg)

@@ -135,6 +135,43 @@ def decode(frame: bytes | bytearray | memoryview, max_messages: int = 0) -> list
     return obj
 
 
+def decode_each(frame: bytes | bytearray | memoryview) -> tuple[list[list[Any]], int]:
+    """The messages of one frame that decode, and how many did not: one bad message (a map
+    key msgpack will not build, bytes that are not msgpack) costs only itself, never the
+    others the node batched with it. The whole frame is decoded at once first; only a
+    frame that fails is taken apart message by message."""
+    try:
+        return decode(frame), 0
+    except ProtocolError:
+        pass
+    data = bytes(frame)
+    unpacker = msgpack.Unpacker(strict_map_key=False, max_buffer_size=max(len(data), 1))
+    unpacker.feed(data)
+    try:
+        count = unpacker.read_array_header()
+        start = unpacker.tell()
+        if data[start:start + 1] and not 0x90 <= data[start] <= 0x9F \
+                and data[start] not in (0xDC, 0xDD):
+            return [], 1  # a frame of one message (its first field is not an array)
+    except Exception:  # not even an array: one bad message
+        return [], 1
+    msgs: list[list[Any]] = []
+    for i in range(count):
+        try:
+            unpacker.skip()
+        except Exception:  # no message boundary after this: the rest is lost
+            return msgs, count - i
+        end = unpacker.tell()
+        try:
+            msg = _unpackb(data[start:end], strict_map_key=False)
+        except Exception:  # msgpack raises several types; this message only is bad
+            msg = None
+        if type(msg) is list and msg and type(msg[0]) is int:
+            msgs.append(msg)
+        start = end
+    return msgs, count - len(msgs)
+
+
 def valid_name(name: Any, max_len: int = DEFAULT_MAX_NAME) -> bool:
     """True for a usable RPC name (see NAME_PATTERN), at most ``max_len`` characters."""
     return (

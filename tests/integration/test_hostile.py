@@ -192,3 +192,34 @@ async def test_fuzzed_frames_from_many_connections_leave_the_node_serving(node, 
     assert sent >= 1000 and closed and not node.events("frame_handling_failed")
     grown = psutil.Process(node.pid).memory_info().rss - rss_before
     assert grown < 32 << 20, f"RSS grew {grown >> 20} MiB"
+
+
+async def test_the_sdk_drops_only_the_message_it_cannot_decode():
+    """A node (here a hostile stand-in) batches an answer the SDK cannot decode (a map
+    keyed by an array) with a good one: only the bad one is lost, and counted."""
+    from websockets.asyncio.server import serve
+
+    async def node(ws):
+        cids = []
+        async for data in ws:
+            for msg in p.decode(data):
+                if msg[0] == p.AUTH:
+                    await ws.send(p.encode([[p.AUTH_OK, {"node": "evil", "session": "s1",
+                                                          "protocol": 1}]]))
+                elif msg[0] == p.REQUEST:
+                    cids.append(msg[1])
+            if len(cids) == 2:
+                bad = b"\x93" + msgpack.packb(p.RESPONSE) + msgpack.packb(cids[0]) \
+                    + b"\x81\x91\x01\x02"                         # {[1]: 2}
+                await ws.send(b"\x93" + bad + msgpack.packb([p.RESPONSE, cids[1], "fine"])
+                              + msgpack.packb([p.PONG, None]))
+
+    async with serve(node, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with rpcbus.connect(f"ws://127.0.0.1:{port}", reconnect=False) as client:
+            first, second = await asyncio.gather(client.call("x", 1, timeout=0.5),
+                                                 client.call("y", 2, timeout=3),
+                                                 return_exceptions=True)
+            assert second == "fine"
+            assert isinstance(first, rpcbus.ResponseTimeoutError)  # its answer was lost
+            assert client.messages_dropped == 1

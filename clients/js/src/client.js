@@ -73,6 +73,7 @@ export class Client {
     this.session = {} // the current node's AUTH_OK fields
     this.closed = false
     this.staleRequests = 0 // REQUESTs refused unrun: read too late
+    this.messagesDropped = 0 // from the node, undecodable (logged)
     this._nextUrl = 0
     this._wire = null // the connection new calls go to
     this._waiting = [] // resolvers of those waiting for a connection
@@ -98,8 +99,9 @@ export class Client {
   // -- life ------------------------------------------------------------------------------
 
   async _open () {
-    // Nodes still starting (joining the cluster) answer HTTP 503 ("starting"): wait for them
-    // within openTimeout, trying every URL again. Node.js (ws) tells the status; browsers
+    // Nodes still starting (joining the cluster) answer HTTP 503 ("starting"), nodes with
+    // too many connections logging in 503 or 429: wait for them within openTimeout, trying
+    // every URL again. Node.js (ws) tells the status; browsers
     // do not, so there a starting node fails connect as a refused one does.
     const giveUp = now() + this.openTimeout
     let wire = await this._connectAny(null)
@@ -140,7 +142,7 @@ export class Client {
       } catch (err) {
         this._lastError = `${url}: ${err && err.message}`
         this._lastErr = err
-        if (/server response: 503/.test(this._lastError)) this._startingSeen = true
+        if (/server response: (429|503)/.test(this._lastError)) this._startingSeen = true
       }
     }
     return null
@@ -395,12 +397,10 @@ export class Client {
       this.log.warn(`text_frame_from_node url=${wire.url}`)
       return
     }
-    let msgs
-    try {
-      msgs = p.decodeFrame(data)
-    } catch (err) {
-      this.log.warn(`bad_frame_from_node url=${wire.url} error=${err.message}`)
-      return
+    const { msgs, bad } = p.decodeEach(data)
+    if (bad) { // only those are lost; the rest of the frame is taken as usual
+      this.messagesDropped += bad
+      this.log.warn(`bad_messages_from_node url=${wire.url} dropped=${bad} kept=${msgs.length}`)
     }
     for (const msg of msgs) {
       try {

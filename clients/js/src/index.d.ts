@@ -67,6 +67,8 @@ export declare class Client {
   /** The current node's AUTH_OK fields (node, session, user, max_frame, ...). */
   session: Record<string, unknown>
   staleRequests: number
+  /** Messages from the node that could not be decoded and were dropped (each logged). */
+  messagesDropped: number
   constructor(urls: string | string[], options?: ConnectOptions)
   call<R = any>(name: string, data?: unknown, options?: CallOptions): Promise<R>
   provide<T = any, R = any>(name: string, handler: Handler<T, R>): Promise<void>

@@ -107,3 +107,81 @@ export function decodeFrame (data) {
   }
   return obj
 }
+
+/**
+ * The messages of one frame that decode, and how many did not: `{ msgs, bad }`. One bad
+ * message (a `__proto__` map key, which the decoder refuses; bytes that are not msgpack)
+ * costs only itself, never the others the node batched with it. The whole frame is
+ * decoded at once first; only a frame that fails is taken apart message by message.
+ */
+export function decodeEach (data) {
+  const bytes = data instanceof ArrayBuffer ? new Uint8Array(data) : data
+  try {
+    return { msgs: decodeFrame(bytes), bad: 0 }
+  } catch (err) {
+    if (!(err instanceof ProtocolError)) throw err
+  }
+  let count, pos
+  const first = bytes[0]
+  if (first >= 0x90 && first <= 0x9f) [count, pos] = [first & 0x0f, 1]
+  else if (first === 0xdc && bytes.length >= 3) [count, pos] = [(bytes[1] << 8) | bytes[2], 3]
+  else if (first === 0xdd && bytes.length >= 5) {
+    [count, pos] = [new DataView(bytes.buffer, bytes.byteOffset).getUint32(1), 5]
+  } else return { msgs: [], bad: 1 }
+  const lead = bytes[pos]
+  if (!(lead >= 0x90 && lead <= 0x9f) && lead !== 0xdc && lead !== 0xdd) {
+    return { msgs: [], bad: 1 } // a frame of one message: its first field is its kind
+  }
+  const msgs = []
+  for (let i = 0; i < count; i++) {
+    let end
+    try {
+      end = skipObject(bytes, pos)
+    } catch {
+      return { msgs, bad: count - i } // no message boundary after this: the rest is lost
+    }
+    let msg
+    try {
+      msg = decoder.decode(bytes.subarray(pos, end))
+    } catch {
+      msg = null // this message only
+    }
+    if (Array.isArray(msg) && msg.length > 0 && Number.isInteger(msg[0])) msgs.push(msg)
+    pos = end
+  }
+  return { msgs, bad: count - msgs.length }
+}
+
+// Bytes that follow a msgpack type byte before the next object: [fixed bytes, length bytes]
+// (a length of that many bytes follows, then the body), by type byte 0xc4-0xdb.
+const FOLLOWING = {
+  0xc4: [0, 1], 0xc5: [0, 2], 0xc6: [0, 4], 0xc7: [1, 1], 0xc8: [1, 2], 0xc9: [1, 4],
+  0xca: [4, 0], 0xcb: [8, 0], 0xcc: [1, 0], 0xcd: [2, 0], 0xce: [4, 0], 0xcf: [8, 0],
+  0xd0: [1, 0], 0xd1: [2, 0], 0xd2: [4, 0], 0xd3: [8, 0], 0xd4: [2, 0], 0xd5: [3, 0],
+  0xd6: [5, 0], 0xd7: [9, 0], 0xd8: [17, 0], 0xd9: [0, 1], 0xda: [0, 2], 0xdb: [0, 4]
+}
+
+/** Where the msgpack object at `pos` ends, without building it; throws on bad bytes. */
+function skipObject (bytes, pos) {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+  const size = (at, n) => n === 1 ? view.getUint8(at) : n === 2 ? view.getUint16(at) : view.getUint32(at)
+  let objects = 1 // still to skip; containers add their elements (no recursion)
+  while (objects-- > 0) {
+    if (pos >= bytes.length) throw new RangeError('truncated')
+    const b = bytes[pos++]
+    if (b <= 0x7f || b >= 0xe0 || b === 0xc0 || b === 0xc2 || b === 0xc3) continue
+    if (b <= 0x8f) objects += 2 * (b & 0x0f)
+    else if (b <= 0x9f) objects += b & 0x0f
+    else if (b <= 0xbf) pos += b & 0x1f
+    else if (b >= 0xdc && b <= 0xdf) { // array 16/32, map 16/32
+      const n = b === 0xdc || b === 0xde ? 2 : 4
+      objects += (b >= 0xde ? 2 : 1) * size(pos, n)
+      pos += n
+    } else if (FOLLOWING[b]) {
+      const [fixed, lengthBytes] = FOLLOWING[b]
+      pos += lengthBytes ? lengthBytes + size(pos, lengthBytes) + fixed : fixed
+    } else throw new RangeError('not msgpack') // 0xc1
+  }
+  if (pos > bytes.length) throw new RangeError('truncated')
+  return pos
+}

@@ -9,7 +9,7 @@ import { connect, Backoff, ConnectionLostError, NotAuthenticatedError, RpcError 
 const tick = async () => { for (let i = 0; i < 3; i++) await new Promise((resolve) => setImmediate(resolve)) }
 
 /** A scripted network: every socket the client opens, by URL; nodes answer by hand. */
-function network ({ refuse = [], starting = {} } = {}) {
+function network ({ refuse = [], starting = {}, status = 503 } = {}) {
   const sockets = []
   class FakeSocket {
     constructor (url) {
@@ -19,9 +19,9 @@ function network ({ refuse = [], starting = {} } = {}) {
       sockets.push(this)
       setImmediate(() => {
         if (refuse.includes(url)) return this.drop(1006)
-        if (starting[url] > 0) { // a node still joining: ws reports the handshake's 503
+        if (starting[url] > 0) { // a node still joining (503), or busy (429): ws reports it
           starting[url] -= 1
-          this.onerror?.({ message: 'Unexpected server response: 503' })
+          this.onerror?.({ message: `Unexpected server response: ${status}` })
           return this.drop(1006)
         }
         this.readyState = 1
@@ -171,12 +171,16 @@ test('a node that takes ACCEPT_UPTO gets one for a frame of REQUESTs, after its 
   await c.close()
 })
 
-test('connect waits for a node still starting (HTTP 503) within openTimeout', async () => {
+test('connect waits for a node still starting (HTTP 503) or busy (429) within openTimeout', async () => {
   const net = network({ starting: { 'ws://a': 2 } })
   const c = await net.client('ws://a', { openTimeout: 5000 })
   assert.equal(net.sockets.length, 3) // refused twice while it joined, then in
   assert.equal(c.state, 'connected')
   await c.close()
+  const busy = network({ starting: { 'ws://a': 2 }, status: 429 }) // too many connecting
+  const d = await busy.client('ws://a', { openTimeout: 5000 })
+  assert.equal(busy.sockets.length, 3)
+  await d.close()
   const refused = network({ refuse: ['ws://b'] })
   await assert.rejects(connect('ws://b', { WebSocket: refused.FakeSocket }), /cannot connect/)
   assert.equal(refused.sockets.length, 1) // nothing listening: fails at once

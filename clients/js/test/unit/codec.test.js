@@ -91,3 +91,25 @@ test('deadlines come due in bulk, never early', () => {
   assert.deepEqual(d.expire(150), ['a'])
   assert.deepEqual(d.expire(5000), ['c'])
 })
+
+test('decodeEach finds every message boundary, whatever the messages hold', () => {
+  const values = [0, -1, -33, 127, 255, 65535, 2 ** 32, -(2 ** 40), 1.5, 'é'.repeat(40),
+    'x'.repeat(300), 'y'.repeat(70000), new Uint8Array(300), new Uint8Array(70000), null, true,
+    false, [], [[1, [2, [3]]]], { a: { b: [1, { c: 'd' }] } },
+    Object.fromEntries(Array.from({ length: 20 }, (_, i) => [`k${i}`, i])),
+    Array.from({ length: 20 }, (_, i) => i)]
+  const good = values.map((v, i) => [18, i, v])
+  const raw = [ // uint 64, float 32, a timestamp (fixext 4), an unknown ext 8
+    [0xcf, 0, 0, 0, 0, 0, 0, 0, 1], [0xca, 0x3f, 0xc0, 0, 0], [0xd6, 0xff, 0, 0, 0, 1],
+    [0xc7, 3, 5, 1, 2, 3]].map((v, i) => Uint8Array.of(0x93, 18, 100 + i, ...v))
+  const bad = Buffer.from(p.encodeMessage([18, 999, { X_proto_X: 1 }]))
+  bad.write('__proto__', bad.indexOf('X_proto_X'))
+  const parts = [...good.map((m) => p.encodeMessage(m)), ...raw]
+  parts.splice(3, 0, bad)
+  const frame = Buffer.concat([Uint8Array.of(0xdc, 0, parts.length), ...parts])
+  const { msgs, bad: dropped } = p.decodeEach(frame)
+  assert.equal(dropped, 1)
+  assert.deepEqual(msgs.map((m) => m[1]), [...good.map((m) => m[1]), 100, 101, 102, 103])
+  assert.deepEqual(p.decodeEach(Uint8Array.of(0x92, 0x91, 0x12, 0xc1)), { msgs: [[18]], bad: 1 })
+  assert.deepEqual(p.decodeEach(bad), { msgs: [], bad: 1 }) // a frame of that one message
+})

@@ -38,8 +38,44 @@ test('bad frames and messages from a node break nothing', async () => {
   assert.deepEqual(outcome[0], { status: 'fulfilled', value: { fine: true } })
   assert.equal(outcome[1].status, 'fulfilled') // the 5000-deep answer is data: decoded, given
   assert.equal(c.state, 'connected')
-  assert.ok(warnings.some((w) => w.startsWith('bad_frame_from_node')), warnings)
+  assert.ok(warnings.some((w) => w.startsWith('bad_messages_from_node')), warnings)
   assert.ok(warnings.some((w) => w.startsWith('text_frame_from_node')), warnings)
+  await c.close()
+  await new Promise((resolve) => server.close(resolve))
+})
+
+test('a message the decoder refuses costs only itself, not its frame', async () => {
+  const server = new WebSocketServer({ host: '127.0.0.1', port: 0 })
+  await new Promise((resolve) => server.on('listening', resolve))
+  server.on('connection', (ws) => {
+    const cids = []
+    ws.on('message', (data) => {
+      const got = decode(data)
+      for (const m of Number.isInteger(got[0]) ? [got] : got) {
+        if (m[0] === 1) ws.send(encode([2, { node: 'evil', session: 's1', protocol: 1 }]))
+        if (m[0] === 16) cids.push(m[1])
+      }
+      if (cids.length < 2) return
+      // one frame: an answer whose data holds a __proto__ key, then a plain one
+      const frame = Buffer.from(encode([[18, cids[0], { X_proto_X: { polluted: true } }],
+        [18, cids[1], 'fine'], [31, 'pong']]))
+      const at = frame.indexOf('X_proto_X')
+      frame.write('__proto__', at)
+      ws.send(frame)
+    })
+  })
+  const url = `ws://127.0.0.1:${server.address().port}`
+  const warnings = []
+  const c = await connect(url, { logger: { info () {}, warn: (m) => warnings.push(m) } })
+  const [first, second] = await Promise.allSettled([
+    c.call('x', 1, { timeout: 500 }), c.call('y', 2, { timeout: 3000 })])
+  assert.deepEqual(second, { status: 'fulfilled', value: 'fine' })
+  assert.equal(first.status, 'rejected') // its answer was dropped: its deadline ends it
+  assert.equal(first.reason.code, 'RESPONSE_TIMEOUT')
+  assert.equal(c.messagesDropped, 1)
+  assert.equal({}.polluted, undefined)
+  assert.ok(warnings.some((w) => w.startsWith('bad_messages_from_node') && w.includes('kept=2')),
+    warnings)
   await c.close()
   await new Promise((resolve) => server.close(resolve))
 })

@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -217,6 +220,7 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None, redis_shards: 
     from rpcbus.broker.process import NodeStartError
 
     stop = threading.Event()
+    keys_file = ""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     if redis_shards and redis_url:
@@ -228,7 +232,7 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None, redis_shards: 
         raise click.UsageError("--redis-replicas goes with --redis-shards N")
     local = LocalCluster(nodes=nodes, base_port=base_port, redis_url=redis_url,
                          redis_shards=redis_shards, redis_replicas=redis_replicas,
-                         redis_node_timeout_ms=5000)
+                         redis_node_timeout_ms=5000, seal=True)
     kind = ("given Redis" if redis_url else "embedded redis-server" if local.redis else
             f"embedded Redis Cluster: {redis_shards} masters, {redis_replicas} replicas each")
     click.echo(f"starting {nodes} node(s) on {local.redis_url} ({kind}) ...")
@@ -239,13 +243,33 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None, redis_shards: 
             raise click.ClickException(str(exc)) from None
         for node in local.nodes:
             click.echo(f"  {node.name:<4} {node.url}   (pid {node.pid})")
-        click.echo(f"status: rpcbus status --redis {local.redis_url}    stop: Ctrl-C")
+        if local.keys:
+            keys_file = _write_bus_keys(local)
+            click.echo(f"the bus is signed with a key made for this run ({keys_file})")
+            click.echo(f"status: rpcbus status --config {keys_file}    stop: Ctrl-C")
+        else:  # RPCBUS_CLUSTER_SEAL in the environment chose the bus's seal
+            click.echo(f"status: rpcbus status --redis {local.redis_url}    stop: Ctrl-C")
         stop.wait()
         click.echo("stopping: nodes drain their calls ...")
     finally:
         codes = local.stop()
+        if keys_file:
+            shutil.rmtree(os.path.dirname(keys_file), ignore_errors=True)
     click.echo("stopped: " + ", ".join(f"{n} exit {c}" for n, c in codes.items()))
     sys.exit(0 if all(c == 0 for c in codes.values()) else 1)
+
+
+def _write_bus_keys(local: Any) -> str:
+    """A node config file (mode 0600, in a directory of its own) holding ``local``'s Redis
+    and bus key, for ``rpcbus status --config`` and for nodes started by hand."""
+    directory = tempfile.mkdtemp(prefix="rpcbus-cluster-")
+    path = os.path.join(directory, "cluster.toml")
+    keys = "".join(f'"{kid}" = "{key}"\n' for kid, key in local.keys.items())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f'[cluster]\nredis_url = "{local.redis_url}"\nseal = "sign"\n'
+                f'key_id = "{next(iter(local.keys))}"\n\n[cluster.keys]\n{keys}')
+    return path
 
 
 @main.command()

@@ -54,6 +54,13 @@ class LimitsSection:
     max_inflight_per_connection: int = 10000
     max_write_buffer_bytes: int = 64 << 20
     auth_timeout: float = 10.0
+    max_handshake_bytes: int = 16384     # the HTTP upgrade request; more: 431, closed
+    max_bytes_before_auth: int = 65536   # received after the handshake, before AUTH_OK
+    max_control_frames: int = 20         # WebSocket pings and pongs per invalid_window
+    max_connections: int = 0             # 0: the open-file limit less 256
+    max_connections_per_address: int = 1024
+    max_unauthenticated: int = 1024      # connections not logged in yet, all addresses
+    max_unauthenticated_per_address: int = 256
     rate_window: float = 1.0
     rate_messages: int = 0          # requests per window and user; 0: no limit
     rate_bytes: int = 0             # bytes received per window and user; 0: no limit
@@ -115,9 +122,13 @@ _CHOICES = {
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "json", "console"),
 }
+_MAY_BE_UNSET = {("cluster", "seal")}   # "": not chosen (the default); _validate decides
 _MAY_BE_ZERO = {("node", "port"), ("server", "ping_interval"), ("server", "ping_timeout"),
                 ("limits", "rate_messages"), ("limits", "rate_bytes"),
-                ("limits", "max_provided_per_connection"), ("limits", "max_provided_per_user")}
+                ("limits", "max_provided_per_connection"), ("limits", "max_provided_per_user"),
+                ("limits", "max_connections"), ("limits", "max_connections_per_address"),
+                ("limits", "max_unauthenticated"),
+                ("limits", "max_unauthenticated_per_address")}
 
 
 def _coerce(key: str, kind: type, value: Any) -> Any:
@@ -215,7 +226,8 @@ def _validate(config: Config) -> None:
         for key, kind in _field_types(section).items():
             value = getattr(section, key)
             choices = _CHOICES.get((section_name, key))
-            if choices is not None and value not in choices:
+            if choices is not None and value not in choices and not (
+                    value == "" and (section_name, key) in _MAY_BE_UNSET):
                 raise ConfigError(f"{section_name}.{key}: must be one of {', '.join(choices)}")
             if kind in (int, float) and (section_name, key) not in _MAY_BE_ZERO and value <= 0:
                 raise ConfigError(f"{section_name}.{key}: must be positive, got {value}")
@@ -247,6 +259,16 @@ def _validate(config: Config) -> None:
             check_url(cluster.redis_url)
         except ValueError as exc:
             raise ConfigError(f"cluster.redis_url: {exc}") from None
+    if cluster.seal == "":  # not chosen: unsealed is fine only where no one else reaches
+        from rpcbus.cluster.redisconn import on_loopback
+        if cluster.redis_url and not on_loopback(cluster.redis_url):
+            raise ConfigError(
+                "cluster.seal is not set and cluster.redis_url is not on loopback: anyone "
+                "who can publish on that Redis could make this node run calls. Set "
+                "cluster.seal = \"sign\" or \"encrypt\" with [cluster.keys] (rpcbus "
+                "new-key), or cluster.seal = \"none\" to accept an unsealed bus "
+                "(RPCBUS_CLUSTER_SEAL=none)")
+        cluster.seal = "none"
     if cluster.seal != "none":
         from rpcbus.cluster.seal import SealError, load_keys
         try:

@@ -15,8 +15,8 @@ def _say(text: str) -> None:
 
 async def run_demo(calls: int) -> int:
     """Returns the exit code: 0 when every step did what it should."""
-    _say("starting redis-server and 3 nodes ...")
-    cluster = await asyncio.to_thread(LocalCluster(nodes=3).start)
+    _say("starting redis-server and 3 nodes (their bus signed with a key made now) ...")
+    cluster = await asyncio.to_thread(LocalCluster(nodes=3, seal=True).start)
     n1, n2, n3 = cluster.nodes
     for node in cluster.nodes:
         _say(f"  node {node.name} serves {node.url}")

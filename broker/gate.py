@@ -2,14 +2,29 @@
 
 ``Gate.login`` checks an AUTH's credentials and calls back with the ``User`` (or
 None). Tokens are checked at once; passwords with scrypt in a small thread pool
-(never on the event loop), ``SCRYPT_THREADS`` at a time. The others wait in a
-bounded queue, taken in turn by source address (one address flooding logins
-waits behind its own checks, not in front of everyone else's): at most
+(never on the event loop), ``SCRYPT_THREADS`` at a time (one core is always
+left to the loop). The others wait in a bounded queue, taken in turn by source
+address, and first from the addresses whose logins failed least in the last
+``FAILURE_MEMORY`` seconds (one address flooding logins waits behind its own
+checks, and a flood of wrong passwords behind every address that logs in
+right, not in front of them; an address whose passwords verified in the last
+``GOOD_MEMORY`` seconds, and none failed, may use one thread more, so its users
+do not even wait for a check under way): at most
 ``MAX_QUEUED_LOGINS`` waiting, ``MAX_QUEUED_PER_ADDRESS`` from one address; past
 that, and for a check that could not start before its deadline, the answer is
 ``BUSY`` (the client may AUTH again: the SDK does, with backoff). A password that
 verified is remembered for ``LOGIN_CACHE_TTL`` seconds as a SHA-256 of
 (user, password, stored hash), so a reconnect storm costs one scrypt per user.
+
+A full queue still takes a login from an address with fewer waiting than the
+busiest one: the busiest address's newest waiting login is answered ``BUSY``
+to make room, so a flood from a few addresses cannot keep anyone else out.
+
+Before any of that, ``opened`` counts each TCP connection by source address
+and says when to refuse it (HTTP 429 over the per-address limits, 503 over the
+node's): open connections (``limits.max_connections``, by default the
+open-file limit less 256, so file descriptors are never exhausted) and
+connections not logged in yet, whose handshakes and logins are in progress.
 
 Per user the gate keeps the count of open connections and one
 ``WindowLimiter`` shared by all of them; with auth mode ``none`` every
@@ -21,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import os
+import resource
 from collections import Counter, OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,8 +52,10 @@ from rpcbus.broker.limits import WindowLimiter
 
 log = structlog.get_logger(module="rpcbus.auth")
 
-SCRYPT_THREADS = 2            # password checks running at once
-MAX_QUEUED_LOGINS = 256       # ~6 s of scrypt work on two threads: within auth_timeout
+SCRYPT_THREADS = max(1, min(2, (os.cpu_count() or 2) - 1))  # password checks at once
+FAILURE_MEMORY = 60.0         # s a failed password check counts against its address
+GOOD_MEMORY = 600.0           # s a verified password counts for its address
+MAX_QUEUED_LOGINS = 256       # at ~50 ms a check, 6-13 s of work: about auth_timeout
 MAX_QUEUED_PER_ADDRESS = 64
 BUSY = "busy"                 # the reason ``login`` gives when it cannot check now
 LOGIN_CACHE_TTL = 300.0
@@ -51,6 +70,8 @@ class Gate:
         self._limits = config.limits
         self._pool: ThreadPoolExecutor | None = None
         self._verified: TTLCache[bytes, bool] = TTLCache(4096, LOGIN_CACHE_TTL)
+        self._failed: TTLCache[str, int] = TTLCache(4096, FAILURE_MEMORY)  # by address
+        self._good: TTLCache[str, bool] = TTLCache(4096, GOOD_MEMORY)      # by address
         self._limiters: dict[str, WindowLimiter] = {}
         self.connections: Counter[str] = Counter()
         self.logins_running = 0
@@ -58,6 +79,51 @@ class Gate:
         self._queued: OrderedDict[str, deque[_Login]] = OrderedDict()  # by source address
         self.provided: Counter[str] = Counter()  # names provided now, per user
         self.stats: Counter[str] = Counter()
+        self.open = 0                                  # TCP connections, all addresses
+        self.by_address: Counter[str] = Counter()
+        self.waiting = 0                               # of them not logged in yet
+        self.waiting_by_address: Counter[str] = Counter()
+        self.max_connections = self._limits.max_connections or _open_file_room()
+
+    # -- connections -------------------------------------------------------------------
+
+    def opened(self, address: str) -> tuple[int, str] | None:
+        """A TCP connection from ``address``, counted at once; None to take it, else the
+        HTTP status and text to refuse it with (``closed(address, False)`` follows)."""
+        limits = self._limits
+        self.open += 1
+        self.waiting += 1
+        here = self.by_address[address] = self.by_address[address] + 1
+        waiting_here = self.waiting_by_address[address] = self.waiting_by_address[address] + 1
+        if self.open > self.max_connections:
+            refusal = 503, f"full: this node has its {self.max_connections} connections"
+        elif limits.max_connections_per_address and here > limits.max_connections_per_address:
+            refusal = 429, (f"too many connections from {address}: "
+                            f"{limits.max_connections_per_address} at most")
+        elif limits.max_unauthenticated and self.waiting > limits.max_unauthenticated:
+            refusal = 503, "busy: too many connections logging in; retry"
+        elif (limits.max_unauthenticated_per_address
+              and waiting_here > limits.max_unauthenticated_per_address):
+            refusal = 429, (f"too many connections logging in from {address}: "
+                            f"{limits.max_unauthenticated_per_address} at most")
+        else:
+            return None
+        self.stats[f"connections_refused_{refusal[0]}"] += 1
+        return refusal
+
+    def logged_in(self, address: str) -> None:
+        """A connection from ``address`` completed AUTH."""
+        self.waiting -= 1
+        _decrement(self.waiting_by_address, address)
+
+    def closed(self, address: str, logged_in: bool) -> None:
+        """A connection counted by ``opened`` closed."""
+        self.open -= 1
+        _decrement(self.by_address, address)
+        if not logged_in:
+            self.logged_in(address)
+
+    # -- logins ------------------------------------------------------------------------
 
     def login(self, params: dict[str, Any], done: Callable[[User | None, str], None],
               address: str = "", wanted: Callable[[], bool] = lambda: True) -> None:
@@ -84,8 +150,8 @@ class Gate:
             loop.call_soon(done, user, "")
             return
         queue = self._queued.get(address)
-        if self.queued >= MAX_QUEUED_LOGINS or (
-                queue is not None and len(queue) >= MAX_QUEUED_PER_ADDRESS):
+        if (queue is not None and len(queue) >= MAX_QUEUED_PER_ADDRESS) or (
+                self.queued >= MAX_QUEUED_LOGINS and not self._make_room(len(queue or ()))):
             self.stats["logins_busy"] += 1
             loop.call_soon(done, None, BUSY)
             return
@@ -96,11 +162,33 @@ class Gate:
         self.queued += 1
         self._start_checks()
 
+    def _make_room(self, mine: int) -> bool:
+        """The queue is full: answer BUSY to the newest login of the address with the most
+        waiting, when that is more than ``mine`` (the new login's address has waiting);
+        False when no address has more."""
+        address, queue = max(self._queued.items(), key=lambda item: len(item[1]))
+        if len(queue) <= mine:
+            return False
+        login = queue.pop()
+        self.queued -= 1
+        if not queue:
+            del self._queued[address]
+        self.stats["logins_busy"] += 1
+        self.stats["logins_made_room"] += 1
+        asyncio.get_running_loop().call_soon(login.done, None, BUSY)
+        return True
+
     def _start_checks(self) -> None:
-        """Start queued password checks while threads are free, one address at a time."""
+        """Start queued password checks while threads are free, one address at a time. An
+        address whose logins verified lately and failed not at all may use one thread more:
+        its users do not wait for a check of somebody else's that is under way."""
         loop = asyncio.get_running_loop()
-        while self.logins_running < SCRYPT_THREADS and self._queued:
-            address, queue = next(iter(self._queued.items()))
+        while self._queued:
+            address = self._next_address()
+            lane = SCRYPT_THREADS + (address in self._good and address not in self._failed)
+            if self.logins_running >= lane:
+                break
+            queue = self._queued[address]
             login = queue.popleft()
             self.queued -= 1
             if queue:
@@ -114,17 +202,33 @@ class Gate:
                 login.done(None, BUSY)
                 continue
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(SCRYPT_THREADS, thread_name_prefix="rpcbus-auth")
+                self._pool = ThreadPoolExecutor(SCRYPT_THREADS + 1,
+                                                thread_name_prefix="rpcbus-auth")
             self.logins_running += 1
             future = loop.run_in_executor(self._pool, verify_password, login.stored,
                                           login.password)
-            future.add_done_callback(functools.partial(self._checked, login))
+            future.add_done_callback(functools.partial(self._checked, login, address))
 
-    def _checked(self, login: "_Login", f: asyncio.Future[bool]) -> None:
+    def _next_address(self) -> str:
+        """The address whose turn it is: the first, in turn order, of those with the
+        fewest recently failed checks."""
+        best, fewest = "", -1
+        for address in self._queued:
+            failed = self._failed.get(address, 0)
+            if fewest < 0 or failed < fewest:
+                best, fewest = address, failed
+                if not failed:
+                    break
+        return best
+
+    def _checked(self, login: "_Login", address: str, f: asyncio.Future[bool]) -> None:
         self.logins_running -= 1
         ok = not f.cancelled() and f.exception() is None and f.result()
         if ok:
             self._verified[login.key] = True
+            self._good[address] = True
+        else:
+            self._failed[address] = self._failed.get(address, 0) + 1
         login.done(login.user if ok else None, "" if ok else "wrong user or password")
         self._start_checks()
 
@@ -155,6 +259,20 @@ class Gate:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _decrement(counter: Counter[str], key: str) -> None:
+    if counter[key] <= 1:
+        counter.pop(key, None)
+    else:
+        counter[key] -= 1
+
+
+def _open_file_room() -> int:
+    """Connections this process can hold: its open-file limit less 256 (Redis links,
+    history files, the listening sockets)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(soft - 256, 16) if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 @dataclass(slots=True)

@@ -4,11 +4,13 @@
 kept on disk (tests kill, pause and restart it on the same port);
 ``RedisCluster`` a Redis Cluster of such servers (``redis-cli --cluster create``).
 ``LocalCluster`` adds N node processes (broker/process.py) and stops
-everything — nodes first, with SIGTERM so they drain — on ``stop()``.
+everything — nodes first, with SIGTERM so they drain — on ``stop()``; with
+``seal=True`` their bus is signed with a key made for it (``keys``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -259,7 +261,7 @@ class LocalCluster:
                  redis_args: list[str] | None = None,
                  node_redis: dict[int, str] | None = None,
                  redis_shards: int = 0, redis_replicas: int = 0,
-                 redis_node_timeout_ms: int = 2000) -> None:
+                 redis_node_timeout_ms: int = 2000, seal: bool = False) -> None:
         self.count = nodes
         self.base_port = base_port
         # the embedded Redis: one server, or a Redis Cluster of ``redis_shards`` masters
@@ -273,6 +275,14 @@ class LocalCluster:
             self.redis = RedisServer(args=redis_args)
         self.redis_url = redis_url or self.redis.url  # type: ignore[union-attr]
         self.env = env or {}
+        # seal: the bus signed with a key made here, unless env chooses a seal itself
+        self.keys: dict[str, str] = {}
+        if seal and "RPCBUS_CLUSTER_SEAL" not in {**os.environ, **self.env}:
+            from rpcbus.cluster.seal import new_key
+            self.keys = {"local": new_key()}
+            self.env = {**self.env, "RPCBUS_CLUSTER_SEAL": "sign",
+                        "RPCBUS_CLUSTER_KEY_ID": "local",
+                        "RPCBUS_CLUSTER_KEYS": json.dumps(self.keys)}
         self.node_env = node_env or []   # per node i, on top of env
         self.node_redis = node_redis or {}  # per node i: another Redis URL (a proxy, ...)
         self.echo = echo

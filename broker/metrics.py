@@ -60,6 +60,11 @@ _IO = {
     "slow_consumers": "Connections closed for not reading.",
     "reads_paused": "Times a connection hit its in-flight limit (backpressure).",
     "connections": "Connections accepted.",
+    "handshakes_too_large": "Upgrade requests over limits.max_handshake_bytes (HTTP 431).",
+    "closed_before_auth": "Connections closed for sending over limits.max_bytes_before_auth "
+                          "before AUTH completed.",
+    "closed_for_control_frames": "Connections closed for sending over "
+                                 "limits.max_control_frames WebSocket pings or pongs.",
 }
 
 
@@ -109,6 +114,15 @@ class _NodeCollector:
                        auth.get("auth_failures", 0))
         yield _counter("rpcbus_auth_refused_connections", "Connections refused at AUTH "
                        "for the user's connection cap.", auth.get("connections_refused", 0))
+        yield _counter("rpcbus_logins_busy", "Password logins answered BUSY (not checked: "
+                       "the queue was full, or room was made for another address).",
+                       auth.get("logins_busy", 0))
+        refused = CounterMetricFamily("rpcbus_connections_refused", "TCP connections refused "
+                                      "before the handshake, by HTTP status (429: the "
+                                      "address's limits, 503: the node's).", labels=["status"])
+        for status in ("429", "503"):
+            refused.add_metric([status], auth.get(f"connections_refused_{status}", 0))
+        yield refused
 
         history = snap["history"]
         if history is not None:

@@ -93,6 +93,7 @@ class Node:
         self.gate = Gate(config)
         self.sessions: set[Session] = set()
         self.stats: Counter[str] = Counter()
+        self._warned: dict[str, list[float]] = {}   # warn_sparingly: event -> [at, held]
         self.ready = False
         self.failed: str | None = None   # why the node stopped by itself (exit code 1)
         self.draining = False
@@ -388,6 +389,18 @@ class Node:
             self.sessions.discard(session)
             self.notice_heard(session)
 
+    def warn_sparingly(self, event: str, **fields: Any) -> None:
+        """A warning a flood repeats (one per refused connection, ...): logged at most once
+        a second per event, with how many were held back since the last one (``held``);
+        the counters in /stats count them all."""
+        now = time.monotonic()
+        entry = self._warned.setdefault(event, [-1.0, 0])
+        if now - entry[0] < 1.0:
+            entry[1] += 1
+            return
+        log.warning(event, held=entry[1], **fields)
+        entry[0], entry[1] = now, 0
+
     def new_session_id(self) -> str:
         self._session_seq += 1
         return f"s{self._session_seq}"
@@ -395,9 +408,12 @@ class Node:
     def session_closed(self, session: Session) -> None:
         self.router.drop_peer(session, asyncio.get_running_loop().time())
         self._closed_totals.update(_session_counters(session))
-        log.info("session_closed", session=session.sid, label=session.label,
-                 frames_in=session.frames_in, frames_out=session.frames_out,
-                 dropped_out=session.dropped_out)
+        # one line per client; connections that never logged in are counted (/stats) and
+        # logged at debug only, so a flood of them cannot flood the log
+        (log.info if session.authenticated else log.debug)(
+            "session_closed", session=session.sid, label=session.label,
+            frames_in=session.frames_in, frames_out=session.frames_out,
+            dropped_out=session.dropped_out)
 
     # -- HTTP ----------------------------------------------------------------------------
 
@@ -529,6 +545,9 @@ class Node:
             "router": self.router.stats.as_dict(),
             "io": {**dict(self.stats), **dict(totals)},
             "auth": dict(self.gate.stats),
+            "connections": {"open": self.gate.open, "logging_in": self.gate.waiting,
+                            "max": self.gate.max_connections,
+                            "addresses": len(self.gate.by_address)},
             "history": None if self.history is None else {
                 "rows_written": self.history.writer.written,
                 "rows_dropped": self.history.writer.dropped,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.frames import CloseCode
-from websockets.protocol import OPEN
+from websockets.protocol import CONNECTING, OPEN
 
 from rpcbus import errors
 from rpcbus.broker.gate import BUSY
@@ -65,6 +65,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(module="rpcbus.session")
 
+
+_REASONS = {429: b"Too Many Requests", 431: b"Request Header Fields Too Large",
+            503: b"Service Unavailable"}
 
 # to every client of a node cut off from the cluster (Node._check_cut_off): connect to
 # another node you know (the SDKs do, and stay when none answers)
@@ -109,13 +112,84 @@ class Session(FrameIO, ServerConnection):
         self._gated = False                         # either of the two is set
         self._logging_in = False
         self._auth_failures = 0
+        self.address = ""                # the client's IP address
+        self._counted = False            # in the gate's connection counts
+        self._handshake_bytes = 0        # received while the handshake is in progress
+        self._bytes_before_auth = 0      # received after it, before AUTH_OK
+        self._control_frames = 0         # pings and pongs in this window
+        self._control_window_end = 0.0
 
     # -- websockets hooks --------------------------------------------------------------
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        self.address = peer[0] if peer else ""
+        self._counted = True
+        refusal = self.node.gate.opened(self.address)
+        if refusal is not None:
+            status, text = refusal
+            self._refuse_handshake(status, text)
+            return
         self._auth_timer = self.loop.call_later(self.node.config.limits.auth_timeout,
                                                 self._auth_timeout)
+
+    def _refuse_handshake(self, status: int, text: str) -> None:
+        """Answer the HTTP upgrade request with ``status`` and close, before websockets has
+        read it."""
+        self.node.warn_sparingly("connection_refused", address=self.address, status=status,
+                                 reason=text)
+        body = text.encode() + b"\n"
+        self.transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\n"
+                             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                             % (status, _REASONS[status], len(body), body))
+        self.transport.close()
+        self.loop.call_later(1.0, self.transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.authenticated and not self._within_budget(len(data)):
+            return
+        super().data_received(data)
+
+    def _within_budget(self, n: int) -> bool:
+        """Bytes from a connection not logged in: the handshake within
+        ``limits.max_handshake_bytes``, then within ``limits.max_bytes_before_auth``."""
+        if self.transport.is_closing():
+            return False
+        limits = self.node.config.limits
+        if self.protocol.state is CONNECTING:
+            self._handshake_bytes += n
+            if self._handshake_bytes > limits.max_handshake_bytes:
+                self.node.stats["handshakes_too_large"] += 1
+                self._refuse_handshake(431, "the upgrade request is over "
+                                       f"{limits.max_handshake_bytes} bytes")
+                return False
+            return True
+        self._bytes_before_auth += n
+        if self._bytes_before_auth > limits.max_bytes_before_auth:
+            self.node.stats["closed_before_auth"] += 1
+            self.node.warn_sparingly("closing_before_auth", session=self.sid,
+                                     address=self.address, received=self._bytes_before_auth)
+            self.fail_now(CloseCode.POLICY_VIOLATION, "too much data before AUTH")
+            return False
+        return True
+
+    def control_received(self) -> bool:
+        """A WebSocket ping or pong: ``limits.max_control_frames`` per ``invalid_window``;
+        one more closes the connection (1008), answered or not."""
+        now = self.loop.time()
+        if now >= self._control_window_end:
+            self._control_window_end = now + self.node.config.limits.invalid_window
+            self._control_frames = 0
+        self._control_frames += 1
+        if self._control_frames <= self.node.config.limits.max_control_frames:
+            return True
+        if not self.transport.is_closing():
+            self.node.stats["closed_for_control_frames"] += 1
+            self.node.warn_sparingly("closing_control_flood", session=self.sid,
+                                     address=self.address, frames=self._control_frames)
+            self.fail_now(CloseCode.POLICY_VIOLATION, "too many ping or pong frames")
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -125,8 +199,11 @@ class Session(FrameIO, ServerConnection):
             self._auth_timer = None
         self.dropped_out += len(self._out)
         self._out = []
+        gate = self.node.gate
+        if self._counted:
+            self._counted = False
+            gate.closed(self.address, self.authenticated)
         if self.user is not None:
-            gate = self.node.gate
             gate.connections[self.user.name] -= 1
             gate.provided[self.user.name] -= len(self.provides)
         self.node.session_closed(self)
@@ -421,6 +498,7 @@ class Session(FrameIO, ServerConnection):
         self._limiter = self.node.gate.limiter_for(user)
         self._gated = self._perms is not None or self._limiter is not None
         self.authenticated = True
+        self.node.gate.logged_in(self.address)
         if self._auth_timer is not None:
             self._auth_timer.cancel()
             self._auth_timer = None

@@ -14,7 +14,10 @@ future per message. Any other frame, an oversized one, or one masked the
 wrong way is handed to websockets exactly at a frame boundary, so its rules
 (close codes 1002, 1009, ...) apply unchanged; fast parsing resumes when its
 buffer is empty again. A partial frame waits in a buffer bounded by the
-maximum frame size.
+maximum frame size. Every ping and pong is offered to ``control_received``
+first (the node prices them); before fast parsing starts, websockets is given
+``SLICE`` bytes at a time and nothing once the connection is closing, so a
+flood of tiny frames cannot cost more than a slice after its close.
 
 Writes: ``send(msg)`` appends to an outbox; the first message of a tick
 schedules one ``flush`` with ``call_soon``, which encodes the whole outbox as
@@ -32,7 +35,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import msgpack
-from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
+from websockets.frames import BINARY, CLOSE, CONT, TEXT, CloseCode, Frame
 from websockets.protocol import OPEN, SERVER
 
 try:
@@ -43,6 +46,9 @@ except ImportError:  # pragma: no cover - websockets built without its C extensi
 from rpcbus.protocol import MAX_FRAME_MESSAGES, encode
 
 _packb = msgpack.packb
+
+SLICE = 4096        # bytes handed to websockets' parser at a time (see data_received)
+CLOSE_GRACE = 1.0   # s a failed connection's buffered bytes get before it is aborted
 
 #: One binary WebSocket message as the read path hands it over (no copy made).
 FrameData = bytes | bytearray | memoryview
@@ -129,6 +135,7 @@ class FrameIO(_Connection):
         self._fragments: list[bytes] | None = None
         self._fragment_text = False
         self._fast = False                    # parsing data frames ourselves
+        self._priced = False                  # the control frame handed over was priced
         self._inbuf: bytes | bytearray = b""  # a partial frame, in fast mode
         self._server_side = self.protocol.side is SERVER
         self.frames_in = 0
@@ -142,11 +149,20 @@ class FrameIO(_Connection):
     def data_received(self, data: bytes) -> None:
         if self._fast:
             self._fast_receive(data)
-        elif self.protocol.state is OPEN and _at_frame_boundary(self.protocol):
-            self._fast = True  # from here on websockets only ever sees whole frames
-            self._fast_receive(data)
-        else:
-            super().data_received(data)  # the handshake, or websockets mid-frame
+            return
+        # The handshake, or websockets mid-frame: it parses every frame of what it is
+        # given before any reaches us, so it gets SLICE bytes at a time, and nothing more
+        # once the connection is closing (a flood of tiny control frames costs one slice).
+        pos = 0
+        while pos < len(data):
+            if self.protocol.state is OPEN and _at_frame_boundary(self.protocol):
+                self._fast = True  # from here on websockets only ever sees whole frames
+                self._fast_receive(data[pos:] if pos else data)
+                return
+            super().data_received(data[pos:pos + SLICE])
+            pos += SLICE
+            if self.transport.is_closing():
+                return
 
     def _fast_receive(self, data: bytes) -> None:
         if self._inbuf:
@@ -191,7 +207,13 @@ class FrameIO(_Connection):
                 self.frame_received(payload)
             else:
                 # A control, text or fragment frame, or one masked the wrong way: exactly
-                # this one frame goes to websockets, which stays at a frame boundary.
+                # this one frame goes to websockets, which stays at a frame boundary. A
+                # ping or pong is priced first (websockets answers a ping as it parses).
+                if (buf[pos] & 0x0F) in (0x9, 0xA):  # ping, pong
+                    if not self.control_received():
+                        self._inbuf = b""
+                        return
+                    self._priced = True
                 super().data_received(bytes(buf[pos:end]))
             pos = end
             if self.protocol.state is not OPEN:
@@ -232,14 +254,23 @@ class FrameIO(_Connection):
                     self.text_received()
                 else:
                     self.frame_received(data)
-        else:  # control frames: websockets answers pings, matches pongs, closes
-            super().process_event(event)
+        elif opcode is CLOSE or self._priced or self.control_received():
+            self._priced = False
+            super().process_event(event)  # websockets matches pongs, closes
 
     def frame_received(self, data: FrameData) -> None:
         raise NotImplementedError
 
     def text_received(self) -> None:
         """A text frame; the protocol is binary only. Default: ignore."""
+
+    def control_received(self) -> bool:
+        """A ping or pong frame arrived, called once per frame. In fast mode it is called
+        before websockets sees the frame: True lets websockets handle it (a ping is
+        answered with a pong), False drops it (the subclass has failed the connection).
+        Before fast mode websockets has answered a ping already; the answer says whether
+        to go on. Default: True."""
+        return True
 
     # -- out -------------------------------------------------------------------------
 
@@ -318,9 +349,16 @@ class FrameIO(_Connection):
         self.fail_now(CloseCode.TRY_AGAIN_LATER, "slow consumer: write buffer full")
 
     def fail_now(self, code: int, reason: str) -> None:
-        """Send a close frame with ``code`` and close the TCP connection; safe to repeat."""
+        """Send a close frame with ``code`` and close the TCP connection; safe to repeat.
+        What is still buffered gets ``CLOSE_GRACE`` seconds to leave, then the connection
+        is aborted: a peer that does not read cannot hold it open."""
         if self.protocol.state is OPEN:
             self.protocol.fail(code, reason)
             self.send_data()
-        self.transport.close()
+        transport = self.transport
+        if transport.is_closing():
+            return
+        transport.close()
+        if transport.get_write_buffer_size():
+            self.loop.call_later(CLOSE_GRACE, transport.abort)
 

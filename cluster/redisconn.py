@@ -13,6 +13,7 @@ cluster/resp.py and cluster/shards.py; redis-py reads the plain URLs).
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 from urllib.parse import unquote
 
@@ -88,3 +89,30 @@ def check_url(url: str) -> None:
                          "or redis+cluster:// (docs/operations.md)")
     else:
         parse_url(url)
+
+
+def on_loopback(url: str) -> bool:
+    """True when every host a ``cluster.redis_url`` names (seeds, Sentinels) is a loopback
+    address or ``localhost``, or it is a unix socket: no other machine reaches that Redis.
+    A URL that does not parse is not on loopback."""
+    if url.startswith("unix://"):
+        return True
+    try:
+        if is_cluster(url):
+            hosts = [host for host, _ in parse_cluster_url(url)[0]]
+        elif url.startswith(SENTINEL):
+            hosts = [host for host, _ in parse_sentinel_url(url)[0]]
+        else:
+            hosts = [parse_url(url).get("host", "localhost")]
+    except ValueError:
+        return False
+    return all(_loopback_host(host) for host in hosts)
+
+
+def _loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it could resolve anywhere
+        return False

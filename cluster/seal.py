@@ -18,8 +18,10 @@ A receiver opens a batch only when its mode is the configured one (no
 downgrade), its key id is one of the configured keys (several at once, so
 keys rotate without downtime: add the new key everywhere, switch ``key_id``,
 then drop the old key), the seal verifies, and ``ts_ms`` lies within
-``max_skew`` of its own clock. Binding the topic stops a batch sent to one node
-from being replayed to another. After decoding, ``ReplayGuard`` refuses a
+``max_skew`` of its own clock, and no earlier than ``START_SLACK`` before the
+receiver started (a replay window is empty at start: this keeps batches captured
+before a restart out of the new process). Binding the topic stops a batch sent
+to one node from being replayed to another. After decoding, ``ReplayGuard`` refuses a
 ``(sender, seq)`` seen before: it keeps, per sender, the highest seq and a
 window of the last ``WINDOW`` numbers (batches of concurrent PUBLISH rounds may
 arrive out of order), and forgets senders silent for longer than the skew.
@@ -37,6 +39,7 @@ import msgpack
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 SIGN, ENCRYPT = 1, 2
+START_SLACK = 2.0   # s: batches stamped earlier than this before the receiver started are refused
 MODES = {"sign": SIGN, "encrypt": ENCRYPT}
 WINDOW = 4096
 
@@ -92,6 +95,9 @@ class Sealer:
         self.key_id = key_id
         self.max_skew_ms = int(max_skew * 1000)
         self._seq = time.time_ns() // 1000
+        # sealed before this process started (START_SLACK for clocks that disagree): not
+        # for this process, whatever its replay window (empty at start) says
+        self.not_before_ms = time.time_ns() // 1_000_000 - int(START_SLACK * 1000)
         self._aead = {kid: AESGCM(key) for kid, key in self.keys.items()}
 
     def seal(self, topic: str, batch: bytes) -> bytes:
@@ -135,6 +141,8 @@ class Sealer:
         offset = ts - time.time_ns() // 1_000_000
         if abs(offset) > self.max_skew_ms:
             raise SkewError(batch, offset / 1000)
+        if ts < self.not_before_ms:
+            raise SealError("before_start")
         return batch, seq
 
 

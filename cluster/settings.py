@@ -20,7 +20,7 @@ class ClusterSection:
     prefer_local: bool = False
     affinity: int = 32              # a frame's calls of a name per draw of their target
     redis_tls_ca: str = ""
-    seal: str = "none"
+    seal: str = ""                  # "none", "sign", "encrypt"; "": none on loopback only
     key_id: str = ""
     keys: dict[str, Any] = field(default_factory=dict)
     max_skew: float = 30.0

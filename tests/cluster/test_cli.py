@@ -30,28 +30,30 @@ async def test_cluster_up_status_and_a_clean_stop(redis):
         pids = [int(p) for p in re.findall(r"pid (\d+)", text)]
         redis_url = re.search(r"redis(\+cluster)?://\S+", text).group(0)
         redis_ports = [int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", redis_url)]
+        keys_file = re.search(r"status --config (\S+)", text).group(1)   # the bus is sealed
+        assert os.stat(keys_file).st_mode & 0o777 == 0o600
         assert len(urls) == 2 and len(pids) == 2
         assert len(redis_ports) == (6 if redis else 1), redis_url   # 3 masters + 3 replicas
         async with rpcbus.connect(urls[0]) as prov:
             await prov.provide("billing.charge", lambda d: d)
             status = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--redis",
-                                 redis_url,
+                subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--config",
+                                 keys_file,
                                  "--listen", "2.5"], capture_output=True, text=True, timeout=30)
             assert status.returncode == 0, status.stderr
             assert re.search(r"^n1\s+ready\s+ws://", status.stdout, re.M), status.stdout
             assert re.search(r"^n2\s+ready\s+ws://", status.stdout, re.M), status.stdout
             assert re.search(r"^billing\.charge\s+n1: 1$", status.stdout, re.M), status.stdout
             as_json = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--redis",
-                                 redis_url,
+                subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--config",
+                                 keys_file,
                                  "--listen", "1.5", "--json"], capture_output=True, text=True,
                 timeout=30)
             nodes = json.loads(as_json.stdout)
             assert nodes["n1"]["providers"] == {"billing.charge": 1}
             assert nodes["n2"]["state"] == "ready" and nodes["n2"]["url"] == urls[1]
-            watch = subprocess.Popen([sys.executable, "-m", "rpcbus.broker", "status", "--redis",
-                                      redis_url, "--listen", "1.2", "--watch", "--json"],
+            watch = subprocess.Popen([sys.executable, "-m", "rpcbus.broker", "status", "--config",
+                                      keys_file, "--listen", "1.2", "--watch", "--json"],
                                      stdout=subprocess.PIPE, text=True)
             try:
                 for _ in range(2):                       # it refreshes until stopped
@@ -67,6 +69,7 @@ async def test_cluster_up_status_and_a_clean_stop(redis):
         up.send_signal(signal.SIGINT)
         rest = await asyncio.to_thread(up.communicate, timeout=30)
         assert up.returncode == 0 and "n1 exit 0, n2 exit 0" in rest[0]
+        assert not os.path.exists(keys_file)
         for pid in pids:  # no orphan node processes
             try:
                 os.kill(pid, 0)

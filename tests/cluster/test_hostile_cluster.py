@@ -210,6 +210,13 @@ async def test_provided_names_are_bounded_and_heartbeats_stay_small(guarded):
         await healthy.check()
 
 
+def refused(node):
+    """Batches a restarted node refused as meant for the process before it: sealed before
+    it started, or (sealed in the 2 s before) addressed to the old incarnation."""
+    cluster = stats(node)["cluster"]
+    return cluster["misaddressed"] + cluster["bus_rejected"].get("before_start", 0)
+
+
 async def test_replayed_batches_never_reach_a_restarted_node(guarded):
     c = guarded()
     r = aioredis.from_url(c.redis_url)
@@ -247,7 +254,7 @@ async def test_replayed_batches_never_reach_a_restarted_node(guarded):
             for batch in to_n2:                              # the INVOKE, replayed
                 await r.publish("rpcbus:node:n2", batch)
             async with asyncio.timeout(5):
-                while stats(n2)["cluster"]["misaddressed"] < len(to_n2):
+                while refused(n2) < len(to_n2):
                     await asyncio.sleep(0.05)
             assert runs == ["first"]
             n1 = await asyncio.to_thread(c.restart, 0)       # the origin
@@ -259,7 +266,7 @@ async def test_replayed_batches_never_reach_a_restarted_node(guarded):
                 for batch in to_n1:                          # the old RESPONSE, replayed
                     await r.publish("rpcbus:node:n1", batch)
                 async with asyncio.timeout(5):
-                    while stats(n1)["cluster"]["misaddressed"] < len(to_n1):
+                    while refused(n1) < len(to_n1):
                         await asyncio.sleep(0.05)
                 release.set()
                 assert await call == "receipt of second"
@@ -296,6 +303,44 @@ async def test_a_login_flood_does_not_lock_out_password_users(guarded):
 
         async with asyncio.timeout(30):
             assert await asyncio.gather(*(login() for _ in range(10))) == ["pw"] * 10
+    finally:
+        stop.set()
+        for task in attackers:
+            task.cancel()
+        await asyncio.gather(*attackers, return_exceptions=True)
+
+
+async def test_a_login_flood_from_a_few_addresses_leaves_room_for_everyone_else(guarded):
+    """320 connections from 5 addresses keep the login queue (256) full of wrong
+    passwords; a real user from another address is still checked at once, ahead of them."""
+    c = guarded()
+    n1 = c.nodes[0]
+    stop = asyncio.Event()
+
+    async def attacker(address):
+        while not stop.is_set():
+            try:
+                peer = await RawPeer.open(n1.url, auth=False, local_addr=(address, 0))
+                while not stop.is_set():
+                    await peer.send([p.AUTH, {"protocol": 1, "user": "nobody",
+                                              "password": "guess"}])
+                    if (await peer.expect(p.AUTH_FAIL, timeout=30))[1] == "BUSY":
+                        await asyncio.sleep(0.2)
+            except Exception:  # closed after 3 failures: come back
+                await asyncio.sleep(0.05)
+
+    attackers = [asyncio.create_task(attacker(f"127.0.0.{2 + i % 5}")) for i in range(320)]
+    try:
+        async with asyncio.timeout(30):              # the queue is full: logins turned away
+            while stats(n1)["auth"].get("logins_busy", 0) < 50:
+                await asyncio.sleep(0.1)
+        for _ in range(3):
+            real = await RawPeer.open(n1.url, auth=False)
+            await real.send([p.AUTH, {"protocol": 1, "user": "pw", "password": "right"}])
+            answer = await real.recv(timeout=10)
+            assert answer[0] == p.AUTH_OK, answer    # first try: never BUSY
+            await real.close()
+        assert stats(n1)["auth"]["logins_made_room"] >= 3
     finally:
         stop.set()
         for task in attackers:

@@ -78,24 +78,32 @@ async def test_redis_access_without_the_key_cannot_run_divert_or_fake_members(
                     [m.PROVIDER_UPDATE, "work", 1000]])),
                 ("rpcbus:ctrl", wrong_key.seal("rpcbus:ctrl", m.encode_batch("n2", 1, 0, now, [
                     [m.STATE, m.TERMINATING, n2.url, time.time(), {}]]))),   # fake membership
+                ("rpcbus:ctrl", m.encode_batch("n1", 1, 0, now, [[m.ANNOUNCE]])),  # (unsealed)
+                ("rpcbus:ctrl", wrong_key.seal("rpcbus:ctrl", m.encode_batch(
+                    "n2", 1, 0, now, [[m.RPC_QUERY, "work"]]))),
+                ("rpcbus:ctrl", wrong_key.seal("rpcbus:ctrl", m.encode_batch(  # "n2 restarted"
+                    "n2", 2**62, 0, now, [[m.STATE, m.READY, "ws://127.0.0.1:9", time.time(),
+                                           {}], [m.PROVIDER_UPDATE, "work", 0]]))),
             ]
             before1 = stats(n1)["cluster"]["bus"]["rejected"]
             before2 = stats(n2)["cluster"]["bus"]["rejected"]
             for topic, payload in attacks:
                 await forger.publish(topic, payload)
             await wait_rejected(n2, before2 + len(attacks))
-            await wait_rejected(n1, before1 + 2)             # the two on the control topic
+            await wait_rejected(n1, before1 + 5)             # the five on the control topic
 
             assert await asyncio.gather(*(caller.call("work", i, timeout=5)
                                           for i in range(50, 100))) == list(range(50, 100))
             assert runs == Counter(range(100))               # each once; "pwned" never
             reasons = stats(n2)["cluster"]["bus_rejected"]
             assert reasons["replay"] == len(captured)
-            assert reasons["unknown_key"] == 1 and reasons["bad_seal"] == 2
-            assert reasons["unsealed"] == 2
+            assert reasons["unknown_key"] == 1 and reasons["bad_seal"] == 4
+            assert reasons["unsealed"] == 3
             view = stats(n1)["cluster"]
-            assert set(view["members"]) == {"n2"} and view["members"]["n2"]["state"] == "ready"
+            assert set(view["members"]) == {"n2"} and view["members"]["n2"] == \
+                {"state": "ready", "url": n2.url}
             assert "fake" not in json.dumps(view["cache"])
+            assert not n1.events("node_rejoined") and not n1.events("node_left")
     finally:
         await spy.aclose()
         await forger.aclose()

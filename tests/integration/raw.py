@@ -18,8 +18,8 @@ class RawPeer:
         self.session = None
 
     @classmethod
-    async def open(cls, url, auth=True, name=None, **creds):
-        ws = await connect(url, compression=None, max_size=None)
+    async def open(cls, url, auth=True, name=None, local_addr=None, **creds):
+        ws = await connect(url, compression=None, max_size=None, local_addr=local_addr)
         peer = cls(ws)
         if auth:
             await peer.send([p.AUTH, {"protocol": 1, **({"name": name} if name else {}),

@@ -51,3 +51,19 @@ def test_bad_values_are_errors_that_name_the_key(tmp_path, text, env, why):
     f.write_text(text)
     with pytest.raises(config.ConfigError, match=why):
         config.load(f, env=env)
+
+
+@pytest.mark.parametrize("url,unsealed_ok", [
+    ("redis://127.0.0.1:6379/0", True), ("redis://localhost/0", True),
+    ("unix:///run/redis.sock", True), ("redis+cluster://127.0.0.1:7000,[::1]:7001/", True),
+    ("redis://10.0.0.5:6379/0", False), ("rediss://redis.internal:6380/0", False),
+    ("redis+sentinel://127.0.0.1:26379,sentinel.internal:26379/main", False),
+])
+def test_an_unsealed_bus_must_be_chosen_where_others_reach_redis(url, unsealed_ok):
+    env = {"RPCBUS_CLUSTER_REDIS_URL": url}
+    if unsealed_ok:
+        assert config.load(env=env).cluster.seal == "none"
+    else:
+        with pytest.raises(config.ConfigError, match='cluster.seal = "none"'):
+            config.load(env=env)
+    assert config.load(env={**env, "RPCBUS_CLUSTER_SEAL": "none"}).cluster.seal == "none"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from rpcbus.broker import config
 from rpcbus.broker.auth import AuthConfigError, Users, hash_password, token_digest, verify_password
 from rpcbus.broker.limits import WindowLimiter
-from rpcbus.cluster.seal import ReplayGuard, Sealer, SealError, new_key
+from rpcbus.cluster.seal import START_SLACK, ReplayGuard, Sealer, SealError, new_key
 
 FAST_HASH = dict(n=1 << 10)   # a cheap scrypt for tests; the parameters travel in the hash
 
@@ -177,3 +177,17 @@ def test_any_changed_byte_is_refused_or_opens_to_the_same_batch(mode, data):
 
 def test_keys_are_32_random_bytes():
     assert len(base64.b64decode(new_key())) == 32 and new_key() != new_key()
+
+
+def test_a_receiver_refuses_batches_sealed_before_it_started():
+    sender = sealer()
+    old = sender.seal("t", b"x")                               # sealed now
+    real_time = time.time_ns
+    try:
+        time.time_ns = lambda: real_time() + int((START_SLACK + 1) * 1e9)
+        restarted = sealer()                                   # a receiver started later
+        with pytest.raises(SealError, match="before_start"):
+            restarted.open("t", old)                           # within max_skew, but older
+        assert restarted.open("t", sender.seal("t", b"y"))[0] == b"y"   # sealed after it
+    finally:
+        time.time_ns = real_time

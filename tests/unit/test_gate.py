@@ -1,0 +1,107 @@
+"""The order in which the gate checks passwords under a flood, with the check itself held
+by the test (each check waits until the test lets it finish): who goes first, who makes
+room in a full queue, and who may use the thread kept for addresses that log in right."""
+
+import asyncio
+import threading
+
+import pytest
+
+from rpcbus.broker import config, gate
+from rpcbus.broker.auth import hash_password
+
+
+class HeldChecks:
+    """verify_password stand-in: each check blocks until ``release`` lets one through."""
+
+    def __init__(self):
+        self.started = []                 # passwords, in the order checks started
+        self._go = threading.Semaphore(0)
+
+    def __call__(self, stored, password):
+        self.started.append(password)
+        self._go.acquire()
+        return password.startswith("right")   # no two alike: nothing comes from the cache
+
+    def release(self, n=1):
+        for _ in range(n):
+            self._go.release()
+
+
+@pytest.fixture
+def held(monkeypatch):
+    checks = HeldChecks()
+    monkeypatch.setattr(gate, "verify_password", checks)
+    monkeypatch.setattr(gate, "SCRYPT_THREADS", 1)
+    yield checks
+    checks.release(1000)
+
+
+def new_gate():
+    cfg = config.load(env={"RPCBUS_AUTH_USERS": '{"u": {"password": "%s", "call": ["*"]}}'
+                           % hash_password("right", n=1 << 4)})
+    return gate.Gate(cfg)
+
+
+async def login(g, address, password, answers):
+    done = asyncio.get_running_loop().create_future()
+    g.login({"user": "u", "password": password}, lambda user, why: (
+        answers.append((address, password, user is not None, why)), done.set_result(why)),
+        address)
+    return done
+
+
+async def until(condition):
+    async with asyncio.timeout(5):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+async def test_a_clean_address_is_checked_before_one_whose_passwords_fail(held):
+    g, answers = new_gate(), []
+    first = await login(g, "10.0.0.1", "wrong-1", answers)      # running
+    for i in range(5):
+        await login(g, "10.0.0.1", f"wrong-{i + 2}", answers)    # waiting
+    held.release()
+    await first                                                  # 10.0.0.1 failed once
+    await until(lambda: len(held.started) == 2)
+    await login(g, "10.0.0.2", "right", answers)                 # arrives last
+    held.release()
+    await until(lambda: len(held.started) == 3)
+    assert held.started[2] == "right"                            # goes next
+    held.release(10)
+    await until(lambda: len(answers) == 7)
+    g.close()
+
+
+async def test_a_full_queue_makes_room_for_another_address(held, monkeypatch):
+    monkeypatch.setattr(gate, "MAX_QUEUED_LOGINS", 4)
+    g, answers = new_gate(), []
+    await login(g, "10.0.0.1", "wrong-0", answers)               # running
+    for i in range(4):                                           # the queue: full
+        await login(g, "10.0.0.1", f"wrong-{i + 1}", answers)
+    same = await login(g, "10.0.0.1", "wrong-5", answers)        # its own address: BUSY
+    assert await same == gate.BUSY
+    other = await login(g, "10.0.0.2", "right", answers)         # another: room made
+    await until(lambda: ("10.0.0.1", "wrong-4", False, gate.BUSY) in answers)
+    held.release(10)
+    assert await other == ""
+    assert g.stats["logins_made_room"] == 1
+    g.close()
+
+
+async def test_an_address_that_logged_in_right_does_not_wait_for_a_check_under_way(held):
+    g, answers = new_gate(), []
+    ok = await login(g, "10.0.0.2", "right-1", answers)
+    held.release()
+    assert await ok == ""                                        # 10.0.0.2: good now
+    await login(g, "10.0.0.1", "wrong-1", answers)               # running, held
+    await until(lambda: len(held.started) == 2)
+    again = await login(g, "10.0.0.2", "right-2", answers)
+    assert g.logins_running == 2                                 # started beside it
+    other = await login(g, "10.0.0.3", "right-3", answers)       # not known good: waits
+    assert g.logins_running == 2 and g.queued == 1
+    held.release(10)
+    assert await again == "" and await other == ""
+    assert held.started[2:] == ["right-2", "right-3"]
+    g.close()

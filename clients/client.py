@@ -19,9 +19,9 @@ sent again on the next connection (not failed). A node cut off from the
 cluster says so too (a CLUSTER_UNAVAILABLE notice): the client moves to another
 of its URLs if one answers, the same way, else it stays (local calls still
 work there). A node still starting answers 503 "starting", one with too many
-connections logging in 503 or 429: ``connect`` waits for it within
-``open_timeout``. ``on_state`` hears "connected",
-"reconnecting" and "closed".
+connections 503 "busy"/"full" or 429: ``connect`` waits for it within
+``open_timeout`` (not for a node draining: 503 "draining" fails at once).
+``on_state`` hears "connected", "reconnecting" and "closed".
 
 Providing: a handler gets the request's data (and, if it takes a second
 positional argument, a ``CallContext``). A coroutine function runs in a Task on
@@ -93,6 +93,10 @@ _Entry = tuple[Handler, bool, bool]  # a provided name's handler, as ``describe`
 
 class _NotRun(Exception):
     """A node refused a call without running it (it is shutting down)."""
+
+
+# how a node's HTTP 503 begins when it will take this client soon (not when it drains)
+SOON = (b"starting", b"busy", b"full")
 
 
 class _Wire(FrameIO, ClientConnection):
@@ -226,8 +230,8 @@ class Client:
         loop = asyncio.get_running_loop()
         self._deadlines = Deadlines[int](0.05, loop.time())
         # Nodes still starting (joining the cluster) answer 503 "starting", nodes with too
-        # many connections logging in 503 or 429: wait for them within open_timeout, trying
-        # every URL again; any other failure is final here.
+        # many connections 503 "busy"/"full" or 429: wait for them within open_timeout,
+        # trying every URL again; any other failure (a node draining) is final here.
         give_up = loop.time() + self._open_timeout
         again = Backoff(0.05, 0.5)
         while True:
@@ -264,7 +268,10 @@ class Client:
                 return await self._handshake(url)
             except (OSError, TimeoutError, WebSocketException, errors.RpcError) as exc:
                 self._last_error, self._last_exc = f"{url}: {exc}", exc
-                if isinstance(exc, InvalidStatus) and exc.response.status_code in (429, 503):
+                if isinstance(exc, InvalidStatus) and (
+                        exc.response.status_code == 429 or (
+                            exc.response.status_code == 503
+                            and exc.response.body.startswith(SOON))):
                     self._starting_seen = True  # starting, or too many connecting: soon
         return None
 

@@ -30,7 +30,9 @@ async def collect(url: str, namespace: str, listen_s: float,
     any Redis URL a node takes (a Redis Cluster: the control topic's shard).
 
     With a ``sealer`` (a sealed cluster) only batches that open with its keys count.
-    Raises OSError / ConnectionError / ValueError if Redis cannot be read.
+    Raises OSError / ConnectionError / ValueError if Redis cannot be read, and
+    ``UnopenedError`` when batches were heard but none opened (a sealed bus, and no
+    keys or other keys given).
     """
     heard: list[tuple[bytes, bytes]] = []
     links = await open_links(url, [f"{namespace}:ctrl"],
@@ -44,6 +46,7 @@ async def collect(url: str, namespace: str, listen_s: float,
     finally:
         links.close()
     nodes: dict[str, dict[str, Any]] = {}
+    unopened = 0
     for channel, data in heard:
         offset, refused = None, False
         try:
@@ -55,6 +58,7 @@ async def collect(url: str, namespace: str, listen_s: float,
                     data, offset, refused = exc.batch, exc.offset_s, True
             batch = m.decode_batch(data)
         except (m.BadBatch, SealError):
+            unopened += 1
             continue
         for x in batch.messages:
             if x[0] == m.STATE:
@@ -63,7 +67,17 @@ async def collect(url: str, namespace: str, listen_s: float,
                 if offset is not None:  # its wall clock minus this machine's (+ transit)
                     node["clock_offset_s"] = round(offset, 3)
                     node["clock_refused"] = refused
+    if unopened and not nodes:
+        raise UnopenedError(
+            f"heard {unopened} batches on {namespace}:ctrl, none of which opened"
+            + (" with the keys given" if sealer is not None else "")
+            + ": the bus is sealed; give the cluster's keys with --config (a node's file, "
+            "or the one `rpcbus cluster up` prints)")
     return nodes
+
+
+class UnopenedError(ValueError):
+    """Batches were heard on the control topic but none could be read."""
 
 
 def render(nodes: dict[str, dict[str, Any]]) -> str:

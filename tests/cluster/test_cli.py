@@ -44,6 +44,12 @@ async def test_cluster_up_status_and_a_clean_stop(redis):
             assert re.search(r"^n1\s+ready\s+ws://", status.stdout, re.M), status.stdout
             assert re.search(r"^n2\s+ready\s+ws://", status.stdout, re.M), status.stdout
             assert re.search(r"^billing\.charge\s+n1: 1$", status.stdout, re.M), status.stdout
+            keyless = await asyncio.to_thread(   # the bus is sealed: one line says so
+                subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--redis",
+                                 redis_url, "--listen", "1.5"], capture_output=True,
+                text=True, timeout=30)
+            assert keyless.returncode == 1 and "--config" in keyless.stderr, keyless.stderr
+            assert "Traceback" not in keyless.stderr
             as_json = await asyncio.to_thread(
                 subprocess.run, [sys.executable, "-m", "rpcbus.broker", "status", "--config",
                                  keys_file,

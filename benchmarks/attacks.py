@@ -91,12 +91,18 @@ def masked(opcode: int, payload: bytes) -> bytes:
 # -- the attacks (each runs in a child process; returns what it saw) --------------------
 
 async def _cancel(url: str) -> dict[str, Any]:
-    holder = await ws_connect(url, compression=None, max_size=None)
-    await holder.send(p.encode([[p.AUTH, {"protocol": 1, "token": TOKENS["mallory"]}],
-                                [p.PROVIDE, 1, ["pub.hold"]]]))
-    caller = await ws_connect(url, compression=None, max_size=None)
-    await caller.send(p.encode([[p.AUTH, {"protocol": 1, "token": TOKENS["mallory"]}]]))
-    await asyncio.sleep(0.3)
+    async def logged_in(*then: list[Any]) -> Any:
+        ws = await ws_connect(url, compression=None, max_size=None)
+        await ws.send(p.encode([[p.AUTH, {"protocol": 1, "token": TOKENS["mallory"]}],
+                                *then]))
+        kinds: list[int] = []
+        while len(kinds) < 1 + len(then):   # AUTH_OK, then an OK for each
+            kinds += [msg[0] for msg in p.decode(await ws.recv())]
+        assert kinds[0] == p.AUTH_OK, kinds
+        return ws
+
+    holder = await logged_in([p.PROVIDE, 1, ["pub.hold"]])
+    caller = await logged_in()
 
     async def accept_all() -> None:   # takes every REQUEST and never answers
         while True:
@@ -110,12 +116,11 @@ async def _cancel(url: str) -> dict[str, Any]:
         await caller.send(p.encode([[p.REQUEST, i, "pub.hold", None, 60_000]
                                     for i in range(start, start + 900)]))
         await asyncio.sleep(1.0)
-    t0 = time.monotonic()
     for base in (1_000_000, 2_000_000):
         await caller.send(msgpack.packb([[p.CANCEL, base + i] for i in range(9999)]))
-    await asyncio.sleep(3.0)
+    await asyncio.sleep(3.0)              # the healthy caller is measured meanwhile
     taker.cancel()
-    return {"sent_s": round(time.monotonic() - t0, 3)}
+    return {"cancels": 2 * 9999}
 
 
 async def _ping_flood(url: str) -> dict[str, Any]:

@@ -80,7 +80,12 @@ async def test_history_names_the_routing_and_the_serving_node(make_cluster, tmp_
     assert {(r["served_by"], r["routed_by"], r["provider"]) for r in worked} == \
         {("n2", "n1", "far-worker")}
     # a 0.5 s window in which the provider was connected but got no call has a presence
-    # row from its node (docs/history.md); whether one falls between the calls is timing
-    assert all((r["served_by"], r["routed_by"], r["provider"], r["peak_in_flight"])
-               == ("n2", "n2", "far-worker", 0) for r in far if not r["calls"])
+    # row from its node (docs/history.md), and one that calls were in flight through
+    # without ending in it a row of their route; whether either happens is timing
+    for r in far:
+        if not r["calls"]:
+            assert (r["served_by"], r["routed_by"], r["provider"], r["peak_in_flight"]) \
+                == ("n2", "n2", "far-worker", 0) or (
+                (r["served_by"], r["routed_by"], r["provider"]) == ("n2", "n1", "far-worker")
+                and r["peak_in_flight"] > 0), r
     assert sum(r["ok"] for r in far) == sum(r["calls"] for r in far) == 150

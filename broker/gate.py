@@ -1,30 +1,36 @@
 """The node's door: who a connecting client is, and the limits each user shares.
 
+``opened`` counts each TCP connection by source address as it opens and says
+when to refuse it (HTTP 429 over the per-address limits, 503 over the node's):
+open connections (``limits.max_connections``, by default the open-file limit
+less 256, so file descriptors are never exhausted) and connections not logged
+in yet, whose handshakes and logins are in progress.
+
 ``Gate.login`` checks an AUTH's credentials and calls back with the ``User`` (or
 None). Tokens are checked at once; passwords with scrypt in a small thread pool
 (never on the event loop), ``SCRYPT_THREADS`` at a time (one core is always
-left to the loop). The others wait in a bounded queue, taken in turn by source
-address, and first from the addresses whose logins failed least in the last
-``FAILURE_MEMORY`` seconds (one address flooding logins waits behind its own
-checks, and a flood of wrong passwords behind every address that logs in
-right, not in front of them; an address whose passwords verified in the last
-``GOOD_MEMORY`` seconds, and none failed, may use one thread more, so its users
-do not even wait for a check under way): at most
-``MAX_QUEUED_LOGINS`` waiting, ``MAX_QUEUED_PER_ADDRESS`` from one address; past
-that, and for a check that could not start before its deadline, the answer is
-``BUSY`` (the client may AUTH again: the SDK does, with backoff). A password that
-verified is remembered for ``LOGIN_CACHE_TTL`` seconds as a SHA-256 of
-(user, password, stored hash), so a reconnect storm costs one scrypt per user.
+left to the loop). A password that verified is remembered for
+``LOGIN_CACHE_TTL`` seconds as a SHA-256 of (user, password, stored hash), so a
+reconnect storm costs one scrypt per user. The other logins wait in a bounded
+queue, in this order:
 
-A full queue still takes a login from an address with fewer waiting than the
-busiest one: the busiest address's newest waiting login is answered ``BUSY``
-to make room, so a flood from a few addresses cannot keep anyone else out.
-
-Before any of that, ``opened`` counts each TCP connection by source address
-and says when to refuse it (HTTP 429 over the per-address limits, 503 over the
-node's): open connections (``limits.max_connections``, by default the
-open-file limit less 256, so file descriptors are never exhausted) and
-connections not logged in yet, whose handshakes and logins are in progress.
+- taken in turn by source address, first from the addresses whose checks failed
+  least in the last ``FAILURE_MEMORY`` seconds: one address flooding logins
+  waits behind its own checks, and a flood of wrong passwords behind every
+  address that logs in right;
+- an address whose passwords verified in the last ``GOOD_MEMORY`` seconds, and
+  none failed, may use one thread more: its users do not wait for a check under
+  way;
+- after a check that failed, checks for failing addresses rest as many times as
+  long as it took as logins came from failing addresses lately (decayed over
+  ``PRESSURE_HALF_LIFE``), up to ``MAX_REST`` times: one typo costs nothing, a
+  flood of wrong passwords gets half a thread (scrypt is memory-hard: a core of
+  it slows every process on a small machine);
+- at most ``MAX_QUEUED_LOGINS`` wait, ``MAX_QUEUED_PER_ADDRESS`` from one
+  address. A full queue still takes a login from an address with fewer waiting
+  than the busiest one, whose newest waiting login is answered ``BUSY`` to make
+  room. Past that, and for a check that could not start before its deadline, the
+  answer is ``BUSY`` (the client may AUTH again: the SDK does, with backoff).
 
 Per user the gate keeps the count of open connections and one
 ``WindowLimiter`` shared by all of them; with auth mode ``none`` every
@@ -55,6 +61,9 @@ log = structlog.get_logger(module="rpcbus.auth")
 SCRYPT_THREADS = max(1, min(2, (os.cpu_count() or 2) - 1))  # password checks at once
 FAILURE_MEMORY = 60.0         # s a failed password check counts against its address
 GOOD_MEMORY = 600.0           # s a verified password counts for its address
+MAX_REST = 1.0                # after a failed check, logins from failing addresses wait up
+PRESSURE_HALF_LIFE = 10.0     # to this many times as long as it took (see _checked); more
+                              # would lock out users behind the same address as a flood
 MAX_QUEUED_LOGINS = 256       # at ~50 ms a check, 6-13 s of work: about auth_timeout
 MAX_QUEUED_PER_ADDRESS = 64
 BUSY = "busy"                 # the reason ``login`` gives when it cannot check now
@@ -72,6 +81,9 @@ class Gate:
         self._verified: TTLCache[bytes, bool] = TTLCache(4096, LOGIN_CACHE_TTL)
         self._failed: TTLCache[str, int] = TTLCache(4096, FAILURE_MEMORY)  # by address
         self._good: TTLCache[str, bool] = TTLCache(4096, GOOD_MEMORY)      # by address
+        self._rest_until = 0.0   # failing addresses' checks wait until then (see _checked)
+        self._pressure, self._pressure_at = 0.0, 0.0   # _pressure_now
+        self._wake: asyncio.TimerHandle | None = None
         self._limiters: dict[str, WindowLimiter] = {}
         self.connections: Counter[str] = Counter()
         self.logins_running = 0
@@ -149,6 +161,9 @@ class Gate:
         if stored is not None and key in self._verified:
             loop.call_soon(done, user, "")
             return
+        if address in self._failed:
+            now = loop.time()
+            self._pressure, self._pressure_at = self._pressure_now(now) + 1.0, now
         queue = self._queued.get(address)
         if (queue is not None and len(queue) >= MAX_QUEUED_PER_ADDRESS) or (
                 self.queued >= MAX_QUEUED_LOGINS and not self._make_room(len(queue or ()))):
@@ -185,8 +200,13 @@ class Gate:
         loop = asyncio.get_running_loop()
         while self._queued:
             address = self._next_address()
-            lane = SCRYPT_THREADS + (address in self._good and address not in self._failed)
+            failing = address in self._failed
+            lane = SCRYPT_THREADS + (address in self._good and not failing)
             if self.logins_running >= lane:
+                break
+            if failing and loop.time() < self._rest_until:  # see _checked
+                if self._wake is None:
+                    self._wake = loop.call_later(self._rest_until - loop.time(), self._rested)
                 break
             queue = self._queued[address]
             login = queue.popleft()
@@ -205,6 +225,7 @@ class Gate:
                 self._pool = ThreadPoolExecutor(SCRYPT_THREADS + 1,
                                                 thread_name_prefix="rpcbus-auth")
             self.logins_running += 1
+            login.started = loop.time()
             future = loop.run_in_executor(self._pool, verify_password, login.stored,
                                           login.password)
             future.add_done_callback(functools.partial(self._checked, login, address))
@@ -229,7 +250,21 @@ class Gate:
             self._good[address] = True
         else:
             self._failed[address] = self._failed.get(address, 0) + 1
+            # rest as many times the check's time as logins came from failing addresses
+            # lately, less one, up to MAX_REST: a typo costs nothing, a flood gets half a
+            # thread
+            now = asyncio.get_running_loop().time()
+            rest = min(max(self._pressure_now(now) - 1.0, 0.0), MAX_REST)
+            self._rest_until = now + rest * (now - login.started)
         login.done(login.user if ok else None, "" if ok else "wrong user or password")
+        self._start_checks()
+
+    def _pressure_now(self, now: float) -> float:
+        """Logins from failing addresses, decayed with PRESSURE_HALF_LIFE."""
+        return self._pressure * 0.5 ** ((now - self._pressure_at) / PRESSURE_HALF_LIFE)
+
+    def _rested(self) -> None:
+        self._wake = None
         self._start_checks()
 
     def limiter_for(self, user: User | None) -> WindowLimiter | None:
@@ -257,6 +292,8 @@ class Gate:
         return self._limits.max_provided_per_user
 
     def close(self) -> None:
+        if self._wake is not None:
+            self._wake.cancel()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -286,3 +323,4 @@ class _Login:
     done: Callable[[User | None, str], None]
     wanted: Callable[[], bool]
     deadline: float
+    started: float = 0.0

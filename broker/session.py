@@ -66,6 +66,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(module="rpcbus.session")
 
 
+BUSY_HOLD = 0.25   # s an AUTH answered BUSY waits for its answer
+
 _REASONS = {429: b"Too Many Requests", 431: b"Request Header Fields Too Large",
             503: b"Service Unavailable"}
 
@@ -310,6 +312,9 @@ class Session(FrameIO, ServerConnection):
         if not self.authenticated:
             if kind == AUTH and not self._logging_in:
                 self._auth(msg[1])
+            elif kind == AUTH:  # one at a time: its answer (or BUSY, after BUSY_HOLD) comes
+                self.invalid(None, "an AUTH of this connection is being checked: wait for "
+                             "its answer")
             else:
                 self.send([ERROR, _ref_of(msg), errors.NOT_AUTHENTICATED,
                            "the first message must be AUTH"])
@@ -448,13 +453,15 @@ class Session(FrameIO, ServerConnection):
                    address, lambda: not self.closed)
 
     def _checked(self, user: User | None, reason: str, name: str | None) -> None:
-        self._logging_in = False
         if self.closed:
             return
         gate = self.node.gate
-        if user is None and reason == BUSY:  # not checked: the client may try again
-            self.send([AUTH_FAIL, errors.BUSY, "the node is busy checking logins; retry"])
+        if user is None and reason == BUSY:  # not checked: the client may try again, after
+            # BUSY_HOLD (another AUTH meanwhile is refused with a strike): a client that
+            # retries at once cannot make its refusals a flood
+            self.loop.call_later(BUSY_HOLD, self._busy)
             return
+        self._logging_in = False
         if user is None:
             self._auth_failures += 1
             gate.stats["auth_failures"] += 1
@@ -479,6 +486,11 @@ class Session(FrameIO, ServerConnection):
         self.user = user
         self._perms = user.permissions
         self._authenticated(user, name)
+
+    def _busy(self) -> None:
+        self._logging_in = False
+        if not self.closed:
+            self.send([AUTH_FAIL, errors.BUSY, "the node is busy checking logins; retry"])
 
     def _authenticated(self, user: User | None, name: str | None) -> None:
         """``name`` is a display label only: with users, who the client is reaches

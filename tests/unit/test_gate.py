@@ -105,3 +105,25 @@ async def test_an_address_that_logged_in_right_does_not_wait_for_a_check_under_w
     assert await again == "" and await other == ""
     assert held.started[2:] == ["right-2", "right-3"]
     g.close()
+
+
+async def test_a_typo_costs_nothing_and_a_flood_of_wrong_passwords_waits(held):
+    g, answers = new_gate(), []
+    first = await login(g, "10.0.0.1", "wrong-0", answers)
+    held.release()
+    await first                                                  # 10.0.0.1 failed once
+    second = await login(g, "10.0.0.1", "wrong-1", answers)      # a retry: checked at once
+    assert g.logins_running == 1
+    for i in range(5):                                           # then more: a flood
+        await login(g, "10.0.0.1", f"wrong-{i + 2}", answers)
+    await asyncio.sleep(0.05)                                    # the check takes 50 ms
+    held.release()
+    await second
+    assert g.logins_running == 0 and g.queued == 5               # resting (~5 x 50 ms)
+    clean = await login(g, "10.0.0.2", "right-1", answers)       # another address: at once
+    assert g.logins_running == 1
+    held.release(10)
+    assert await clean == ""
+    await until(lambda: len(answers) == 8)                       # the rest ends
+    assert held.started.index("right-1") == 2
+    g.close()

@@ -31,13 +31,6 @@ async def read_until_closed(reader, timeout=5.0):
     return data
 
 
-def close_code(data):
-    """The code of the close frame at the end of what a server sent (unmasked frames)."""
-    at = data.rfind(b"\x88")
-    assert at >= 0, "no close frame"
-    return int.from_bytes(data[at + 2:at + 4], "big")
-
-
 async def test_a_ping_flood_before_login_closes_that_connection(node, healthy):  # noqa: F811
     before = stats(node)["io"].get("closed_for_control_frames", 0)
     reader, writer = await handshake(node.url)

@@ -100,9 +100,10 @@ export class Client {
 
   async _open () {
     // Nodes still starting (joining the cluster) answer HTTP 503 ("starting"), nodes with
-    // too many connections logging in 503 or 429: wait for them within openTimeout, trying
-    // every URL again. Node.js (ws) tells the status; browsers
-    // do not, so there a starting node fails connect as a refused one does.
+    // too many connections 503 or 429: wait for them within openTimeout, trying every URL
+    // again. Node.js (ws) tells the status but not the body (so a draining node's 503 is
+    // waited out too); browsers tell neither, so there such a node fails connect as a
+    // refused one does.
     const giveUp = now() + this.openTimeout
     let wire = await this._connectAny(null)
     while (wire === null && this._startingSeen && !this.closed) {

@@ -47,6 +47,7 @@ from rpcbus.broker.history import SCAN_INTERVAL
 from rpcbus.broker.router import Router
 from rpcbus.broker.session import CUT_OFF_NOTICE, Session
 from rpcbus.broker.weights import WeightsError, WeightsFile
+from rpcbus.cluster.warnings import SparseWarnings
 from rpcbus.protocol import DRAIN_PING, ERROR, PING
 
 log = structlog.get_logger(module="rpcbus.node")
@@ -93,7 +94,7 @@ class Node:
         self.gate = Gate(config)
         self.sessions: set[Session] = set()
         self.stats: Counter[str] = Counter()
-        self._warned: dict[str, list[float]] = {}   # warn_sparingly: event -> [at, held]
+        self.warnings = SparseWarnings(log)   # what a flood repeats: once a second at most
         self.ready = False
         self.failed: str | None = None   # why the node stopped by itself (exit code 1)
         self.draining = False
@@ -388,18 +389,6 @@ class Node:
         finally:
             self.sessions.discard(session)
             self.notice_heard(session)
-
-    def warn_sparingly(self, event: str, **fields: Any) -> None:
-        """A warning a flood repeats (one per refused connection, ...): logged at most once
-        a second per event, with how many were held back since the last one (``held``);
-        the counters in /stats count them all."""
-        now = time.monotonic()
-        entry = self._warned.setdefault(event, [-1.0, 0])
-        if now - entry[0] < 1.0:
-            entry[1] += 1
-            return
-        log.warning(event, held=entry[1], **fields)
-        entry[0], entry[1] = now, 0
 
     def new_session_id(self) -> str:
         self._session_seq += 1

@@ -139,7 +139,7 @@ class Session(FrameIO, ServerConnection):
     def _refuse_handshake(self, status: int, text: str) -> None:
         """Answer the HTTP upgrade request with ``status`` and close, before websockets has
         read it."""
-        self.node.warn_sparingly("connection_refused", address=self.address, status=status,
+        self.node.warnings.warn("connection_refused", address=self.address, status=status,
                                  reason=text)
         body = text.encode() + b"\n"
         self.transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\n"
@@ -170,7 +170,7 @@ class Session(FrameIO, ServerConnection):
         self._bytes_before_auth += n
         if self._bytes_before_auth > limits.max_bytes_before_auth:
             self.node.stats["closed_before_auth"] += 1
-            self.node.warn_sparingly("closing_before_auth", session=self.sid,
+            self.node.warnings.warn("closing_before_auth", session=self.sid,
                                      address=self.address, received=self._bytes_before_auth)
             self.fail_now(CloseCode.POLICY_VIOLATION, "too much data before AUTH")
             return False
@@ -188,7 +188,7 @@ class Session(FrameIO, ServerConnection):
             return True
         if not self.transport.is_closing():
             self.node.stats["closed_for_control_frames"] += 1
-            self.node.warn_sparingly("closing_control_flood", session=self.sid,
+            self.node.warnings.warn("closing_control_flood", session=self.sid,
                                      address=self.address, frames=self._control_frames)
             self.fail_now(CloseCode.POLICY_VIOLATION, "too many ping or pong frames")
         return False

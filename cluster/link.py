@@ -47,6 +47,7 @@ from rpcbus.cluster.providers import ProviderCache
 from rpcbus.cluster.routing import Routing
 from rpcbus.cluster.seal import Sealer
 from rpcbus.cluster.settings import ClusterSection
+from rpcbus.cluster.warnings import SparseWarnings
 
 log = structlog.get_logger(module="rpcbus.cluster")
 
@@ -94,7 +95,7 @@ class ClusterLink:
                       "checks_refused": 0, "cache_lookups": 0, "cache_misses": 0,
                       "nodes_restarted": 0, "misaddressed": 0, "old_incarnation": 0,
                       "unsettled": 0, "announces": 0, "query_retries": 0}
-        self._warned: dict[str, tuple[float, int]] = {}
+        self._warnings = SparseWarnings(log)   # per-call warnings, once a second at most
         self._next_beat = 0.0
         # sent_at of the latest of this process's own batches heard back: up to then, the
         # bus delivered to this node everything Redis had taken from anyone
@@ -164,19 +165,8 @@ class ClusterLink:
 
     def silent(self, name: str, node: Any) -> None:
         self.stats["silent_attempts"] += 1
-        self._warn_some("node_silent", node=node.name, rpc=name)
+        self._warnings.warn("node_silent", node=node.name, rpc=name)
         self.cache.forget_node_for(name, node.name)
-
-    def _warn_some(self, event: str, **fields: Any) -> None:
-        """A per-call warning, logged at most once a second per event with the number held
-        back since (the counters in /stats have them all)."""
-        now = time.monotonic()
-        last, held = self._warned.get(event, (-1.0, 0))
-        if now - last >= 1.0:
-            log.warning(event, held_back=held, **fields)
-            self._warned[event] = (now, 0)
-        else:
-            self._warned[event] = (last, held + 1)
 
     # -- life ----------------------------------------------------------------------------
 
@@ -302,7 +292,7 @@ class ClusterLink:
                     self._echo_at = batch.sent_at
                 self._probing = False       # heard ourselves: a new CHECK may probe again
             else:
-                self._warn_some("duplicate_node_name", node=sender,
+                self._warnings.warn("duplicate_node_name", node=sender,
                                 hint="two processes run under this node name: give each "
                                      "node its own --name")
             return
@@ -386,7 +376,7 @@ class ClusterLink:
         key = (node.incarnation, attempt)
         if age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0 or key in self.refused:
             self.stats["stale_invokes"] += 1
-            self._warn_some("stale_invoke_dropped", origin=node.name, rpc=msg[2],
+            self._warnings.warn("stale_invoke_dropped", origin=node.name, rpc=msg[2],
                             call_id=attempt, age_ms=int(age * 1000))
             return
         msg[4] = now + left_ms / 1000 - age   # from here on: the call's deadline
@@ -465,7 +455,7 @@ class ClusterLink:
         self._skewed[sender] = (now, offset_s)
         if last is not None and now - last[0] < 1.0:
             return
-        self._warn_some("clock_skew", node=sender, offset_s=round(offset_s, 3),
+        self._warnings.warn("clock_skew", node=sender, offset_s=round(offset_s, 3),
                         max_skew_s=self.config.max_skew,
                         hint="its batches are refused; keep the nodes' clocks in sync (NTP)")
         for rpc in self.cache.node_gone(sender, now):

@@ -105,7 +105,7 @@ class RemoteCaller:
             # Refuse it unrun; an origin still waiting moves it now.
             del link.invoked[key]
             link.stats["stale_invokes"] += 1
-            link._warn_some("late_ack_invoke_refused", origin=self.origin, rpc=msg[2],
+            link._warnings.warn("late_ack_invoke_refused", origin=self.origin, rpc=msg[2],
                             call_id=self.id)
             self.node.publish([m.REJECT, self.id])
             return

@@ -29,6 +29,9 @@ from typing import Any, Mapping
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1   # ~50 ms on one core here: OWASP's floor
 _DUMMY_HASH: str | None = None                # verified against for unknown users
 
+#: the reason broker/gate.py gives for a login it could not check now (try again)
+BUSY = "busy"
+
 
 class AuthConfigError(ValueError):
     """A user or role in the config that cannot be used; the text names it."""

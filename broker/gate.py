@@ -52,7 +52,7 @@ from typing import Any, Callable
 import structlog
 from cachetools import TTLCache
 
-from rpcbus.broker.auth import User, Users, verify_password
+from rpcbus.broker.auth import BUSY, User, Users, verify_password
 from rpcbus.broker.config import Config
 from rpcbus.broker.limits import WindowLimiter
 
@@ -66,7 +66,6 @@ PRESSURE_HALF_LIFE = 10.0     # to this many times as long as it took (see _chec
                               # would lock out users behind the same address as a flood
 MAX_QUEUED_LOGINS = 256       # at ~50 ms a check, 6-13 s of work: about auth_timeout
 MAX_QUEUED_PER_ADDRESS = 64
-BUSY = "busy"                 # the reason ``login`` gives when it cannot check now
 LOGIN_CACHE_TTL = 300.0
 MAX_SECRET = 1024   # longest user name, password or token looked at
 

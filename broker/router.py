@@ -60,7 +60,6 @@ run on two nodes.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, cast
 
@@ -236,7 +235,7 @@ class Router:
                  rand: Callable[[], float] = random.random,
                  cluster: ClusterView | None = None, prefer_local: bool = False,
                  affinity: int = 1,
-                 clock: Callable[[], float] | None = time.perf_counter) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.ack_timeout = ack_timeout
         self.response_timeout = response_timeout
         self.max_timeout = max_timeout
@@ -353,12 +352,15 @@ class Router:
                     self.count_changed(name, self.advertised(name))
             peer.provides.discard(name)
 
-    def drop_peer(self, peer: Peer, now: float) -> None:
+    def drop_peer(self, peer: Peer, now: float, silent: bool = False) -> None:
         """``peer`` is gone. Attempts it accepted — or, a node, acknowledged: it starts an
         INVOKE only once Redis has taken its ACK, which then reaches this node long before
         the node could be declared dead — fail now with PROVIDER_GONE (they may have run;
         re-routing them could run them twice). Its other attempts never started there and
-        go elsewhere at once.
+        go elsewhere at once — except at a node only ``silent`` (declared dead for its
+        silence, not known to be gone): it may be paused, and when it resumes it still
+        starts an INVOKE younger than half the ack timeout, so those attempts wait for
+        their ack deadline (by then the node refuses them as stale) and move then.
 
         Calls it made as a caller are cancelled, as by its CANCEL: their providers (here
         or on the nodes they went to) get CANCEL, so nobody works for a caller that left.
@@ -374,6 +376,8 @@ class Router:
         if self.history is not None and not peer.is_node:
             self.history.forget(peer)
         for call in [c for c in self._calls.values() if c.provider is peer]:
+            if silent and not (call.accepted or call.acked):
+                continue  # its ack deadline moves it (the node may only be paused)
             self._end_attempt(call)
             if call.hrow is not None:
                 self._history_end(call, Outcome.ERRORS)  # errors: the provider left
@@ -608,10 +612,13 @@ class Router:
                 due = now + self.ack_timeout
                 self._deadlines.add(attempt, due if due < call.deadline else call.deadline)
                 continue
-            elif (call.provider.is_node and not call.provider.closed and self.cluster is not None
-                  and not self.cluster.settled(call.provider, call.checked)):
-                # Silent, but this node cannot show it would have heard an ACK: moving
-                # the call could run it twice. Its outcome is unknown here.
+            elif (call.provider.is_node and self.cluster is not None
+                  and not self.cluster.settled(call.provider,
+                                               call.checked or now - self.ack_timeout / 2)):
+                # Silent (or declared dead: not asked), but this node cannot show it
+                # would have heard an ACK — one sent until the node would refuse the
+                # INVOKE as stale, half an ack timeout after it: moving the call could
+                # run it twice. Its outcome is unknown here.
                 self.stats.cluster_unavailable += 1
                 msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
                        f"cannot tell whether node {call.provider.label} started the call: "

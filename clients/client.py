@@ -62,8 +62,6 @@ from rpcbus.backoff import Backoff
 from rpcbus.deadlines import Deadlines
 from rpcbus.handlers import CallContext, Handler, awaited, describe, failure, outcome
 from rpcbus.protocol import (
-    ACCEPT,
-    ACCEPT_UPTO,
     AUTH,
     AUTH_FAIL,
     AUTH_OK,
@@ -74,13 +72,13 @@ from rpcbus.protocol import (
     PONG,
     PROTOCOL_VERSION,
     PROVIDE,
-    REJECT,
     REQUEST,
     RESPONSE,
     UNPROVIDE,
     decode_each,
     valid_name,
 )
+from rpcbus.provider import Serving
 from rpcbus.transport import FrameData, FrameIO
 
 __all__ = ["CallContext", "Client", "connect"]
@@ -107,40 +105,10 @@ class _Wire(FrameIO, ClientConnection):
     auth: asyncio.Future[dict[str, Any]]
     session: dict[str, Any]                # the node's AUTH_OK
     draining = False                       # its node is shutting down: no new calls here
-    accept_upto = False                    # its node takes ACCEPT_UPTO (AUTH_OK says)
-    # Staleness of REQUESTs: the node moves an attempt on after its ack timeout, so one
-    # taken later than that (this process was stalled or starved) may run elsewhere too.
-    # The least (taken - sent) seen in the last SKEW_WINDOW stands for the clocks' offset
-    # plus the least delay; a REQUEST taken more than half the ack timeout after that is
-    # refused unrun (REJECT). This underestimates an age, never overestimates it, so a
-    # fresh REQUEST is never refused, and it follows clock drift window by window. Each
-    # REQUEST is judged when it is taken (its ACCEPT queued), not when its frame was read.
-    stale_after_ms = 500.0
-    _skew: float | None = None
-    _skew_next: float | None = None
-    _skew_until = 0.0
-    SKEW_WINDOW = 30.0
+    serving: Serving                       # its provider side (clients/provider.py)
 
     def frame_received(self, data: FrameData) -> None:
         self.owner._on_frame(self, data)
-
-    def stale(self, sent_ms: Any) -> bool:
-        """True for a REQUEST (stamped ``sent_ms`` by the node) taken too late to run."""
-        if type(sent_ms) is not int:
-            return False
-        now_ms = self.loop.time() * 1000
-        seen = now_ms - sent_ms
-        if now_ms >= self._skew_until:  # a new window: keep the last one's minimum
-            if self._skew_next is not None:
-                self._skew = self._skew_next
-            self._skew_next = None
-            self._skew_until = now_ms + self.SKEW_WINDOW * 1000
-        if self._skew_next is None or seen < self._skew_next:
-            self._skew_next = seen
-        skew = self._skew
-        if skew is None or seen < skew:
-            self._skew = skew = seen
-        return seen - skew > self.stale_after_ms
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -197,9 +165,7 @@ class Client:
         self._until: dict[int, float] = {}     # calls in _resend: their deadline (loop time)
         self._queued: list[int] = []           # calls waiting for a connection
         self._handlers: dict[str, _Entry] = {}
-        self._running: dict[tuple[_Wire, int], asyncio.Task[Any]] = {}
-        # calls ACCEPTed in the frame being read: their handlers start once it is written
-        self._starting: list[tuple[_Wire, int, str, _Entry, tuple[Any, ...]]] = []
+        self._wires: set[_Wire] = set()        # open connections (new calls use _wire)
         self._handler_threads = handler_threads
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -290,6 +256,7 @@ class Client:
                 assert isinstance(connection, _Wire)  # create_connection made it
                 wire = connection
                 wire.owner, wire.url = self, url
+                wire.serving = Serving(wire.send, self._handlers.get)
                 params: dict[str, Any] = {"protocol": PROTOCOL_VERSION, **self._credentials}
                 if self.name:
                     params["name"] = self.name
@@ -302,8 +269,9 @@ class Client:
                         break
                     except errors.BusyError:
                         await asyncio.sleep(busy.next())
-                wire.stale_after_ms = wire.session.get("ack_timeout_ms", 1000) / 2
-                wire.accept_upto = wire.session.get("accept_upto") is True
+                wire.serving.freshness.stale_after_ms = wire.session.get(
+                    "ack_timeout_ms", 1000) / 2
+                wire.serving.accept_upto = wire.session.get("accept_upto") is True
                 max_frame = wire.session.get("max_frame")
                 if type(max_frame) is int and max_frame > 0:  # never send more than that
                     wire.max_out_frame = max_frame
@@ -320,6 +288,7 @@ class Client:
     def _use(self, wire: _Wire) -> None:
         """Make ``wire`` the connection for new calls; send what waited for one."""
         self._wire = wire
+        self._wires.add(wire)
         self.session = wire.session
         self._default_timeout = self.session.get("response_timeout_ms", 10000) / 1000
         if self._handlers:  # provide again everything provided before
@@ -399,7 +368,8 @@ class Client:
                 await self._control(UNPROVIDE, names)
             except errors.RpcError:
                 pass  # the connection is gone: nothing is routed here any more
-        running = [task for task in self._running.values() if not task.done()]
+        running = [task for wire in self._wires for task in wire.serving.running.values()
+                   if not task.done()]
         if running:
             await asyncio.wait(running, timeout=timeout)
         await self.close()
@@ -531,30 +501,25 @@ class Client:
                 self._on_message(wire, msg)
             except Exception:  # a malformed message from the node must not kill the client
                 log.exception("bad_message_from_node url=%s kind=%s", wire.url, msg[0])
-        if self._starting:
+        if wire.serving.starting:
             # The calls' ACCEPTs go to the socket first: no handler code has run yet, so
             # however long one holds this loop, the node knows every call here started.
-            starting, self._starting = self._starting, []
-            if wire.accept_upto:  # one message for them all (REJECTs went before it)
-                wire.send([ACCEPT_UPTO, max(start[1] for start in starting)])
+            starting = wire.serving.take_starting()
             wire.flush()
-            for start in starting:
-                self._start(*start)
+            for attempt, name, entry, request in starting:
+                self._start(wire, attempt, name, entry, request)
 
     def _on_message(self, wire: _Wire, msg: list[Any]) -> None:
         kind = msg[0]
         if kind == RESPONSE or kind == OK:
             self._settle(msg[1], msg[2] if kind == RESPONSE else None, None)
-        elif kind == REQUEST:
-            if len(msg) > 6 and wire.stale(msg[6]):
-                wire.send([REJECT, msg[1]])  # the node has moved it on (or is about to)
+        elif kind == REQUEST:  # taken (started at the frame's end) or refused unrun
+            if not wire.serving.request(msg, wire.loop.time(),
+                                        not self._closed and wire.protocol.state is OPEN):
                 self.stale_requests += 1
                 if self.stale_requests & (self.stale_requests - 1) == 0:  # 1, 2, 4, 8, ...
                     log.warning("stale_requests_refused url=%s total=%d", wire.url,
                                 self.stale_requests)
-                return
-            self._take(wire, msg[1], msg[2], msg[3], msg[4], msg[5],
-                       msg[7] if len(msg) > 7 else None, msg[8] if len(msg) > 8 else None)
         elif kind == ERROR:
             ref, code, message = msg[1], msg[2], msg[3]
             if ref is None and code == errors.CLUSTER_UNAVAILABLE:
@@ -573,7 +538,7 @@ class Client:
             else:
                 self._settle(ref, None, errors.error_from_code(code, message))
         elif kind == CANCEL:
-            task = self._running.pop((wire, msg[1]), None)
+            task = wire.serving.cancel(msg[1])
             if task is not None:
                 task.cancel()
         elif kind == PING:
@@ -600,27 +565,16 @@ class Client:
 
     # -- serving -------------------------------------------------------------------------
 
-    def _take(self, wire: _Wire, attempt: int, name: str, data: Any, time_left_ms: int,
-              caller: str, traceparent: str | None = None, user: str | None = None) -> None:
-        """Take a REQUEST: ACCEPT it (its handler starts once the frame is read and the
-        ACCEPTs written), or REJECT it unrun when the name is no longer provided here."""
-        entry = self._handlers.get(name)
-        if entry is None or self._closed or wire.protocol.state is not OPEN:
-            # unprovided a moment ago, or closing; or this connection closes (one it moved
-            # off): no ACCEPT could reach the node, which moves the call on, so not run
-            wire.send([REJECT, attempt])
-            return
-        if not wire.accept_upto:  # a node that takes only one ACCEPT per call
-            wire.send([ACCEPT, attempt])
-        args = (data, CallContext(name, attempt, caller, time_left_ms / 1000, traceparent,
-                                  user)) if entry[2] else (data,)
-        self._starting.append((wire, attempt, name, entry, args))
-
-    def _start(self, wire: _Wire, attempt: int, name: str,
-               entry: _Entry, args: tuple[Any, ...]) -> None:
+    def _start(self, wire: _Wire, attempt: int, name: str, entry: _Entry,
+               request: list[Any]) -> None:
         """Run an accepted call's handler: a coroutine function as a Task, a plain function
         in a worker thread; its outcome is sent when it ends (``_task_done``)."""
-        handler, is_async, _ = entry
+        handler, is_async, wants_context = entry
+        data = request[3]
+        args = (data, CallContext(name, attempt, request[5], request[4] / 1000,
+                                  request[7] if len(request) > 7 else None,
+                                  request[8] if len(request) > 8 else None)
+                ) if wants_context else (data,)
         if is_async:
             try:
                 work = handler(*args)  # a coroutine function: none of its code runs here
@@ -629,11 +583,10 @@ class Client:
                 return
         else:
             work = self._in_thread(handler, args)
-        key = (wire, attempt)
         # a coroutine is its own task: one cancelled before it starts then ends there
         task = wire.loop.create_task(work if inspect.iscoroutine(work) else awaited(work))
-        self._running[key] = task
-        task.add_done_callback(functools.partial(self._task_done, key, name))
+        wire.serving.started(attempt, task)
+        task.add_done_callback(functools.partial(self._task_done, wire, attempt, name))
 
     async def _in_thread(self, handler: Handler, args: tuple[Any, ...]) -> Any:
         """``handler(*args)`` in one of the client's worker threads (an awaitable it
@@ -647,11 +600,10 @@ class Client:
             result = await result
         return result
 
-    def _task_done(self, key: tuple[_Wire, int], name: str, task: asyncio.Task[Any]) -> None:
-        if self._running.pop(key, None) is None:
-            return  # cancelled by the node, or the connection is gone
-        wire, attempt = key
-        wire.send(outcome(attempt, task, name))
+    def _task_done(self, wire: _Wire, attempt: int, name: str,
+                   task: asyncio.Task[Any]) -> None:
+        if wire.serving.finished(attempt):  # not cancelled by the node, connection not gone
+            wire.send(outcome(attempt, task, name))
 
     def _unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
         kind = msg[0]
@@ -740,7 +692,7 @@ class Client:
         while not self._closed:
             under_way = [self._pending[c] for c, w in self._where.items()
                          if w is wire and c in self._pending]
-            under_way += [task for key, task in self._running.items() if key[0] is wire]
+            under_way += list(wire.serving.running.values())
             if not under_way:
                 break
             await asyncio.wait(under_way)
@@ -749,8 +701,9 @@ class Client:
     def _on_lost(self, wire: _Wire, exc: BaseException | None) -> None:
         lost = errors.ConnectionLostError(
             None, f"connection to {wire.url} lost" + (f": {exc}" if exc else ""))
-        for key in [k for k in self._running if k[0] is wire]:
-            self._running.pop(key).cancel()     # its answer has nowhere to go
+        self._wires.discard(wire)
+        for task in wire.serving.lost():
+            task.cancel()                       # its answer has nowhere to go
         for cid in [c for c, w in self._where.items() if w is wire]:
             del self._where[cid]
             if cid in self._resend and self._reconnect and not self._closed:
@@ -801,9 +754,9 @@ class Client:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(exc)
-        running, self._running = self._running, {}
-        for task in running.values():
-            task.cancel()
+        for wire in self._wires:
+            for task in wire.serving.lost():
+                task.cancel()
 
 
 class _Connector:

@@ -30,7 +30,7 @@ the bus reports ``on_down``, drops what it had queued (counted in ``dropped``),
 waits with ``Backoff`` and connects again, then reports ``on_up`` so the owner
 can announce itself again. A message published with ``hold_until`` (an answer
 to another node's call) is kept while the bus is down and sent after the
-reconnect if that time has not passed (at most ``MAX_HELD``; more are dropped
+reconnect if that time has not passed (cluster/outbox.py: at most ``MAX_HELD``; more are dropped
 and counted). A message msgpack cannot pack is dropped alone (counted in
 ``unencodable``, logged, handed to ``on_unencodable`` so its sender hears why),
 never the round. Cancelling ``run()`` stops the bus
@@ -43,14 +43,22 @@ import asyncio
 import time
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import structlog
 from redis.exceptions import RedisError
 
 from rpcbus.backoff import Backoff
 from rpcbus.cluster import resp
-from rpcbus.cluster.messages import BadBatch, Batch, decode_batch, encode_batch
+from rpcbus.cluster.messages import (
+    BadBatch,
+    Batch,
+    control_topic,
+    decode_batch,
+    encode_batch,
+    node_topic,
+)
+from rpcbus.cluster.outbox import Outbox, Round
 from rpcbus.cluster.redisconn import is_cluster
 from rpcbus.cluster.resp import RespConnection
 from rpcbus.cluster.seal import ReplayGuard, Sealer, SealError, SkewError
@@ -65,7 +73,6 @@ log = structlog.get_logger(module="rpcbus.bus")
 ROUNDS_IN_FLIGHT = 1
 ROUND_TIMEOUT = 2.0  # a PUBLISH round Redis has not answered by then ends the session
 WARN_EVERY = 10.0
-MAX_HELD = 100_000  # answers kept while the bus is down, for the reconnect
 
 
 class Bus:
@@ -79,14 +86,13 @@ class Bus:
         self.url = url
         self.me = me
         self.incarnation = incarnation
-        self.control = f"{namespace}:ctrl"
+        self.control = control_topic(namespace)
         self.private = self.topic_of(me, namespace)
         self.namespace = namespace
         self.up = False
         self.stats = {"batches_out": 0, "messages_out": 0, "batches_in": 0,
                       "messages_in": 0, "bad_batches": 0, "bad_messages": 0, "dropped": 0,
-                      "reconnects": 0, "rejected": 0, "unencodable": 0, "held": 0,
-                      "held_sent": 0}
+                      "reconnects": 0, "rejected": 0, "unencodable": 0}
         self.rejected: dict[str, int] = {}  # by reason: unsealed, bad_seal, unknown_key, ...
         self._sealer = sealer
         self._tls_ca = tls_ca  # rediss://: verify Redis' certificate against it (else the system's)
@@ -96,82 +102,26 @@ class Bus:
         self._on_skew = on_skew      # (sender, its clock minus ours in s): a batch refused
         self._on_unencodable = on_unencodable  # (topic, to, msg): left out of its batch
         self._backoff = backoff or Backoff()
-        self._out: dict[str, list[list[Any]]] = {}
-        self._to: dict[str, int] = {}   # topic -> the incarnation its queue is for
-        self._held: list[tuple[str, int, list[Any], float]] = []  # kept while down
-        self._holds: list[tuple[str, int, list[Any], float]] = []  # those queued in _out
-        self._then: list[Callable[[], None]] = []  # run after this round is in Redis
+        # what is queued, round by round (dropped/held counts are the outbox's stats)
+        self.outbox = Outbox(time.monotonic, self._queued)
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # set while nothing is queued or being written
         self._idle.set()
         self._session: asyncio.Task[None] | None = None
         self._seeds = Seeds(url) if is_cluster(url) else None  # kept between sessions
 
-    @staticmethod
-    def topic_of(node: str, namespace: str) -> str:
-        return f"{namespace}:node:{node}"
+    topic_of = staticmethod(node_topic)
 
     def publish(self, topic: str, msg: list[Any], then: Callable[[], None] | None = None,
                 to: int = 0, hold_until: float = 0.0) -> None:
-        """Queue ``msg`` for ``topic`` (for incarnation ``to`` of its node; 0 on the control
-        topic); it leaves with this tick's batch. Dropped while down, unless
-        ``hold_until`` (monotonic) is later than now: then kept for the reconnect.
+        """Queue ``msg`` for ``topic`` (cluster/outbox.py ``Outbox.publish``: addressing,
+        ``then`` once Redis has it, ``hold_until`` across resets). The link's peers call
+        the outbox's own method, which this one is."""
+        self.outbox.publish(topic, msg, then, to, hold_until)
 
-        ``then`` runs once Redis has taken the batch (never, if the round fails).
-        """
-        if not self.up:
-            if hold_until:
-                self._hold((topic, to, msg, hold_until))
-            else:
-                self.stats["dropped"] += 1
-            return
-        if hold_until:  # kept with its round until Redis has it (a failed round is resent)
-            self._holds.append((topic, to, msg, hold_until))
-        box = self._out.get(topic)
-        if box is not None and self._to[topic] != to:
-            if to < self._to[topic]:  # for a process that has been replaced
-                self.stats["dropped"] += 1
-                return
-            self.stats["dropped"] += len(box)  # the old process's messages: it is gone
-            box.clear()
-        if then is not None:
-            self._then.append(then)
-        if box is None:
-            self._out[topic] = [msg]
-            self._to[topic] = to
-            self._wake.set()
-            self._idle.clear()
-        else:
-            self._to[topic] = to
-            box.append(msg)
-
-    def _hold(self, *entries: tuple[str, int, list[Any], float]) -> None:
-        """Keep answers of a round that did not reach Redis: for the reconnect, or queued
-        again at once when a new session is already up."""
-        if self.up:
-            self._requeue(entries)
-            return
-        for entry in entries:
-            if len(self._held) < MAX_HELD:
-                self._held.append(entry)
-                self.stats["held"] += 1
-            else:
-                self.stats["dropped"] += 1
-
-    def _send_held(self) -> None:
-        """After a reconnect: queue the answers kept while down whose time has not passed."""
-        held, self._held = self._held, []
-        self._requeue(held)
-
-    def _requeue(self, entries: Iterable[tuple[str, int, list[Any], float]]) -> None:
-        """Queue held answers again (held again if this round fails too); drop the late."""
-        now = time.monotonic()
-        for topic, to, msg, until in entries:
-            if until > now:
-                self.stats["held_sent"] += 1
-                self.publish(topic, msg, to=to, hold_until=until)
-            else:
-                self.stats["dropped"] += 1
+    def _queued(self) -> None:
+        self._wake.set()
+        self._idle.clear()
 
     async def flushed(self, timeout: float) -> bool:
         """Wait until everything queued has been written (False after ``timeout`` or if down)."""
@@ -210,13 +160,7 @@ class Bus:
                 reason = f"{type(exc).__name__}: {exc}"
             if self.up:
                 self.up = False
-                self.stats["dropped"] += sum(len(v) for v in self._out.values()) - len(
-                    self._holds)
-                self._hold(*self._holds)
-                self._holds = []
-                self._out.clear()
-                self._to.clear()
-                self._then.clear()
+                self.outbox.went_down()
                 self._idle.set()
                 self._on_down(reason)
             delay = self._backoff.next()
@@ -231,11 +175,12 @@ class Bus:
             links = await open_links(self.url, [self.control, self.private], self._deliver,
                                      self._tls_ca, self._seeds)
             self.up = True
+            self.outbox.up = True
             self._backoff.reset()
             log.info("bus_up", url=_safe(self.url), control=self.control, private=self.private,
                      where=_safe(links.where))
             self._on_up()
-            self._send_held()
+            self.outbox.came_up()
             writer = asyncio.create_task(self._write(links))
             ends: list[asyncio.Future[Any]] = [writer, *(c.closed for c in links.all)]
             done, _ = await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
@@ -257,20 +202,19 @@ class Bus:
         gathers: batches grow with load, with no timer). A round Redis does not answer
         within ``ROUND_TIMEOUT`` ends the session; a round is answered once every Redis it
         went to answered."""
-        rounds: deque[list[Any]] = deque()  # the holds of each round not yet answered
+        rounds: deque[Round] = deque()  # rounds not yet answered
         route = links.route
         free = asyncio.Event()  # set while fewer than ROUNDS_IN_FLIGHT rounds are out
         free.set()
 
-        def answered(error: BaseException | None, then: list[Callable[[], None]]) -> None:
-            holds = rounds.popleft()  # Redis answers in order
+        def answered(error: BaseException | None) -> None:
+            taken = rounds.popleft()  # Redis answers in order
             if error is not None:  # the session is ending: keep its answers for the next
-                self._hold(*holds)
+                self.outbox.failed(taken)
                 return
-            for callback in then:
-                callback()
+            self.outbox.answered(taken)
             free.set()
-            if not rounds and not self._out:
+            if not rounds and not self.outbox.queued:
                 self._idle.set()
 
         def each_answered(left: list[Any], error: BaseException | None) -> None:
@@ -280,7 +224,7 @@ class Bus:
                 return
             left[0] = 0 if error is not None else left[0] - 1
             if left[0] == 0:
-                answered(error, left[1])
+                answered(error)
 
         while True:
             await self._wake.wait()
@@ -295,10 +239,8 @@ class Bus:
             for conn in links.publishing:
                 await conn.writable()
             self._wake.clear()
-            out, self._out = self._out, {}
-            to, self._to = self._to, {}
-            then, self._then = self._then, []
-            holds, self._holds = self._holds, []
+            taken = self.outbox.take_round()
+            out, to = taken.out, taken.to
             sent_at = time.monotonic()
             sealer = self._sealer
             parts: dict[RespConnection, list[bytes]] = {}
@@ -314,13 +256,12 @@ class Bus:
                                          else sealer.seal(topic, batch)))
                 self.stats["messages_out"] += len(msgs)
             if not parts:  # nothing (or nothing encodable) to send
-                for callback in then:
-                    callback()
-                if not rounds and not self._out:
+                self.outbox.answered(taken)
+                if not rounds and not self.outbox.queued:
                     self._idle.set()
                 continue
-            rounds.append(holds)
-            left = [len(parts), then]
+            rounds.append(taken)
+            left = [len(parts)]
             for conn, mine in parts.items():
                 self.stats["batches_out"] += len(mine)
                 conn.send(b"".join(mine), len(mine), partial(each_answered, left))

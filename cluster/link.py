@@ -1,544 +1,109 @@
-"""A node's place in the cluster: the bus, membership and provider cache around its router.
+"""A node's place in the cluster: the Redis bus feeding the cluster core (the shell).
 
-``ClusterLink`` is the router's ``ClusterView`` and turns cluster messages into
-router events and router messages into cluster messages:
-
-its peers for other nodes are in cluster/peers.py (``RemoteNode``: a
-provider elsewhere; ``RemoteCaller``: one INVOKE from elsewhere).
-
-An INVOKE is only started if it is fresh, and only once Redis has taken its
-ACK (so a node stopped or cut off in between never runs a call its origin
-will send elsewhere): one
-that waited on the way (a paused node or Redis) longer than half its ack
-window is dropped unacknowledged, because its origin has given it up (or
-will before an ACK could reach it) and may have sent the call elsewhere.
-Its age comes from membership's per-sender clock offsets, not wall clocks.
-
-Incarnations: every process has its own (cluster/messages.py). A batch from a
-node name under a newer incarnation means that node restarted: the old
-process's acknowledged attempts fail at once (PROVIDER_GONE), the others move
-on, its cache entries go, and the calls it had invoked here are cancelled
-(nobody is left to answer). Batches addressed to another incarnation of this
-node, or sent by an older one of a live peer, are dropped and counted.
-
-Hearing: this node moves an attempt away from a silent node, or declares a peer
-dead, only while it can show that it hears the bus itself — its own batches
-come back (an ECHO published after the CHECK) and no batch of that peer was
-refused for its clock. A node that can publish but not hear would otherwise run
-calls twice: its INVOKEs run elsewhere while their ACKs never reach it. What it
-cannot settle fails with CLUSTER_UNAVAILABLE instead (docs/cluster.md).
+``ClusterLink`` runs the bus (cluster/bus.py) and hands what it hears to a
+``ClusterCore`` (cluster/core.py, the rules) with the loop's clock; the core's
+messages leave through the bus's outbox. Nothing here decides anything about
+a call. ``run()`` serves the bus until cancelled; cancelling it closes the bus's
+Redis connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
-from typing import Any
+from typing import Any, Callable
 
-import structlog
-
-from rpcbus import errors
 from rpcbus.cluster import messages as m
 from rpcbus.cluster.bus import Bus
+from rpcbus.cluster.core import ClusterCore
 from rpcbus.cluster.membership import Membership
-from rpcbus.cluster.peers import RecentIds, RemoteCaller, RemoteNode
-from rpcbus.cluster.providers import ProviderCache
 from rpcbus.cluster.routing import Routing
 from rpcbus.cluster.seal import Sealer
 from rpcbus.cluster.settings import ClusterSection
-from rpcbus.cluster.warnings import SparseWarnings
-
-log = structlog.get_logger(module="rpcbus.cluster")
 
 
 class ClusterLink:
-    """See the module docstring. ``run()`` serves the bus until cancelled."""
+    """See the module docstring; ``core`` is the router's view of the cluster."""
 
     def __init__(self, router: Routing, config: ClusterSection, me: str, url: str,
-                 info: Any) -> None:
-        self.router = router
-        self.config = config
-        self.me = me
-        self.url = url
-        self._info = info                     # () -> dict for the heartbeat
-        self.ack_ms = int(router.ack_timeout * 1000)
-        self.available = False
+                 info: Callable[[], Any]) -> None:
+        self.loop = asyncio.get_running_loop()
         self.up = asyncio.Event()             # set while the bus is connected
-        self.state = m.STARTING
-        self.started = time.time()
-        self.incarnation = m.new_incarnation()
-        self.membership = Membership(me, config.heartbeat_interval, config.heartbeat_misses)
-        self.cache = ProviderCache(config.provider_cache_ttl, config.negative_ttl,
-                                   config.query_timeout)
+        incarnation = m.new_incarnation()
         sealer = None
         if config.seal != "none":
             sealer = Sealer(config.seal, config.keys, config.key_id, config.max_skew)
-        self.bus = Bus(config.redis_url, config.namespace, me, self.incarnation,
+        time_now = self.loop.time
+        self.bus = Bus(config.redis_url, config.namespace, me, incarnation,
                        self._on_batch, self._on_up, self._on_down, sealer=sealer,
                        max_skew=config.max_skew, tls_ca=config.redis_tls_ca,
                        on_skew=self._on_skew, on_unencodable=self._unencodable)
-        self.nodes: dict[str, RemoteNode] = {}   # the latest incarnation heard of each name
-        # INVOKEs from other nodes, by (origin's incarnation, its attempt id)
-        self.invoked: dict[tuple[int, int], RemoteCaller] = {}
-        self.starting = 0  # INVOKEs acknowledged, waiting for Redis to take the ACK
-        # (origin, attempt) of INVOKEs this node acknowledged, and of those it told a CHECK
-        # it never started (a late INVOKE for one of those is dropped)
-        # kept until a CHECK could still come (it leaves the origin an ack timeout after
-        # the INVOKE): at most 2 x keep x INVOKEs/s entries, ~20 MB at 50k/s (ack 1 s)
-        keep = 1.5 * router.ack_timeout + 0.5
-        self.acked, self.refused = RecentIds(keep), RecentIds(keep)
-        self._terminating: set[str] = set()
-        self._held: dict[str, float] = {}  # names found nobody during a handover: when
-        self.stats = {"stale_invokes": 0, "nodes_dead": 0, "nodes_left": 0,
-                      "silent_attempts": 0,
-                      "checks_refused": 0, "cache_lookups": 0, "cache_misses": 0,
-                      "nodes_restarted": 0, "misaddressed": 0, "old_incarnation": 0,
-                      "unsettled": 0, "announces": 0, "query_retries": 0}
-        self._warnings = SparseWarnings(log)   # per-call warnings, once a second at most
-        self._next_beat = 0.0
-        # sent_at of the latest of this process's own batches heard back: up to then, the
-        # bus delivered to this node everything Redis had taken from anyone
-        self._echo_at = 0.0
-        self._probing = False             # an ECHO is queued and not back yet
-        self._skewed: dict[str, tuple[float, float]] = {}  # peer -> (when, offset s)
-        self._announce_after = 0.0
-        self._settled_at = 0.0          # until then membership may miss peers (just joined)
-        router.cluster = self
-        router.count_changed = self._count_changed
-        self.loop = asyncio.get_running_loop()
+        self.core = ClusterCore(router, config, me, url, info, outbox=self.bus.outbox,
+                                clock=time_now, stale=self.bus.stale,
+                                incarnation=incarnation, started=time.time())
 
-    # -- ClusterView ---------------------------------------------------------------------
+    # what the node reads
 
-    def targets(self, name: str, now: float, discover: bool) -> list[tuple[Any, int]] | None:
-        if not self.available:
-            return []
-        self.stats["cache_lookups"] += 1
-        entry = self.cache.entries.get(name)
-        if entry is None:
-            self.stats["cache_misses"] += 1
-            if not discover:
-                return []
-            publish, done = self.cache.begin_query(name, self.membership.live(), now,
-                                                   self._settled_at)
-            if publish:
-                self._query(name)
-            if not done:
-                return None
-            entry = self.cache.entries[name]
-        peers = entry.peers
-        if peers is None:
-            nodes = self.nodes
-            peers = entry.peers = [(nodes[n], c) for n, c in entry.targets if n in nodes]
-        if not peers and name in self.cache.moving and not self.router.providers_of(name):
-            return None  # its providers are moving off a stopping node: wait for them
-        return peers
+    @property
+    def available(self) -> bool:
+        return self.core.available
 
-    def knows(self, name: str) -> bool:
-        return name in self.cache.entries
+    @property
+    def starting(self) -> int:
+        return self.core.starting
 
-    def provided(self, name: str) -> bool:
-        entry = self.cache.entries.get(name)
-        return entry is not None and bool(entry.counts)
+    @property
+    def membership(self) -> Membership:
+        return self.core.membership
 
-    def _query(self, name: str) -> None:
-        """Publish RPC_QUERY for ``name``; its timeout runs from when Redis has it."""
-        self.bus.publish(self.bus.control, [m.RPC_QUERY, name],
-                         then=lambda: self.cache.published(name, self.loop.time()))
+    def joined(self, now: float) -> bool:
+        return self.core.joined(now)
 
-    def settled(self, node: Any, since: float) -> bool:
-        """Can this node trust that ``node`` did not acknowledge an attempt it was asked
-        about at ``since``? Only if it has heard back its own batch sent after that (so
-        an ACK taken by Redis meanwhile would have arrived) and refused none of that
-        node's batches for its clock (so none was thrown away unread)."""
-        if self._echo_at < since:
-            return False
-        skewed = self._skewed.get(node.name)
-        return skewed is None or skewed[0] < since - self.router.ack_timeout
+    def clock_problem(self, now: float) -> str | None:
+        return self.core.clock_problem(now)
 
-    def probe(self) -> None:
-        """Publish an ECHO to this node's own topic (once until it is back): it shows the
-        subscription still delivers (``settled``)."""
-        if not self._probing and self.available:
-            self._probing = True
-            self.bus.publish(self.bus.private, [m.ECHO], to=self.incarnation)
+    def snapshot(self) -> dict[str, Any]:
+        return {**self.core.snapshot(), "bus": {**self.bus.stats, **self.bus.outbox.stats},
+                "bus_rejected": dict(self.bus.rejected)}
 
-    def silent(self, name: str, node: Any) -> None:
-        self.stats["silent_attempts"] += 1
-        self._warnings.warn("node_silent", node=node.name, rpc=name)
-        self.cache.forget_node_for(name, node.name)
-
-    # -- life ----------------------------------------------------------------------------
+    # what the node does
 
     async def run(self) -> None:
         await self.bus.run()
 
     def set_state(self, state: str) -> None:
         """Announce ``ready`` or ``terminating`` now (and in every heartbeat after)."""
-        self.state = state
-        self._beat(self.loop.time())
-
-    def joined(self, now: float) -> bool:
-        """The bus works and a first round of heartbeats has been heard."""
-        return self.available and now >= self._settled_at
+        self.core.set_state(state, self.loop.time())
 
     async def wait_joined(self) -> None:
         """Until ``joined``: the bus is up and a first round of heartbeats was heard."""
-        while not self.joined(self.loop.time()):
-            if not self.available:
+        while not self.core.joined(self.loop.time()):
+            if not self.core.available:
                 await self.up.wait()
             else:
-                await asyncio.sleep(self._settled_at - self.loop.time())
+                await asyncio.sleep(self.core.joined_at() - self.loop.time())
 
     def stalled(self, now: float) -> None:
-        """This process was stopped or starved, not the bus or the peers: nothing could
-        be heard meanwhile. Give them a fresh chance before judging."""
-        self._echo_at = max(self._echo_at, now)
-        self.membership.grace(now)
-        self._announce(now)  # others may have declared this node dead meanwhile
+        self.core.stalled(now)
 
     def tick(self, now: float) -> None:
-        self.acked.tick(now)
-        self.refused.tick(now)
-        interval = self.config.heartbeat_interval
-        if now >= self._next_beat:
-            self._beat(now)
-            if self.available and now - self._echo_at > interval * self.config.heartbeat_misses:
-                self.bus.stale("this node's own heartbeats stopped coming back")
-            # A peer is dead only when silent while this node heard itself: silence a
-            # deaf node measures is its own fault (it suspects itself; the stale bus
-            # above fails what it cannot settle).
-            for name in self.membership.expire(min(now, self._echo_at + interval)):
-                self._node_dead(name, now)
-        finished, again = self.cache.expire(now, self.router.waiting)
-        for name in again:  # unknown, not "nobody": ask again while calls wait
-            self.stats["query_retries"] += 1
-            self._query(name)
-        for name in finished:
-            self._found(name, now)
+        self.core.tick(now)
 
-    def _found(self, name: str, now: float) -> None:
-        """Discovery of ``name`` ended: its waiting calls go on. Found nobody while a node
-        is stopping (a deploy): its providers may be on their way to another node, and
-        a stopping node answers 0, so the name waits for them as in a handover."""
-        entry = self.cache.entries.get(name)
-        wait = self.config.handover_wait
-        if (entry is not None and not entry.counts and name not in self.cache.moving
-                and now - self._held.get(name, -2 * wait) >= 2 * wait  # once per handover
-                and any(x.state == m.TERMINATING for x in self.membership.members.values())):
-            if len(self._held) >= 4096:
-                self._held.clear()
-            self._held[name] = now
-            self.cache.moving[name] = now + wait
-            return  # its calls keep waiting (targets), until a provider or the bound
-        self.router.resume(name, now)
-
-    def _beat(self, now: float) -> None:
-        self._next_beat = now + self.config.heartbeat_interval
-        self.bus.publish(self.bus.control, [m.STATE, self.state, self.url, self.started,
-                                            self._info()])
-
-    # -- bus events ----------------------------------------------------------------------
-
-    def _on_up(self) -> None:
-        now = self.loop.time()
-        self.available = True
-        self.up.set()
-        self._probing = False
-        self._echo_at = max(self._echo_at, now)
-        self.membership.grace(now)  # nothing could be heard while down: judge afresh
-        if not self.membership.members:  # a first join: hear a round of heartbeats first
-            self._settled_at = now + 1.5 * self.config.heartbeat_interval
-        self._beat(now)
-        self._announce_after = 0.0
-        self._announce(now)
-
-    def _announce(self, now: float) -> None:
-        """Publish this node's count of every name it provides (at most once in half a
-        heartbeat interval: several nodes asking at once get one announcement)."""
-        if now < self._announce_after or not self.available:
-            return
-        self._announce_after = now + self.config.heartbeat_interval / 2
-        self.stats["announces"] += 1
-        for name in self.router.provider_counts():
-            self.bus.publish(self.bus.control,
-                             [m.PROVIDER_UPDATE, name, self.router.advertised(name)])
-
-    def _on_down(self, reason: str) -> None:
-        now = self.loop.time()
-        self.available = False
-        self.up.clear()
-        # Unstarted INVOKEs never start; started ones keep their entry, so that their
-        # answers (held by the bus) and a CANCEL still find them after the reconnect.
-        for key in [k for k, c in self.invoked.items() if c.invoke is not None]:
-            del self.invoked[key]
-        self.starting = 0
-        log.warning("cluster_unavailable", reason=reason)
-        self.cache = ProviderCache(self.config.provider_cache_ttl, self.config.negative_ttl,
-                                   self.config.query_timeout)  # it can no longer be kept true
-        self.router.cluster_down(now)
-
-    def _count_changed(self, name: str, count: float) -> None:
-        self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, name, count])
-        if count > 0 and self.cache.moving.pop(name, None) is not None:
-            self.router.resume(name, self.loop.time())  # it moved here: its calls go on
+    # what the bus tells
 
     def _on_batch(self, batch: m.Batch) -> None:
-        now = self.loop.time()
-        sender = batch.sender
-        if sender == self.me:
-            if batch.incarnation == self.incarnation:
-                if batch.sent_at > self._echo_at:
-                    self._echo_at = batch.sent_at
-                self._probing = False       # heard ourselves: a new CHECK may probe again
-            else:
-                self._warnings.warn("duplicate_node_name", node=sender,
-                                hint="two processes run under this node name: give each "
-                                     "node its own --name")
-            return
-        if batch.to and batch.to != self.incarnation:
-            # meant for an earlier process under this node's name (a late answer, a
-            # replayed batch): nothing in it concerns this one
-            self.stats["misaddressed"] += 1
-            return
-        node = self._peer(sender, batch.incarnation, now)
-        if node is None:
-            return
-        age = self.membership.age(sender, batch.sent_at, now)
-        addressed = batch.to == self.incarnation  # call messages come only in these
-        taken: list[RemoteCaller] = []  # the batch's INVOKEs taken: one ACK for them all
-        respond = self.router.respond
-        for msg in batch.messages:
-            kind = msg[0]
-            if not addressed and m.INVOKE <= kind <= m.CHECK:
-                self.stats["misaddressed"] += 1
-                continue
-            try:
-                if kind == m.RESPONSE:  # the two kinds every call carries, first
-                    respond(node, msg[1], msg[2])
-                elif kind == m.INVOKE:
-                    self._invoke(node, msg, age, now, taken)
-                else:
-                    self._on_message(node, msg, batch.sent_at, now)
-            except Exception:  # a bug must cost one message, never the bus
-                log.exception("cluster_message_failed", sender=sender, kind=msg[0])
-        if taken:
-            node.publish([m.ACK, *[caller.id for caller in taken]],
-                         then=partial(_start_all, taken))
+        self.core.on_batch(batch, self.loop.time())
 
-    def _on_message(self, node: RemoteNode, msg: list[Any], sent_at: float,
-                    now: float) -> None:
-        kind = msg[0]  # RESPONSE and INVOKE: _on_batch takes them itself
-        router = self.router
-        if kind == m.ACK:
-            router.ack(node, *msg[1:])
-        elif kind == m.ACCEPTED:
-            router.accept(node, msg[1], now)
-        elif kind == m.REJECT:
-            router.reject(node, msg[1], now)
-        elif kind == m.ERROR:
-            router.provider_error(node, msg[1], msg[3], msg[2])
-        elif kind == m.CANCEL:
-            caller = self.invoked.pop((node.incarnation, msg[1]), None)
-            if caller is not None:
-                router.cancel_from(caller, msg[1])
-        elif kind == m.CHECK:
-            key = (node.incarnation, msg[1])
-            if key in self.acked:                   # started (or starting): wait for it
-                node.publish([m.ACK, msg[1]])
-            else:                                   # never started, and never will be
-                self.refused.add(key)
-                self.stats["checks_refused"] += 1
-                node.publish([m.REJECT, msg[1]])
-        elif kind == m.RPC_QUERY:  # a terminating node takes no new calls: it has none
-            count = router.advertised(msg[1]) if self.state != m.TERMINATING else 0
-            if count:  # news for every node's cache
-                self.bus.publish(self.bus.control, [m.PROVIDER_UPDATE, msg[1], count])
-            else:  # only the asker needs it (the others' entries lack this node already):
-                # one delivery instead of one per node, so a query costs O(nodes), not O(n²)
-                node.publish([m.PROVIDER_UPDATE, msg[1], 0])
-        elif kind == m.PROVIDER_UPDATE:
-            if self.cache.on_update(node.name, msg[1], msg[2], now):
-                self._found(msg[1], now)
-        elif kind == m.STATE:
-            self._state(node, msg, sent_at, now)
-        elif kind == m.ANNOUNCE:
-            self._announce(now)
+    def _on_up(self) -> None:
+        self.up.set()
+        self.core.on_up(self.loop.time())
 
-    def _invoke(self, node: RemoteNode, msg: list[Any], age: float, now: float,
-                taken: list[RemoteCaller]) -> None:
-        """Take an INVOKE if fresh: added to ``taken``, it starts once Redis has the ACK
-        that names it (published for the whole batch by ``_on_batch``)."""
-        attempt, left_ms, ack_ms = msg[1], msg[4], msg[5]
-        if self.state == m.TERMINATING:  # the origin will try another node at once
-            node.publish([m.REJECT, attempt])
-            return
-        key = (node.incarnation, attempt)
-        if age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0 or key in self.refused:
-            self.stats["stale_invokes"] += 1
-            self._warnings.warn("stale_invoke_dropped", origin=node.name, rpc=msg[2],
-                            call_id=attempt, age_ms=int(age * 1000))
-            return
-        msg[4] = now + left_ms / 1000 - age   # from here on: the call's deadline
-        caller = RemoteCaller(self, node, key, msg[6], msg, now + ack_ms / 2000 - age)
-        self.invoked[key] = caller
-        self.acked.add(key)
-        self.starting += 1
-        taken.append(caller)
-
-    def _state(self, node: RemoteNode, msg: list[Any], sent_at: float, now: float) -> None:
-        _, state, url, started, info = msg
-        sender = node.name
-        new = self.membership.on_state(sender, state, url, started, info, sent_at, now)
-        if state == m.TERMINATING:
-            if sender not in self._terminating:  # heartbeats repeat it while it drains
-                self._terminating.add(sender)
-                log.info("node_terminating", node=sender)
-                for name in self.cache.node_gone(sender, now, self.config.handover_wait):
-                    self.router.resume(name, now)
-        elif new:
-            self._terminating.discard(sender)
-            node.closed = False
-            log.info("node_joined", node=sender, url=url, state=state)
-            # New, restarted or back from the dead (a pause): what it provides may be
-            # missing from every entry here. Ask it to announce its counts.
-            node.publish([m.ANNOUNCE])
-
-    def _peer(self, name: str, incarnation: int, now: float) -> RemoteNode | None:
-        """The peer object for a batch from ``name``'s process ``incarnation``; None for a
-        batch from an earlier process of a live peer (dropped). A newer incarnation
-        replaces the old one (``_replaced``)."""
-        node = self.nodes.get(name)
-        if node is None:
-            node = self.nodes[name] = RemoteNode(self, name, incarnation)
-            return node
-        if incarnation == node.incarnation:
-            return node
-        if incarnation < node.incarnation and not node.closed:
-            self.stats["old_incarnation"] += 1
-            return None
-        self._replaced(node, now)
-        node = self.nodes[name] = RemoteNode(self, name, incarnation)
-        return node
-
-    def _replaced(self, old: RemoteNode, now: float) -> None:
-        """``old``'s process is gone: a new one runs under its name. Every attempt it
-        acknowledged fails now (PROVIDER_GONE: it may have run), the others move on (it
-        starts an attempt only once Redis has taken its ACK, and that ACK would have
-        reached this node before the new process's first batch); its entries leave the
-        provider cache, and calls it invoked here are cancelled (nobody waits for them)."""
-        if old.name in self._terminating:  # stopped as planned, started again
-            if not old.closed:  # not yet counted as left (restarted within its misses)
-                self.stats["nodes_left"] += 1
-            log.info("node_rejoined", node=old.name)
-        else:
-            self.stats["nodes_restarted"] += 1
-            log.warning("node_restarted", node=old.name)
-        old.closed = True
-        self.membership.forget(old.name)
-        self._terminating.discard(old.name)
-        self._skewed.pop(old.name, None)
-        for rpc in self.cache.node_gone(old.name, now):
-            self.router.resume(rpc, now)
-        self.router.drop_peer(old, now)
-        for key, caller in [(k, c) for k, c in self.invoked.items() if c.node is old]:
-            del self.invoked[key]
-            self.router.cancel_from(caller, caller.id)
+    def _on_down(self, reason: str) -> None:
+        self.up.clear()
+        self.core.on_down(reason, self.loop.time())
 
     def _on_skew(self, sender: str, offset_s: float) -> None:
-        """The bus refused a genuine batch of ``sender`` for its clock. What that node
-        says is lost on the way here, so nothing about it can be settled: its attempts
-        fail (CLUSTER_UNAVAILABLE) rather than move, and it leaves the provider cache.
-        Done at most once a second per node; logged, shown by ``/readyz``."""
-        now = self.loop.time()
-        last = self._skewed.get(sender)
-        self._skewed[sender] = (now, offset_s)
-        if last is not None and now - last[0] < 1.0:
-            return
-        self._warnings.warn("clock_skew", node=sender, offset_s=round(offset_s, 3),
-                        max_skew_s=self.config.max_skew,
-                        hint="its batches are refused; keep the nodes' clocks in sync (NTP)")
-        for rpc in self.cache.node_gone(sender, now):
-            self.router.resume(rpc, now)
-        node = self.nodes.get(sender)
-        if node is not None:
-            self.router.fail_peer(node, errors.CLUSTER_UNAVAILABLE,
-                                  f"node {sender}'s clock is {offset_s:+.1f} s off this "
-                                  "node's: its answers cannot be read")
+        self.core.on_skew(sender, offset_s, self.loop.time())
 
     def _unencodable(self, topic: str, to: int, msg: list[Any]) -> None:
-        """The bus could not pack ``msg`` (data nested too deeply to cross it): the call
-        still gets its one outcome, at once, from this node — the sender's edge."""
-        kind = msg[0]
-        why = "nested too deeply to cross the cluster bus (at most 1,021 levels)"
-        if kind == m.INVOKE:  # a call of a client of this node: refused before it ran
-            node = self.nodes.get(topic.rsplit(":", 1)[1])
-            if node is not None and node.incarnation == to:
-                self.router.refuse_attempt(node, msg[1], errors.INVALID_MESSAGE,
-                                           f"the call's data is {why}")
-        elif kind == m.RESPONSE:  # an answer of a provider here: the caller hears why
-            self.bus.publish(topic, [m.ERROR, msg[1], errors.PROVIDER_ERROR,
-                                     f"the provider's answer is {why}"], to=to)
-
-    def clock_problem(self, now: float) -> str | None:
-        """Why this node's clock looks wrong, for ``/readyz``; None when it looks right.
-
-        A node whose batches this one refuses for their stamps is skewed against it; when
-        that is most of the nodes heard lately (or the only one), the odd clock is likely
-        this node's, so it is not ready."""
-        window = 3 * self.config.heartbeat_interval * self.config.heartbeat_misses
-        skewed = {n: off for n, (at, off) in self._skewed.items() if now - at < window}
-        if not skewed:
-            return None
-        heard = set(self.membership.members) | set(skewed)
-        if 2 * len(skewed) <= len(heard) and len(heard) > 1:
-            return None
-        worst = max(skewed.values(), key=abs)
-        return (f"clock skew: batches of {len(skewed)} of {len(heard)} nodes refused, "
-                f"their clocks up to {worst:+.1f} s off this node's "
-                f"(cluster.max_skew {self.config.max_skew:g} s): sync the clocks (NTP)")
-
-    def _node_dead(self, name: str, now: float) -> None:
-        if name in self._terminating:  # it said it was stopping: a planned leave (kept
-            self.stats["nodes_left"] += 1  # there until it rejoins or is replaced)
-            log.info("node_left", node=name)
-        else:
-            self.stats["nodes_dead"] += 1
-            log.warning("node_dead", node=name, silent_s=self.config.heartbeat_interval *
-                        self.config.heartbeat_misses)
-        # its providers may reconnect to another node (or it was only too slow to hear):
-        # calls to the names it leaves without a provider wait for one, as in a handover
-        for rpc in self.cache.node_gone(name, now, self.config.handover_wait):
-            self.router.resume(rpc, now)
-        node = self.nodes.get(name)
-        if node is not None:
-            skewed = self._skewed.get(name)
-            if skewed is not None and now - skewed[0] < 2 * self.config.heartbeat_interval * (
-                    self.config.heartbeat_misses):
-                # not silent but unreadable (its clock): what it acknowledged may have been
-                # thrown away here, so nothing moves
-                self.router.fail_peer(node, errors.CLUSTER_UNAVAILABLE,
-                                      f"node {name}'s messages cannot be read here (clock skew)")
-            node.closed = True
-            self.router.drop_peer(node, now)
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "available": self.available,
-            "state": self.state,
-            "incarnation": self.incarnation,
-            "clock_skew": {n: round(off, 3) for n, (_, off) in self._skewed.items()},
-            "members": {n: {"state": x.state, "url": x.url} for n, x in
-                        self.membership.members.items()},
-            "cache": {n: e.counts for n, e in self.cache.entries.items()},
-            "queries_sent": self.cache.queries_sent,
-            "bus": dict(self.bus.stats),
-            "bus_rejected": dict(self.bus.rejected),
-            **self.stats,
-        }
-
-
-def _start_all(callers: list[RemoteCaller]) -> None:
-    """Redis has taken the ACK naming these INVOKEs: start each (``RemoteCaller.start``)."""
-    for caller in callers:
-        caller.start()
+        self.core.unencodable(topic, to, msg)

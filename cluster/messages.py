@@ -12,25 +12,29 @@ topic's batch is meant for (0 on the control topic): a node acts only on
 batches addressed to itself, never on a late answer or a replayed batch meant
 for the process that had its name before.
 
-A message is an array whose first element is its kind (docs/cluster.md)::
+A message is an array whose first element is its kind (docs/cluster.md). The
+kinds are numbered from 101, apart from the client protocol's (rpcbus.protocol,
+1-31): a message of one protocol can never pass for one of the other. Each
+kind's fields are named once, in ``FIELDS`` below; messages are built whole
+where they are made, never rewritten in place::
 
-    STATE            [1, state, url, started_unix, info]     control topic
-    RPC_QUERY        [10, rpc]                                control topic
-    PROVIDER_UPDATE  [11, rpc, count]                         control topic
+    STATE            [101, state, url, started_unix, info]    control topic
+    RPC_QUERY        [110, rpc]                                control topic
+    PROVIDER_UPDATE  [111, rpc, count]                         control topic
                      (count: the node's providers of rpc, or the sum of their
                      weights when it loaded a weights file: int or float >= 0)
-    INVOKE           [20, id, rpc, data, time_left_ms, ack_left_ms, caller, traceparent?]
-    ACK              [21, id, id...] these INVOKEs arrived; the node works on them
-                                     (one ACK for the INVOKEs of one batch)
-    ACCEPTED         [22, id]        one of its providers accepted
-    RESPONSE         [23, id, data]
-    ERROR            [24, id, code, message]
-    REJECT           [25, id]        none of its providers took it: try another node
-    CANCEL           [26, id]        the origin gave this attempt up
-    CHECK            [27, id]        no ACK reached the origin: did you start it?
-                                     (answered ACK if so, else REJECT: never started)
-    ECHO             [28]            a node to itself: its subscription still delivers
-    ANNOUNCE         [29]            to a node that (re)joined: publish your counts
+    INVOKE           [120, id, rpc, data, time_left_ms, ack_left_ms, caller, traceparent?, user?]
+    ACK              [121, id, id...] these INVOKEs arrived; the node works on them
+                                      (one ACK for the INVOKEs of one batch)
+    ACCEPTED         [122, id]        one of its providers accepted
+    RESPONSE         [123, id, data]
+    ERROR            [124, id, code, message]
+    REJECT           [125, id]        none of its providers took it: try another node
+    CANCEL           [126, id]        the origin gave this attempt up
+    CHECK            [127, id]        no ACK reached the origin: did you start it?
+                                      (answered ACK if so, else REJECT: never started)
+    ECHO             [128]            a node to itself: its subscription still delivers
+    ANNOUNCE         [129]            to a node that (re)joined: publish your counts
 
 ``id`` is always the origin node's attempt id.
 """
@@ -43,19 +47,38 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-STATE = 1
-RPC_QUERY = 10
-PROVIDER_UPDATE = 11
-INVOKE = 20
-ACK = 21
-ACCEPTED = 22
-RESPONSE = 23
-ERROR = 24
-REJECT = 25
-CANCEL = 26
-CHECK = 27
-ECHO = 28
-ANNOUNCE = 29
+STATE = 101
+RPC_QUERY = 110
+PROVIDER_UPDATE = 111
+INVOKE = 120
+ACK = 121
+ACCEPTED = 122
+RESPONSE = 123
+ERROR = 124
+REJECT = 125
+CANCEL = 126
+CHECK = 127
+ECHO = 128
+ANNOUNCE = 129
+
+#: Each kind's name and fields after the kind, in order (``?``: may be left out at the
+#: end; ``...``: repeats). docs/cluster.md's table is checked against it by a test.
+FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
+    STATE: ("STATE", ("state", "url", "started_unix", "info")),
+    RPC_QUERY: ("RPC_QUERY", ("rpc",)),
+    PROVIDER_UPDATE: ("PROVIDER_UPDATE", ("rpc", "count")),
+    INVOKE: ("INVOKE", ("id", "rpc", "data", "time_left_ms", "ack_left_ms", "caller",
+                        "traceparent?", "user?")),
+    ACK: ("ACK", ("id", "id...")),
+    ACCEPTED: ("ACCEPTED", ("id",)),
+    RESPONSE: ("RESPONSE", ("id", "data")),
+    ERROR: ("ERROR", ("id", "code", "message")),
+    REJECT: ("REJECT", ("id",)),
+    CANCEL: ("CANCEL", ("id",)),
+    CHECK: ("CHECK", ("id",)),
+    ECHO: ("ECHO", ()),
+    ANNOUNCE: ("ANNOUNCE", ()),
+}
 
 STARTING = "starting"
 READY = "ready"
@@ -69,6 +92,16 @@ _SHAPES: dict[int, int] = {
 }
 
 _INCARNATION_BITS = 10
+
+
+def control_topic(namespace: str) -> str:
+    """The topic every node hears (STATE, RPC_QUERY, PROVIDER_UPDATE)."""
+    return f"{namespace}:ctrl"
+
+
+def node_topic(node: str, namespace: str) -> str:
+    """A node's private topic (the messages of calls, addressed to one process)."""
+    return f"{namespace}:node:{node}"
 
 
 def new_incarnation() -> int:
@@ -121,7 +154,7 @@ def _well_formed(msg: Any) -> bool:
     n = len(msg)
     if kind == RESPONSE:  # the two kinds every call carries, first
         return n == 3 and type(msg[1]) is int and msg[1] >= 0
-    if kind == INVOKE:  # [20, id, rpc, data, left_ms, ack_ms, caller, traceparent?, user?]
+    if kind == INVOKE:  # [120, id, rpc, data, left_ms, ack_ms, caller, traceparent?, user?]
         return (7 <= n <= 9 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is str
                 and type(msg[4]) is int and type(msg[5]) is int and type(msg[6]) is str
                 and (n == 7 or type(msg[7]) in (str, type(None)))

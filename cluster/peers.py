@@ -1,4 +1,4 @@
-"""The router's peers that stand for other nodes (see cluster/link.py).
+"""The router's peers that stand for other nodes (see cluster/core.py). Pure.
 
 * ``RemoteNode`` is another node as a provider peer: a REQUEST to it is
   published as INVOKE on that node's private topic, a CANCEL as CANCEL, an
@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from rpcbus import errors
 from rpcbus.cluster import messages as m
-from rpcbus.cluster.bus import Bus
 from rpcbus.protocol import ACCEPT, ACK_CHECK, REQUEST
 from rpcbus.protocol import CANCEL as C_CANCEL
 from rpcbus.protocol import ERROR as C_ERROR
 from rpcbus.protocol import RESPONSE as C_RESPONSE
 
 if TYPE_CHECKING:
-    from rpcbus.cluster.link import ClusterLink
+    from rpcbus.cluster.core import ClusterCore
 
 
 class RemoteNode:
@@ -34,11 +33,11 @@ class RemoteNode:
     origin = ""        # nor the origin of a call
     hrows: dict[Any, Any] = {}  # never added to: the load history is of clients only
 
-    def __init__(self, link: "ClusterLink", name: str, incarnation: int) -> None:
+    def __init__(self, link: "ClusterCore", name: str, incarnation: int) -> None:
         self.link = link
         self.name = self.label = self.provider_name = name
         self.incarnation = incarnation   # the process this object stands for
-        self.topic = Bus.topic_of(name, link.config.namespace)
+        self.topic = m.node_topic(name, link.config.namespace)
         self.closed = False              # declared dead, or replaced by a new incarnation
         self.inflight = 0
         self.calls: dict[int, Any] = {}  # never added to: a provider, never a caller
@@ -46,16 +45,20 @@ class RemoteNode:
         self.provides: set[str] = set()
 
     def publish(self, msg: list[Any], then: Any = None, hold_until: float = 0.0) -> None:
-        self.link.bus.publish(self.topic, msg, then, self.incarnation, hold_until)
+        self.link.outbox.publish(self.topic, msg, then, self.incarnation, hold_until)
 
     def send(self, msg: list[Any]) -> None:
-        if msg[0] == REQUEST:  # [16, id, name, data, left_ms, caller, sent_ms, trace?]
-            # made by the router for this peer alone: it becomes the INVOKE
-            # [20, id, name, data, left_ms, ack_ms, caller, traceparent | nil, user?]
-            msg[0], msg[5], msg[6] = m.INVOKE, self.link.ack_ms, msg[5]
-            if len(msg) > 7 and msg[8] is None:
-                del msg[8]
-            self.link.bus.publish(self.topic, msg, None, self.incarnation)  # publish, inlined
+        if msg[0] == REQUEST:  # [16, id, name, data, left_ms, caller, sent_ms, trace?, user?]
+            # becomes [120, id, name, data, left_ms, ack_ms, caller, traceparent | nil, user?]
+            if len(msg) == 7:
+                invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5]]
+            elif msg[8] is None:
+                invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5],
+                          msg[7]]
+            else:
+                invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5],
+                          msg[7], msg[8]]
+            self.link.outbox.publish(self.topic, invoke, None, self.incarnation)  # inlined
         elif msg[0] == C_CANCEL:
             self.publish([m.CANCEL, msg[1]])
         elif msg[0] == ACK_CHECK:
@@ -76,17 +79,17 @@ class RemoteCaller:
     __slots__ = ("link", "node", "origin", "id", "key", "label", "user_name", "inflight",
                  "calls", "invoke", "late_at", "deadline")
 
-    def __init__(self, link: "ClusterLink", origin: "RemoteNode", key: tuple[int, int],
-                 label: str, invoke: list[Any], late_at: float) -> None:
+    def __init__(self, link: "ClusterCore", origin: "RemoteNode", key: tuple[int, int],
+                 invoke: list[Any], deadline: float, late_at: float) -> None:
         self.link, self.node, self.origin = link, origin, origin.name
         self.key = key            # (origin's incarnation, attempt): in the link's tables
-        self.id, self.label = key[1], label
+        self.id, self.label = key[1], invoke[6]
         self.user_name = invoke[8] if len(invoke) > 8 else None  # checked at the origin
         self.inflight = 0
         self.calls: dict[int, Any] = {}  # its one call (the router's)
         self.invoke: list[Any] | None = invoke  # the INVOKE, until it starts
         self.late_at = late_at    # starting after this, the origin may have moved it on
-        self.deadline = invoke[4]  # the call's, on this node's clock
+        self.deadline = deadline  # the call's, on this node's clock
 
     def start(self) -> None:
         """Redis has taken the ACK (the origin will not move the attempt now): run it."""
@@ -98,7 +101,7 @@ class RemoteCaller:
         msg, self.invoke = self.invoke, None
         if msg is None:  # started already
             return
-        t = link.loop.time()
+        t = link.clock()
         if t > self.late_at:
             # This process stalled before Redis took the ACK (a SIGSTOP, a starved
             # machine): the origin may have given the attempt up and moved the call on.
@@ -109,7 +112,7 @@ class RemoteCaller:
                             call_id=self.id)
             self.node.publish([m.REJECT, self.id])
             return
-        link.router.request(self, self.id, msg[2], msg[3], int((msg[4] - t) * 1000), t,
+        link.router.request(self, self.id, msg[2], msg[3], int((self.deadline - t) * 1000), t,
                             msg[7] if len(msg) > 7 else None)
 
     def send(self, msg: list[Any]) -> None:
@@ -117,15 +120,15 @@ class RemoteCaller:
         had before the call started says as much). Kept while the bus is down
         (until the call's deadline) and sent after the reconnect: the call ran.
 
-        A RESPONSE leaves as the list the router made for this peer alone
-        (``[RESPONSE, id, data]``, ``id`` this attempt's): its kind becomes the bus's."""
+        A RESPONSE ``[18, id, data]`` (``id`` this attempt's) leaves as the bus's
+        ``[123, id, data]``."""
         kind = msg[0]
         node = self.node
         if kind == ACCEPT:  # the origin knows it started: it had the ACK before it ran
             return
         if kind == C_RESPONSE:  # node.publish, inlined (one per call)
-            msg[0] = m.RESPONSE
-            self.link.bus.publish(node.topic, msg, None, node.incarnation, self.deadline)
+            self.link.outbox.publish(node.topic, [m.RESPONSE, msg[1], msg[2]], None,
+                                     node.incarnation, self.deadline)
         elif kind == C_ERROR and msg[2] == errors.NO_PROVIDER:
             node.publish([m.REJECT, self.id], hold_until=self.deadline)
         elif kind == C_ERROR:

@@ -1,7 +1,8 @@
 """What the cluster link needs of the node's router (rpcbus.broker.router.Router is it).
 
 Declared here so the Redis side never imports the node: the node hands its router to
-``ClusterLink`` and the type checker holds the router to this contract. Peers passed in
+``ClusterLink``, whose ``ClusterCore`` (cluster/core.py) drives it, and the type checker
+holds the router to this contract. Peers passed in
 are the link's own (``RemoteNode`` for other nodes as providers, ``RemoteCaller`` for
 their INVOKEs as callers); ``now`` is the loop's clock, in seconds.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
-    from rpcbus.cluster.link import ClusterLink
+    from rpcbus.cluster.core import ClusterCore
     from rpcbus.cluster.peers import RemoteCaller, RemoteNode
 
 
@@ -23,7 +24,7 @@ class Routing(Protocol):
     @property
     def cluster(self) -> object: ...
     @cluster.setter
-    def cluster(self, link: ClusterLink) -> None: ...
+    def cluster(self, link: ClusterCore) -> None: ...
 
     # answers of other nodes to this node's attempts
     def ack(self, peer: RemoteNode, *attempts: int) -> None: ...
@@ -41,7 +42,8 @@ class Routing(Protocol):
     def cancel_from(self, caller: RemoteCaller, cid: int) -> None: ...
 
     # nodes and the bus coming and going
-    def drop_peer(self, peer: RemoteNode | RemoteCaller, now: float) -> None: ...
+    def drop_peer(self, peer: RemoteNode | RemoteCaller, now: float,
+                  silent: bool = ...) -> None: ...
     def fail_peer(self, peer: RemoteNode, code: str, message: str) -> None: ...
     def cluster_down(self, now: float) -> None: ...
 

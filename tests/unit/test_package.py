@@ -8,10 +8,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
 # folder -> (package, layer): SDK and wire core < cluster < broker < analytics < benchmarks
-# (the benchmarks measure the analytics too)
+# (the benchmarks measure the analytics too); the simulator drives the cores of all below
 FOLDERS = {"clients": ("rpcbus", 0), "conf": ("rpcbus.conf", 0),
            "cluster": ("rpcbus.cluster", 1), "broker": ("rpcbus.broker", 2),
-           "analytics": ("rpcbus.analytics", 3), "benchmarks": ("rpcbus.benchmarks", 4)}
+           "analytics": ("rpcbus.analytics", 3), "benchmarks": ("rpcbus.benchmarks", 4),
+           "sim": ("rpcbus.sim", 4)}
+# the rules of the protocol: pure state machines (events and a clock in, messages out)
+CORES = ["broker/router.py", "broker/session_rules.py", "cluster/core.py",
+         "cluster/peers.py", "cluster/outbox.py", "cluster/membership.py",
+         "cluster/providers.py", "clients/provider.py", "clients/protocol.py"]
+IO = {"asyncio", "socket", "selectors", "threading", "websockets", "redis", "time"}
 LAYER_OF = sorted(((pkg, layer) for pkg, layer in FOLDERS.values() if pkg != "rpcbus"),
                   key=lambda p: -len(p[0]))
 
@@ -33,6 +39,17 @@ def imports(path: Path):
             assert node.level == 0, f"{path}:{node.lineno}: a relative import"
             yield node.module, node.lineno
             yield from ((f"{node.module}.{a.name}", node.lineno) for a in node.names)
+
+
+def test_the_cores_do_no_io_and_read_no_clock():
+    """The cores import nothing that does I/O, starts tasks or reads a clock, not even
+    through the modules of ours they import (time comes in as ``now`` or a clock)."""
+    found = []
+    for core in CORES:
+        for module, line in imports(ROOT / core):
+            if module.split(".")[0] in IO:
+                found.append(f"{core}:{line}: {module}")
+    assert not found, found
 
 
 def test_imports_run_one_way():

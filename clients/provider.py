@@ -1,0 +1,130 @@
+"""A provider's rules on one connection: which REQUESTs it takes, and in which order its
+ACCEPTs and handlers go. Pure: no asyncio, no sockets; ``now`` comes in, messages go
+out through ``send``.
+
+The rule that keeps a call from running twice: the node moves an attempt on after
+its ack timeout, so a provider
+
+1. judges each REQUEST fresh when it takes it (``Freshness``; a stale one is
+   refused unrun, REJECT, as is one for a name it no longer provides, or one read
+   on a connection that is closing);
+2. accepts it: at the end of the frame, one ``ACCEPT_UPTO`` for every REQUEST of
+   the frame it took (one ``ACCEPT`` per call for a node that does not take
+   ACCEPT_UPTO), which the shell writes to the socket;
+3. only then starts the handlers (``take_starting`` hands them over once the
+   ACCEPTs are queued).
+
+However long a handler then holds the process, the node knows the call started
+here. A CANCEL from the node ends the handler's run (``cancel`` gives the shell's
+handle back to cancel); an answer after that is dropped (``finished`` says
+whether to send it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from rpcbus.protocol import ACCEPT, ACCEPT_UPTO, REJECT
+
+
+class Freshness:
+    """Staleness of REQUESTs on one connection.
+
+    The least (taken - sent) seen in the last ``WINDOW`` seconds stands for the clocks'
+    offset plus the least delay; a REQUEST taken more than ``stale_after_ms`` after that
+    is stale. This underestimates an age, never overestimates it, so a fresh REQUEST is
+    never refused, and it follows clock drift window by window."""
+
+    WINDOW = 30.0
+
+    __slots__ = ("stale_after_ms", "_skew", "_skew_next", "_skew_until")
+
+    def __init__(self, stale_after_ms: float = 500.0) -> None:
+        self.stale_after_ms = stale_after_ms
+        self._skew: float | None = None
+        self._skew_next: float | None = None
+        self._skew_until = 0.0
+
+    def stale(self, sent_ms: Any, now: float) -> bool:
+        """True for a REQUEST stamped ``sent_ms`` by the node, taken at ``now`` (s)."""
+        if type(sent_ms) is not int:
+            return False
+        now_ms = now * 1000
+        seen = now_ms - sent_ms
+        if now_ms >= self._skew_until:  # a new window: keep the last one's minimum
+            if self._skew_next is not None:
+                self._skew = self._skew_next
+            self._skew_next = None
+            self._skew_until = now_ms + self.WINDOW * 1000
+        if self._skew_next is None or seen < self._skew_next:
+            self._skew_next = seen
+        skew = self._skew
+        if skew is None or seen < skew:
+            self._skew = skew = seen
+        return seen - skew > self.stale_after_ms
+
+
+class Serving:
+    """The provider side of one connection. ``send`` queues a message on it;
+    ``provided(name)`` is the client's handler entry for ``name`` (None: not provided);
+    ``accept_upto``: the node takes ACCEPT_UPTO (its AUTH_OK says)."""
+
+    def __init__(self, send: Callable[[list[Any]], None],
+                 provided: Callable[[str], Any], accept_upto: bool = False,
+                 stale_after_ms: float = 500.0) -> None:
+        self.send = send
+        self.provided = provided
+        self.accept_upto = accept_upto
+        self.freshness = Freshness(stale_after_ms)
+        # REQUESTs taken in the frame being read: (attempt, name, entry, request), whose
+        # handlers start once their ACCEPTs are queued
+        self.starting: list[tuple[int, str, Any, list[Any]]] = []
+        self.running: dict[int, Any] = {}  # attempt -> the shell's handle of its handler
+        self.stale_requests = 0             # REQUESTs refused unrun: taken too late
+
+    def request(self, msg: list[Any], now: float, open: bool) -> bool:
+        """Take a REQUEST ``[16, id, name, data, time_left_ms, caller, sent_ms, trace?,
+        user?]`` read at ``now``, on a connection ``open`` or not; False when it was
+        refused because it is stale (the shell may log it)."""
+        attempt = msg[1]
+        if len(msg) > 6 and self.freshness.stale(msg[6], now):
+            self.send([REJECT, attempt])  # the node has moved it on (or is about to)
+            self.stale_requests += 1
+            return False
+        entry = self.provided(msg[2])
+        if entry is None or not open:
+            # unprovided a moment ago, or closing; or this connection closes (one the client
+            # moved off): no ACCEPT could reach the node, which moves the call on: not run
+            self.send([REJECT, attempt])
+            return True
+        if not self.accept_upto:  # a node that takes only one ACCEPT per call
+            self.send([ACCEPT, attempt])
+        self.starting.append((attempt, msg[2], entry, msg))
+        return True
+
+    def take_starting(self) -> list[tuple[int, str, Any, list[Any]]]:
+        """The end of a frame: queue the ACCEPT_UPTO for the REQUESTs taken in it (after
+        any REJECT) and hand them over to be started. The shell writes what is queued to
+        the socket before it starts a handler."""
+        starting, self.starting = self.starting, []
+        if starting and self.accept_upto:
+            self.send([ACCEPT_UPTO, max(start[0] for start in starting)])
+        return starting
+
+    def started(self, attempt: int, handle: Any) -> None:
+        self.running[attempt] = handle
+
+    def cancel(self, attempt: int) -> Any:
+        """The node gave the attempt up: the handle of its handler (to cancel), or None."""
+        return self.running.pop(attempt, None)
+
+    def finished(self, attempt: int) -> bool:
+        """A handler ended: True when its outcome is to be sent (not cancelled meanwhile)."""
+        return self.running.pop(attempt, None) is not None
+
+    def lost(self) -> list[Any]:
+        """The connection is gone: every handler's handle (their answers have nowhere to
+        go)."""
+        running, self.running = self.running, {}
+        self.starting = []
+        return list(running.values())

@@ -1,0 +1,144 @@
+"""What a node has queued for the cluster bus, round by round. Pure: no I/O, no asyncio.
+
+``publish(topic, msg)`` queues a message for this round's batch of ``topic``; the
+bus (cluster/bus.py, or the simulator's) takes a whole round with ``take_round``,
+sends one batch per topic, and says how it went: ``answered`` (Redis has it: the
+round's ``then`` callbacks run) or ``failed`` (the round's answers are kept).
+
+Addressing: a topic's queue holds messages for one incarnation of its node
+(``to``): queueing for a newer one drops what waited for the older (that process
+is gone), and a message for an older one is dropped. Everything dropped is
+counted in ``stats["dropped"]``.
+
+Holds across bus resets: a message published with ``hold_until`` (an answer to
+another node's call: the call ran here, its outcome must reach the origin) is
+kept while the bus is down, and in a round that fails, and queued again after the
+reconnect if ``hold_until`` has not passed on ``clock`` (at most ``MAX_HELD``;
+more are dropped and counted). Everything else queued when the bus goes down is
+dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, NamedTuple
+
+MAX_HELD = 100_000  # answers kept while the bus is down, for the reconnect
+
+Held = tuple[str, int, list[Any], float]  # (topic, to, message, hold_until)
+
+
+class Round(NamedTuple):
+    """What one round sends: messages per topic, the incarnation each is for, the
+    callbacks to run once Redis has them all, and the held answers among them."""
+
+    out: dict[str, list[list[Any]]]
+    to: dict[str, int]
+    then: list[Callable[[], None]]
+    holds: list[Held]
+
+
+class Outbox:
+    """See the module docstring. ``on_queued`` is called when a round gets its first
+    message for a topic (the bus wakes its writer)."""
+
+    def __init__(self, clock: Callable[[], float],
+                 on_queued: Callable[[], None] = lambda: None) -> None:
+        self.clock = clock
+        self.up = False
+        self.stats = {"dropped": 0, "held": 0, "held_sent": 0}
+        self._on_queued = on_queued
+        self._out: dict[str, list[list[Any]]] = {}
+        self._to: dict[str, int] = {}   # topic -> the incarnation its queue is for
+        self._held: list[Held] = []     # kept while down
+        self._holds: list[Held] = []    # those queued in _out
+        self._then: list[Callable[[], None]] = []  # run after this round is in Redis
+
+    @property
+    def queued(self) -> bool:
+        return bool(self._out)
+
+    def publish(self, topic: str, msg: list[Any], then: Callable[[], None] | None = None,
+                to: int = 0, hold_until: float = 0.0) -> None:
+        """Queue ``msg`` for ``topic`` (for incarnation ``to`` of its node; 0 on the control
+        topic); it leaves with this round's batch. Dropped while down, unless
+        ``hold_until`` (on ``clock``) is later than now: then kept for the reconnect.
+
+        ``then`` runs once Redis has taken the round (never, if the round fails).
+        """
+        if not self.up:
+            if hold_until:
+                self._hold((topic, to, msg, hold_until))
+            else:
+                self.stats["dropped"] += 1
+            return
+        if hold_until:  # kept with its round until Redis has it (a failed round is resent)
+            self._holds.append((topic, to, msg, hold_until))
+        box = self._out.get(topic)
+        if box is not None and self._to[topic] != to:
+            if to < self._to[topic]:  # for a process that has been replaced
+                self.stats["dropped"] += 1
+                return
+            self.stats["dropped"] += len(box)  # the old process's messages: it is gone
+            box.clear()
+        if then is not None:
+            self._then.append(then)
+        if box is None:
+            self._out[topic] = [msg]
+            self._to[topic] = to
+            self._on_queued()
+        else:
+            self._to[topic] = to
+            box.append(msg)
+
+    def take_round(self) -> Round:
+        """Everything queued, as one round; the next round starts empty."""
+        taken = Round(self._out, self._to, self._then, self._holds)
+        self._out, self._to, self._then, self._holds = {}, {}, [], []
+        return taken
+
+    def answered(self, round: Round) -> None:
+        """Redis has taken every batch of ``round``."""
+        for callback in round.then:
+            callback()
+
+    def failed(self, round: Round) -> None:
+        """``round`` did not reach Redis (the session ends): its answers are kept."""
+        self._hold(*round.holds)
+
+    def came_up(self) -> None:
+        """A new bus session: queue again the answers kept while down."""
+        self.up = True
+        held, self._held = self._held, []
+        self._requeue(held)
+
+    def went_down(self) -> None:
+        """The session ended: what this round queued is dropped, its answers kept."""
+        if not self.up:
+            return
+        self.up = False
+        self.stats["dropped"] += sum(len(v) for v in self._out.values()) - len(self._holds)
+        self._hold(*self._holds)
+        self._out, self._to, self._then, self._holds = {}, {}, [], []
+
+    def _hold(self, *entries: Held) -> None:
+        """Keep answers of a round that did not reach Redis: for the reconnect, or queued
+        again at once when a new session is already up."""
+        if self.up:
+            self._requeue(entries)
+            return
+        for entry in entries:
+            if len(self._held) < MAX_HELD:
+                self._held.append(entry)
+                self.stats["held"] += 1
+            else:
+                self.stats["dropped"] += 1
+
+    def _requeue(self, entries: Iterable[Held]) -> None:
+        """Queue held answers again (held again if this round fails too); drop the late."""
+        now = self.clock()
+        for topic, to, msg, until in entries:
+            if until > now:
+                self.stats["held_sent"] += 1
+                self.publish(topic, msg, to=to, hold_until=until)
+            else:
+                self.stats["dropped"] += 1

@@ -1,0 +1,493 @@
+"""Nodes, providers and callers of one simulated run, built from the real cores.
+
+A ``SimNode`` is a node's router (broker/router.py), cluster core
+(cluster/core.py) with its outbox, and one ``SessionRules`` (broker/session_rules.py)
+per client connection, swept every ``timer_granularity`` as broker/node.py does.
+A ``Provider`` serves through the SDK's provider rules (clients/provider.py
+``Serving``): frames in, ACCEPT_UPTO out, then its handlers start. A ``Caller``
+sends REQUESTs and records every outcome in the ``Ledger``, with the SDK's own
+safety deadline (the call's timeout plus ``GRACE``). Client connections carry
+frames in order, after a delay; a paused node or a blocked provider reads them
+when it runs again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import partial
+from typing import Any, Callable
+
+from rpcbus import errors
+from rpcbus.broker.config import Config
+from rpcbus.broker.gate import Gate
+from rpcbus.broker.router import Router
+from rpcbus.broker.session_rules import SessionRules
+from rpcbus.cluster.core import ClusterCore
+from rpcbus.protocol import (
+    AUTH,
+    AUTH_OK,
+    CANCEL,
+    ERROR,
+    PROTOCOL_VERSION,
+    PROVIDE,
+    REQUEST,
+    RESPONSE,
+)
+from rpcbus.provider import Serving
+from rpcbus.sim.world import LOOP_TICK, BusEnd, Redis, World
+
+GRACE = 1.0            # s the SDK waits past a call's timeout before failing it itself
+STALL = 0.25           # broker/node.py: a sweep this late means the process was stopped
+STALL_HOLD = 0.2
+DID_NOT_RUN = {errors.NO_PROVIDER, errors.SHUTTING_DOWN, errors.INVALID_MESSAGE,
+               errors.NOT_AUTHENTICATED, errors.PERMISSION_DENIED, errors.RATE_LIMITED}
+DOCUMENTED = DID_NOT_RUN | {errors.RESPONSE_TIMEOUT, errors.PROVIDER_GONE,
+                            errors.CONNECTION_LOST, errors.CLUSTER_UNAVAILABLE,
+                            errors.PROVIDER_ERROR}
+
+
+def node_config(ack_timeout: float) -> Config:
+    config = Config()
+    config.rpc.ack_timeout = ack_timeout
+    config.cluster.redis_url = "redis://sim"
+    config.cluster.seal = "none"
+    config.auth.mode = "none"
+    config.cluster.heartbeat_interval = 0.5
+    config.cluster.handover_wait = 1.0
+    return config
+
+
+class Ledger:
+    """Every call: when it was made, its deadline, its outcomes, the handler runs."""
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple[str, int], dict[str, Any]] = {}
+        self.violations: list[str] = []
+        self.outcomes: Counter[str] = Counter()
+
+    def made(self, key: tuple[str, int], now: float, timeout: float) -> None:
+        self.calls[key] = {"at": now, "deadline": now + timeout, "outcomes": [], "runs": 0}
+
+    def ran(self, key: tuple[str, int], provider: str, now: float) -> None:
+        call = self.calls.get(key)
+        if call is None:
+            self.violations.append(f"{key}: a handler ran a call nobody made")
+            return
+        call["runs"] += 1
+        if call["runs"] > 1:
+            self.violations.append(f"{key}: ran twice (again on {provider} at {now:.3f})")
+
+    def ended(self, key: tuple[str, int], code: str, now: float, data: Any = None) -> None:
+        call = self.calls[key]
+        call["outcomes"].append((code, now))
+        self.outcomes[code] += 1
+        if len(call["outcomes"]) > 1:
+            self.violations.append(f"{key}: a second outcome {code} at {now:.3f}")
+        if code == "OK" and data != f"{key[0]}:{key[1]}":
+            self.violations.append(f"{key}: given another call's answer {data!r}")
+        if code != "OK" and code not in DOCUMENTED:
+            self.violations.append(f"{key}: undocumented code {code}")
+        if now > call["deadline"] + GRACE + 1e-6:
+            self.violations.append(f"{key}: outcome {code} {now - call['deadline']:.3f} s "
+                                   "after its deadline")
+
+    def check_end(self) -> None:
+        for key, call in self.calls.items():
+            if not call["outcomes"]:
+                self.violations.append(f"{key}: no outcome")
+            elif call["outcomes"][0][0] in DID_NOT_RUN and call["runs"]:
+                self.violations.append(f"{key}: {call['outcomes'][0][0]} but it ran")
+
+
+class Pipe:
+    """One direction of a client connection: frames in order, each after a delay, read
+    by ``deliver`` (which may defer reading while its process is stopped)."""
+
+    def __init__(self, world: World, deliver: Callable[[list[list[Any]]], None]) -> None:
+        self.world = world
+        self.deliver = deliver
+        self.out: list[list[Any]] = []
+        self.open = True
+        self.hold_until = 0.0       # its process is held (a blocking handler): no writes
+        self._last = 0.0
+        self._flush_queued = False
+
+    def send(self, msg: list[Any]) -> None:
+        if not self.open:
+            return
+        self.out.append(msg)
+        if not self._flush_queued:
+            self._flush_queued = True
+            self.world.after(LOOP_TICK, self.flush)
+
+    def flush(self) -> None:
+        if self.world.now < self.hold_until:
+            self._flush_queued = True
+            self.world.at(self.hold_until, self.flush)
+            return
+        self._flush_queued = False
+        if not self.out or not self.open:
+            self.out = []
+            return
+        frame, self.out = self.out, []
+        due = max(self.world.now + 0.0002 + self.world.rand.random() * 0.001, self._last)
+        self._last = due
+        self.world.at(due, lambda: self.open and self.deliver(frame))
+
+
+class SimSession(SessionRules):
+    """The node's side of one client connection: the real session rules."""
+
+    def __init__(self, node: "SimNode", sid: str) -> None:
+        super().__init__(node, sid)  # type: ignore[arg-type]  # a NodeView in all it reads
+        self.sim_node = node
+        self.to_client: Pipe | None = None
+        self.on_close: Callable[[], None] = lambda: None
+        self.answers: Counter[int] = Counter()  # outcomes sent per caller id
+
+    def send(self, msg: list[Any]) -> None:
+        if (msg[0] == RESPONSE or msg[0] == ERROR) and msg[1] is not None:
+            self.answers[msg[1]] += 1
+            if self.answers[msg[1]] > 1:
+                self.sim_node.sim.ledger.violations.append(
+                    f"{self.sid}: node sent a second outcome for call {msg[1]}")
+        if self.to_client is not None:
+            self.to_client.send(msg)
+
+    def flush(self) -> None:
+        if self.to_client is not None:
+            self.to_client.flush()
+
+    def is_open(self) -> bool:
+        return not self.closed
+
+    def close_for_policy(self, reason: str) -> None:
+        self.sim_node.sim.ledger.violations.append(f"{self.sid} closed by the node: {reason}")
+        self.sim_node.close_session(self)
+
+    def later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.sim_node.world.after(delay, callback)
+
+
+class SimNode:
+    """One node process: router, cluster core, sessions, its bus connection."""
+
+    def __init__(self, sim: "Simulation", name: str, generation: int, offset: float) -> None:
+        self.sim = sim
+        self.world = sim.world
+        self.name = name
+        self.offset = offset                 # its monotonic clock minus the world's
+        self.config = node_config(sim.ack_timeout)
+        rpc = self.config.rpc
+        self.router = Router(ack_timeout=rpc.ack_timeout, response_timeout=rpc.response_timeout,
+                             max_timeout=rpc.max_timeout, now=self.clock(),
+                             granularity=rpc.timer_granularity, rand=self.world.rand.random,
+                             affinity=self.config.cluster.affinity, clock=None)
+        self.gate = Gate(self.config)
+        self.stats: Counter[str] = Counter()
+        self.draining = False
+        self.cut_off = False
+        self.alive = True
+        self.sessions: list[SimSession] = []
+        self.end = BusEnd(sim.redis, name, self._on_batch, self._on_up, self._on_down,
+                          self.clock)
+        self.core = ClusterCore(self.router, self.config.cluster, name, f"ws://{name}",
+                                lambda: {}, outbox=self.end.outbox, clock=self.clock,
+                                stale=self.end.stale,
+                                incarnation=generation * 100 + sim.node_index(name),
+                                started=float(generation))
+        self.end.incarnation = self.core.incarnation
+        sim.redis.ends[name] = self.end
+        self._last_sweep = self.clock()
+        self._hold_until = float("-inf")
+        self._seq = 0
+        self.world.after(0.0, self.end.reconnect)
+        self.world.after(self.config.rpc.timer_granularity, self._sweep)
+
+    def clock(self) -> float:
+        return self.world.now + self.offset
+
+    def paused(self) -> bool:
+        return self.sim.redis.node_paused(self.name)
+
+    # the bus's events
+    def _on_batch(self, batch: Any) -> None:
+        if self.alive:
+            self.core.on_batch(batch, self.clock())
+
+    def _on_up(self) -> None:
+        self.core.on_up(self.clock())
+
+    def _on_down(self, why: str) -> None:
+        self.core.on_down(why, self.clock())
+
+    def _sweep(self) -> None:
+        if not self.alive:
+            return
+        if self.paused():
+            self.world.at(self.sim.redis.paused[self.name], self._sweep)
+            return
+        now = self.clock()
+        if now - self._last_sweep > STALL:
+            self._hold_until = now + STALL_HOLD
+            self.core.stalled(now)
+        self._last_sweep = now
+        if now >= self._hold_until:
+            self.router.tick(now)
+            self.core.tick(now)
+            if self.core.state == "starting" and self.core.joined(now):
+                self.core.set_state("ready", now)
+        self.world.after(self.config.rpc.timer_granularity, self._sweep)
+
+    # clients
+    def notice_heard(self, session: Any) -> None:
+        pass
+
+    def connect(self, to_client: Callable[[list[list[Any]]], None]) -> tuple[SimSession, Pipe]:
+        """A client connects: its session here, and the pipe it writes to."""
+        self._seq += 1
+        session = SimSession(self, f"{self.name}.s{self._seq}")
+        session.to_client = Pipe(self.world, to_client)
+        self.sessions.append(session)
+        return session, Pipe(self.world, lambda frame: self._read(session, frame))
+
+    def _read(self, session: SimSession, frame: list[list[Any]]) -> None:
+        if session.closed or not self.alive:
+            return
+        if self.paused():
+            self.world.at(self.sim.redis.paused[self.name], lambda: self._read(session, frame))
+            return
+        session.handle(frame, self.clock())
+        session.flush()
+
+    def close_session(self, session: SimSession) -> None:
+        """The connection is gone (either end): the router forgets the peer."""
+        if session.closed:
+            return
+        session.closed = True
+        if session.to_client is not None:
+            session.to_client.open = False
+        self.router.drop_peer(session, self.clock())
+        session.on_close()
+
+    def kill(self) -> None:
+        """SIGKILL: nothing more from this process; its clients see their connections
+        drop."""
+        self.alive = False
+        self.end.alive = False
+        self.end.up = False
+        for session in list(self.sessions):
+            session.closed = True
+            if session.to_client is not None:
+                session.to_client.open = False
+            session.on_close()
+
+
+class Client:
+    """A client process: one connection at a time to a live node, reconnecting."""
+
+    def __init__(self, sim: "Simulation", name: str) -> None:
+        self.sim = sim
+        self.world = sim.world
+        self.name = name
+        self.session: SimSession | None = None
+        self.pipe: Pipe | None = None
+        self.node: SimNode | None = None
+        self.alive = True
+        self.blocked_until = 0.0
+        self.ready = False
+
+    def connect(self) -> None:
+        if not self.alive:
+            return
+        nodes = [n for n in self.sim.nodes.values() if n.alive and n.core.available]
+        if not nodes:
+            self.world.after(0.1, self.connect)
+            return
+        node = self.world.rand.choice(nodes)
+        self.node = node
+        session, pipe = node.connect(self._read)
+        session.on_close = partial(self._lost, session)
+        self.session, self.pipe = session, pipe
+        pipe.send([AUTH, {"protocol": PROTOCOL_VERSION, "name": self.name}])
+
+    def _read(self, frame: list[list[Any]]) -> None:
+        if not self.alive:
+            return
+        if self.world.now < self.blocked_until:  # a handler holds this process
+            self.world.at(self.blocked_until, lambda: self._read(frame))
+            return
+        self.frame(frame)
+
+    def frame(self, frame: list[list[Any]]) -> None:
+        raise NotImplementedError
+
+    def _lost(self, session: SimSession) -> None:
+        if session is not self.session:
+            return
+        self.session = self.pipe = self.node = None
+        self.ready = False
+        self.lost()
+        if self.alive:
+            self.world.after(0.05 + self.world.rand.random() * 0.1, self.connect)
+
+    def lost(self) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        self.alive = False
+        if self.node is not None and self.session is not None:
+            node, session = self.node, self.session
+            self.world.after(0.001, lambda: node.close_session(session))
+
+
+class Provider(Client):
+    """A provider process serving ``names`` through the SDK's provider rules."""
+
+    def __init__(self, sim: "Simulation", name: str, names: list[str], slow: float,
+                 blocks: float) -> None:
+        super().__init__(sim, name)
+        self.names = names
+        self.slow = slow          # most a handler takes, s
+        self.blocks = blocks      # chance a handler holds the whole process while it runs
+        self.serving: Serving | None = None
+        self.running: dict[int, Any] = {}
+
+    def connect(self) -> None:
+        super().connect()
+        if self.pipe is not None:
+            pipe = self.pipe
+            self.serving = Serving(pipe.send, lambda n: n if n in self.names else None,
+                                   accept_upto=True,
+                                   stale_after_ms=self.sim.ack_timeout * 500)
+            pipe.send([PROVIDE, 1, list(self.names)])
+
+    def frame(self, frame: list[list[Any]]) -> None:
+        serving = self.serving
+        if serving is None or self.pipe is None:
+            return
+        now = self.world.now
+        for msg in frame:
+            kind = msg[0]
+            if kind == REQUEST:
+                serving.request(msg, now, self.alive)
+            elif kind == CANCEL:
+                serving.cancel(msg[1])
+        self.start(serving, serving.take_starting())
+
+    def start(self, serving: Serving, starting: list[tuple[int, str, Any, list[Any]]]) -> None:
+        """The rule: the ACCEPTs are written, then the handlers start."""
+        if self.pipe is not None:
+            self.pipe.flush()
+        for attempt, _name, _entry, request in starting:
+            self.run(serving, attempt, request)
+
+    def run(self, serving: Serving, attempt: int, request: list[Any]) -> None:
+        key = _key(request[3])
+        self.sim.ledger.ran(key, self.name, self.world.now)
+        serving.started(attempt, key)
+        rand = self.world.rand
+        took = rand.random() * (self.slow if rand.random() < 0.1 else 0.02)
+        pipe = self.pipe
+        if rand.random() < self.blocks:  # it holds the process: nothing read or written
+            self.blocked_until = max(self.blocked_until, self.world.now + took)
+            if pipe is not None:
+                pipe.hold_until = self.blocked_until
+
+        def done() -> None:
+            if self.alive and pipe is not None and pipe is self.pipe \
+                    and serving.finished(attempt):
+                pipe.send([RESPONSE, attempt, request[3]])
+        self.world.after(took, done)
+
+    def lost(self) -> None:
+        if self.serving is not None:
+            self.serving.lost()
+        self.serving = None
+
+
+class Caller(Client):
+    """A caller process: calls at random, each with a timeout, every outcome in the
+    ledger. Calls made while it has no connection fail CONNECTION_LOST at once (never
+    sent: not run)."""
+
+    def __init__(self, sim: "Simulation", name: str, names: list[str], rate: float) -> None:
+        super().__init__(sim, name)
+        self.names = names
+        self.rate = rate
+        self.cid = 0
+        self.pending: dict[int, tuple[tuple[str, int], Pipe]] = {}
+
+    def start_load(self, until: float) -> None:
+        def tick() -> None:
+            if not self.alive or self.world.now >= until:
+                return
+            if self.ready:
+                for _ in range(1 + int(self.world.rand.random() * 3)):
+                    self.call()
+            self.world.after(self.world.rand.expovariate(self.rate), tick)
+        self.world.after(self.world.rand.random() * 0.05, tick)
+
+    def call(self) -> None:
+        assert self.pipe is not None
+        self.cid += 1
+        cid = self.cid
+        key = (self.name, cid)
+        timeout = 0.3 + self.world.rand.random() * 2.5
+        name = self.world.rand.choice(self.names)
+        self.sim.ledger.made(key, self.world.now, timeout)
+        self.pending[cid] = (key, self.pipe)
+        self.pipe.send([REQUEST, cid, name, f"{key[0]}:{key[1]}", int(timeout * 1000)])
+        self.sim.calls += 1
+
+        def safety() -> None:
+            if self.pending.pop(cid, None) is not None:
+                self.sim.ledger.ended(key, errors.RESPONSE_TIMEOUT, self.world.now)
+        self.world.after(timeout + GRACE, safety)
+
+    def frame(self, frame: list[list[Any]]) -> None:
+        for msg in frame:
+            kind = msg[0]
+            if kind == AUTH_OK:
+                self.ready = True
+            elif kind == RESPONSE or (kind == ERROR and msg[1] is not None):
+                entry = self.pending.pop(msg[1], None)
+                if entry is None:
+                    continue  # after its own safety deadline: dropped, as the SDK does
+                if kind == RESPONSE:
+                    self.sim.ledger.ended(entry[0], "OK", self.world.now, msg[2])
+                else:
+                    self.sim.ledger.ended(entry[0], msg[2], self.world.now)
+
+    def lost(self) -> None:
+        pending, self.pending = self.pending, {}
+        for key, _ in pending.values():
+            self.sim.ledger.ended(key, errors.CONNECTION_LOST, self.world.now)
+
+
+def _key(data: str) -> tuple[str, int]:
+    caller, cid = data.rsplit(":", 1)
+    return caller, int(cid)
+
+
+class Simulation:
+    """One run: its world, Redis, nodes, clients and ledger."""
+
+    def __init__(self, world: World, redis: Redis, ack_timeout: float) -> None:
+        self.world = world
+        self.redis = redis
+        self.ack_timeout = ack_timeout
+        self.nodes: dict[str, SimNode] = {}
+        self.generations: Counter[str] = Counter()
+        self.ledger = Ledger()
+        self.calls = 0
+        self.clients: list[Client] = []
+
+    def node_index(self, name: str) -> int:
+        return int(name[1:])
+
+    def start_node(self, name: str, offset: float) -> SimNode:
+        self.generations[name] += 1
+        node = SimNode(self, name, self.generations[name], offset)
+        self.nodes[name] = node
+        return node

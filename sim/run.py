@@ -1,0 +1,195 @@
+"""One simulated run per seed: a cluster under load and faults, then every check.
+
+``run_seed(seed)`` builds 2-4 nodes, providers and callers from the seed, runs the
+load for ``load_s`` simulated seconds with faults drawn from ``allowed``, lets every
+call end, and returns a ``Result``: the calls made, the outcomes, and the
+violations of the promise found (an empty list: the run held). Checked for every
+call: exactly one outcome, only documented codes, none later than its deadline
+plus the SDK's grace, never run twice, never another call's answer, a "did not
+run" code only for a call that did not run; and at the end every node's tables
+are empty (router, cluster core, sessions) and no provider still runs a handler.
+
+``rules="before-37"`` swaps in the provider rules from before the handlers issue
+(#37): handlers start as each REQUEST is taken, before the frame's ACCEPTs are
+written, and staleness is judged by the frame's read time. The simulator finds
+the double runs and the ``NO_PROVIDER`` after a run those rules allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from rpcbus.provider import Serving
+from rpcbus.sim.cluster import Caller, Provider, Simulation
+from rpcbus.sim.world import ALL_FAULTS, Faults, Redis, World
+
+QUIESCE = 8.0  # s after the load for every call to end (longest timeout + grace + slack)
+
+
+@dataclass
+class Result:
+    seed: int
+    faults: str
+    calls: int
+    outcomes: dict[str, int]
+    violations: list[str] = field(default_factory=list)
+    events: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class BeforeRulesProvider(Provider):
+    """The provider rules before #37, for showing what the simulator finds."""
+
+    def connect(self) -> None:
+        super().connect()
+        if self.serving is not None:
+            self.serving.accept_upto = False  # one ACCEPT per call, queued, not written
+
+    def frame(self, frame: list[list[Any]]) -> None:
+        self._rest(frame, self.world.now)
+
+    def _rest(self, frame: list[list[Any]], read_at: float) -> None:
+        serving = self.serving
+        if serving is None or not frame:
+            return
+        for i, msg in enumerate(frame):
+            if msg[0] == REQUEST_KIND:
+                serving.request(msg, read_at, self.alive)  # judged by the frame's read time
+                for attempt, _name, _entry, request in serving.take_starting():
+                    self.run(serving, attempt, request)  # at once, ACCEPT still queued
+                if self.world.now < self.blocked_until:  # the handler holds the loop
+                    rest = frame[i + 1:]
+                    self.world.at(self.blocked_until, partial(self._rest, rest, read_at))
+                    return
+            elif msg[0] == CANCEL_KIND:
+                serving.cancel(msg[1])
+
+
+REQUEST_KIND, CANCEL_KIND = 16, 21
+
+
+def pick_faults(world: World, allowed: tuple[str, ...]) -> Faults:
+    faults = Faults()
+    for name in allowed:
+        if world.rand.random() < 0.4:
+            faults.names.append(name)
+            if name == "duplicate":
+                faults.duplicate = 0.02
+            else:
+                setattr(faults, name, True)
+    return faults
+
+
+def run_seed(seed: int, allowed: tuple[str, ...] = ALL_FAULTS, load_s: float = 6.0,
+             rules: str = "current", rate: float = 40.0) -> Result:
+    world = World(seed)
+    rand = world.rand
+    faults = pick_faults(world, allowed)
+    redis = Redis(world, faults)
+    sim = Simulation(world, redis, ack_timeout=1.0)
+    names = ["a", "b", "c"]
+    n_nodes = 2 + int(rand.random() * 3)
+    for i in range(1, n_nodes + 1):
+        # monotonic clocks count from each machine's boot: far apart, never negative
+        sim.start_node(f"n{i}", rand.uniform(0.0, 1e5) if faults.skew else 0.0)
+    provider_class = BeforeRulesProvider if rules == "before-37" else Provider
+    blocks = 0.3 if faults.block else 0.0
+    slow = 1.6 if faults.block else 0.5
+
+    def new_provider(i: int) -> Provider:
+        # the first providers serve every name between them; later ones a random few
+        served = ([names[i]] if i < len(names) else []) + [n for n in names
+                                                            if rand.random() < 0.5]
+        served = sorted(set(served)) or [rand.choice(names)]
+        provider = provider_class(sim, f"p{i}", served, slow, blocks)
+        sim.clients.append(provider)
+        world.after(1.5 + rand.random() * 0.5, provider.connect)
+        return provider
+
+    def new_caller(i: int, start: float) -> Caller:
+        caller = Caller(sim, f"c{i}", names, rate)
+        sim.clients.append(caller)
+        world.at(start, caller.connect)
+        world.at(start + 0.3, lambda: caller.start_load(load_end))
+        return caller
+
+    load_start = 2.5
+    load_end = load_start + load_s
+    for i in range(3 + int(rand.random() * 3)):
+        new_provider(i)
+    for i in range(2 + int(rand.random() * 2)):
+        new_caller(i, 2.0)
+    _schedule_faults(sim, faults, load_start, load_end, new_provider, new_caller)
+    world.run(load_end + QUIESCE)
+    _check_tables(sim)
+    sim.ledger.check_end()
+    return Result(seed, str(faults), len(sim.ledger.calls), dict(sim.ledger.outcomes),
+                  sim.ledger.violations, world.events_run)
+
+
+def _schedule_faults(sim: Simulation, faults: Faults, start: float, end: float,
+                     new_provider: Any, new_caller: Any) -> None:
+    world, redis, rand = sim.world, sim.redis, sim.world.rand
+
+    def some_node() -> str:
+        return rand.choice(sorted(sim.nodes))
+
+    def at_random(fn: Any) -> None:
+        world.at(rand.uniform(start, end - 0.5), fn)
+
+    for _ in range(1 + int(rand.random() * 2)):
+        if faults.loss:
+            at_random(lambda: redis.lose(some_node(), rand.uniform(0.1, 1.5)))
+        if faults.deaf:
+            at_random(lambda: redis.deafen(some_node(), rand.uniform(0.5, 4.0)))
+        if faults.partition:
+            at_random(lambda: redis.cut_off(some_node(), rand.uniform(0.2, 4.0)))
+        if faults.pause:
+            def pause() -> None:
+                redis.paused[some_node()] = world.now + rand.uniform(0.1, 3.0)
+            at_random(pause)
+        if faults.restart:
+            def restart() -> None:
+                name = some_node()
+                node = sim.nodes[name]
+                if node.alive:
+                    node.kill()
+                    world.after(rand.uniform(0.1, 1.5),
+                                lambda: sim.start_node(name, node.offset))
+            at_random(restart)
+        if faults.kill_clients:
+            def kill() -> None:
+                client = rand.choice(sim.clients)
+                if client.alive:
+                    client.kill()
+                    n = len(sim.clients)
+                    if isinstance(client, Caller):
+                        new_caller(n, world.now + 0.2)
+                    else:
+                        new_provider(n)
+            at_random(kill)
+
+
+def _check_tables(sim: Simulation) -> None:
+    """After the load and the quiet time: nothing left in any table."""
+    found = sim.ledger.violations
+    for node in sim.nodes.values():
+        if not node.alive:
+            continue
+        if node.router.pending:
+            found.append(f"{node.name}: {node.router.pending} attempts left in the router")
+        if node.core.invoked or node.core.starting:
+            found.append(f"{node.name}: {len(node.core.invoked)} INVOKEs left in the core")
+        for session in node.sessions:
+            if session.calls or session.inflight:
+                found.append(f"{node.name}: session {session.sid} keeps "
+                             f"{len(session.calls)} calls")
+    for client in sim.clients:
+        serving: Serving | None = getattr(client, "serving", None)
+        if client.alive and serving is not None and serving.running:
+            found.append(f"{client.name}: {len(serving.running)} handlers still running")

@@ -89,9 +89,8 @@ class Bus:
         self.control = control_topic(namespace)
         self.private = self.topic_of(me, namespace)
         self.namespace = namespace
-        self.up = False
         self.stats = {"batches_out": 0, "messages_out": 0, "batches_in": 0,
-                      "messages_in": 0, "bad_batches": 0, "bad_messages": 0, "dropped": 0,
+                      "messages_in": 0, "bad_batches": 0, "bad_messages": 0,
                       "reconnects": 0, "rejected": 0, "unencodable": 0}
         self.rejected: dict[str, int] = {}  # by reason: unsealed, bad_seal, unknown_key, ...
         self._sealer = sealer
@@ -112,12 +111,10 @@ class Bus:
 
     topic_of = staticmethod(node_topic)
 
-    def publish(self, topic: str, msg: list[Any], then: Callable[[], None] | None = None,
-                to: int = 0, hold_until: float = 0.0) -> None:
-        """Queue ``msg`` for ``topic`` (cluster/outbox.py ``Outbox.publish``: addressing,
-        ``then`` once Redis has it, ``hold_until`` across resets). The link's peers call
-        the outbox's own method, which this one is."""
-        self.outbox.publish(topic, msg, then, to, hold_until)
+    @property
+    def up(self) -> bool:
+        """A session is serving (what it queues goes out; the outbox's own flag)."""
+        return self.outbox.up
 
     def _queued(self) -> None:
         self._wake.set()
@@ -159,7 +156,6 @@ class Bus:
                 log.exception("bus_session_failed")
                 reason = f"{type(exc).__name__}: {exc}"
             if self.up:
-                self.up = False
                 self.outbox.went_down()
                 self._idle.set()
                 self._on_down(reason)
@@ -174,7 +170,6 @@ class Bus:
         try:
             links = await open_links(self.url, [self.control, self.private], self._deliver,
                                      self._tls_ca, self._seeds)
-            self.up = True
             self.outbox.up = True
             self._backoff.reset()
             log.info("bus_up", url=_safe(self.url), control=self.control, private=self.private,

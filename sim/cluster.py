@@ -275,7 +275,6 @@ class SimNode:
         drop."""
         self.alive = False
         self.end.alive = False
-        self.end.up = False
         for session in list(self.sessions):
             session.closed = True
             if session.to_client is not None:
@@ -438,7 +437,6 @@ class Caller(Client):
         self.sim.ledger.made(key, self.world.now, timeout)
         self.pending[cid] = (key, self.pipe)
         self.pipe.send([REQUEST, cid, name, f"{key[0]}:{key[1]}", int(timeout * 1000)])
-        self.sim.calls += 1
 
         def safety() -> None:
             if self.pending.pop(cid, None) is not None:
@@ -480,7 +478,6 @@ class Simulation:
         self.nodes: dict[str, SimNode] = {}
         self.generations: Counter[str] = Counter()
         self.ledger = Ledger()
-        self.calls = 0
         self.clients: list[Client] = []
 
     def node_index(self, name: str) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from rpcbus.protocol import CANCEL, REQUEST
 from rpcbus.provider import Serving
 from rpcbus.sim.cluster import Caller, Provider, Simulation
 from rpcbus.sim.world import ALL_FAULTS, Faults, Redis, World
@@ -58,7 +59,7 @@ class BeforeRulesProvider(Provider):
         if serving is None or not frame:
             return
         for i, msg in enumerate(frame):
-            if msg[0] == REQUEST_KIND:
+            if msg[0] == REQUEST:
                 serving.request(msg, read_at, self.alive)  # judged by the frame's read time
                 for attempt, _name, _entry, request in serving.take_starting():
                     self.run(serving, attempt, request)  # at once, ACCEPT still queued
@@ -66,11 +67,8 @@ class BeforeRulesProvider(Provider):
                     rest = frame[i + 1:]
                     self.world.at(self.blocked_until, partial(self._rest, rest, read_at))
                     return
-            elif msg[0] == CANCEL_KIND:
+            elif msg[0] == CANCEL:
                 serving.cancel(msg[1])
-
-
-REQUEST_KIND, CANCEL_KIND = 16, 21
 
 
 def pick_faults(world: World, allowed: tuple[str, ...]) -> Faults:

@@ -96,10 +96,13 @@ class BusEnd:
         self.outbox = Outbox(clock, self._queued)
         self.incarnation = 0
         self.session = 0          # bumped by every session end: late events of it are void
-        self.up = False
         self.alive = True
         self._pending_flush = False
         self.rounds: list[tuple[int, Round]] = []  # rounds sent, not yet answered
+
+    @property
+    def up(self) -> bool:
+        return self.outbox.up
 
     # the node side
 
@@ -127,12 +130,11 @@ class BusEnd:
     def end_session(self, why: str) -> None:
         if not self.up:
             return
-        self.up = False
         self.session += 1
-        rounds, self.rounds = self.rounds, []
-        for _, taken in rounds:
-            self.outbox.failed(taken)
         self.outbox.went_down()
+        rounds, self.rounds = self.rounds, []
+        for _, taken in rounds:  # never answered: their answers are kept for the reconnect
+            self.outbox.failed(taken)
         self.on_down(why)
         self.redis.world.after(0.05 + self.redis.world.rand.random() * 0.1, self.reconnect)
 
@@ -142,7 +144,6 @@ class BusEnd:
         if not self.redis.reachable(self.name):
             self.redis.world.after(0.1 + self.redis.world.rand.random() * 0.2, self.reconnect)
             return
-        self.up = True
         self.outbox.up = True
         self.on_up()
         self.outbox.came_up()

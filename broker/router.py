@@ -145,6 +145,9 @@ class ClusterView(Protocol):
     def provided(self, name: str) -> bool:
         """True when another node is known to provide ``name``."""
 
+    def probe(self) -> None:
+        """Check that this node hears the bus (``settled`` says when it has)."""
+
     def settled(self, node: Peer, since: float) -> bool:
         """True when this node can trust that ``node``, asked at ``since`` whether it
         started an attempt, did not: this node hears the bus (its own messages sent
@@ -352,15 +355,15 @@ class Router:
                     self.count_changed(name, self.advertised(name))
             peer.provides.discard(name)
 
-    def drop_peer(self, peer: Peer, now: float, silent: bool = False) -> None:
-        """``peer`` is gone. Attempts it accepted — or, a node, acknowledged: it starts an
-        INVOKE only once Redis has taken its ACK, which then reaches this node long before
-        the node could be declared dead — fail now with PROVIDER_GONE (they may have run;
-        re-routing them could run them twice). Its other attempts never started there and
-        go elsewhere at once — except at a node only ``silent`` (declared dead for its
-        silence, not known to be gone): it may be paused, and when it resumes it still
-        starts an INVOKE younger than half the ack timeout, so those attempts wait for
-        their ack deadline (by then the node refuses them as stale) and move then.
+    def drop_peer(self, peer: Peer, now: float, acks_may_follow: bool = False) -> None:
+        """``peer`` is gone. Attempts it accepted — or, a node, acknowledged — fail now
+        with PROVIDER_GONE (they may have run; re-routing them could run them twice). Its
+        other attempts never started there and go elsewhere at once — except at a node
+        whose ACKs may still be on their way (``acks_may_follow``: declared dead for its
+        silence, it may only be paused and still start an INVOKE younger than half the
+        ack timeout; replaced by a new process, its ACK may come through another Redis
+        shard than the news): those wait for their ack deadline, and move then only if
+        this node has heard the bus since (``tick``).
 
         Calls it made as a caller are cancelled, as by its CANCEL: their providers (here
         or on the nodes they went to) get CANCEL, so nobody works for a caller that left.
@@ -376,8 +379,8 @@ class Router:
         if self.history is not None and not peer.is_node:
             self.history.forget(peer)
         for call in [c for c in self._calls.values() if c.provider is peer]:
-            if silent and not (call.accepted or call.acked):
-                continue  # its ack deadline moves it (the node may only be paused)
+            if acks_may_follow and not (call.accepted or call.acked):
+                continue  # its ack deadline settles it
             self._end_attempt(call)
             if call.hrow is not None:
                 self._history_end(call, Outcome.ERRORS)  # errors: the provider left
@@ -486,12 +489,19 @@ class Router:
 
     def ack(self, peer: Peer, *attempts: int) -> None:
         """A node has these attempts (one ACK names a batch's): each may try all its
-        providers until the call's deadline."""
+        providers until the call's deadline. From a node already given up (dead, or
+        replaced by a new process) the attempt may have run and no answer may follow: it
+        ends PROVIDER_GONE."""
         calls = self._calls
         for attempt in attempts:
             call = calls.get(attempt)  # _attempt_of, inlined (an ACK per cross call)
             if call is None or call.provider is not peer:
                 self._stray(peer, attempt, None)
+            elif peer.closed:
+                self._end_attempt(call)
+                self.stats.provider_gone += 1
+                self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
+                                      f"the node that took {call.name!r} is gone"])
             elif not (call.acked or call.accepted):
                 call.acked = True  # its ack deadline entry, when due, files the deadline
 
@@ -604,21 +614,23 @@ class Router:
                 # finish first cost no entry.
                 self._deadlines.add(attempt, call.deadline)
                 continue
-            elif call.provider.is_node and not call.checked and not call.provider.closed:
+            elif call.provider.is_node and not call.checked:
                 # No ACK yet from a node: ask before moving the call (it may have started).
+                # A node given up is not asked, but this node still makes sure it would
+                # hear an ACK still on its way before it moves the call (``settled``).
                 self.stats.ack_checks += 1
                 call.checked = now
-                call.provider.send([ACK_CHECK, attempt])
+                if not call.provider.closed:
+                    call.provider.send([ACK_CHECK, attempt])
+                elif self.cluster is not None:
+                    self.cluster.probe()
                 due = now + self.ack_timeout
                 self._deadlines.add(attempt, due if due < call.deadline else call.deadline)
                 continue
             elif (call.provider.is_node and self.cluster is not None
-                  and not self.cluster.settled(call.provider,
-                                               call.checked or now - self.ack_timeout / 2)):
-                # Silent (or declared dead: not asked), but this node cannot show it
-                # would have heard an ACK — one sent until the node would refuse the
-                # INVOKE as stale, half an ack timeout after it: moving the call could
-                # run it twice. Its outcome is unknown here.
+                  and not self.cluster.settled(call.provider, call.checked)):
+                # Silent, but this node cannot show it would have heard an ACK: moving
+                # the call could run it twice. Its outcome is unknown here.
                 self.stats.cluster_unavailable += 1
                 msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
                        f"cannot tell whether node {call.provider.label} started the call: "

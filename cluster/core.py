@@ -90,6 +90,9 @@ class ClusterCore:
         self.cache = ProviderCache(config.provider_cache_ttl, config.negative_ttl,
                                    config.query_timeout)
         self.nodes: dict[str, RemoteNode] = {}   # the latest incarnation heard of each name
+        # processes replaced by a newer one under their name, by (name, incarnation): what
+        # they sent before they went may still arrive (an ACK on another shard)
+        self._retired: dict[tuple[str, int], RemoteNode] = {}
         # INVOKEs from other nodes, by (origin's incarnation, its attempt id)
         self.invoked: dict[tuple[int, int], RemoteCaller] = {}
         self.starting = 0  # INVOKEs acknowledged, waiting for Redis to take the ACK
@@ -109,10 +112,16 @@ class ClusterCore:
                       "duplicate_invokes": 0}
         self._warnings = SparseWarnings(log, clock=clock)  # per-call, once a second at most
         self._next_beat = 0.0
-        # sent_at of the latest of this process's own batches heard back: up to then, the
-        # bus delivered to this node everything Redis had taken from anyone
+        # sent_at of the latest of this process's own batches heard back on its private
+        # topic: up to then, the bus delivered to this node everything Redis had taken for
+        # that topic from anyone (``settled``; on a Redis Cluster the control topic may
+        # sit on another shard, whose order says nothing of the private topic's)
         self._echo_at = 0.0
-        self._probing = False             # an ECHO is queued and not back yet
+        self._heard_at = 0.0   # the same on any topic: this node still hears itself
+        # when this node last had a fresh start at listening (the bus came up, the process
+        # ran again after a stall): its own silence is judged from the later of the two,
+        # but only an echo proves it heard anything
+        self._listening_since = 0.0
         self._skewed: dict[str, tuple[float, float]] = {}  # peer -> (when, offset s)
         self._announce_after = 0.0
         self._settled_at = 0.0          # until then membership may miss peers (just joined)
@@ -168,10 +177,9 @@ class ClusterCore:
         return skewed is None or skewed[0] < since - self.router.ack_timeout
 
     def probe(self) -> None:
-        """Publish an ECHO to this node's own topic (once until it is back): it shows the
-        subscription still delivers (``settled``)."""
-        if not self._probing and self.available:
-            self._probing = True
+        """Publish an ECHO to this node's own topic (after each CHECK): once it is back,
+        everything Redis took for this topic before it has been delivered (``settled``)."""
+        if self.available:
             self.outbox.publish(self.private, [m.ECHO], to=self.incarnation)
 
     def silent(self, name: str, node: Any) -> None:
@@ -196,8 +204,9 @@ class ClusterCore:
 
     def stalled(self, now: float) -> None:
         """This process was stopped or starved, not the bus or the peers: nothing could
-        be heard meanwhile. Give them a fresh chance before judging."""
-        self._echo_at = max(self._echo_at, now)
+        be heard meanwhile. Give them a fresh chance before judging (this proves no
+        hearing: ``settled`` still waits for an echo)."""
+        self._listening_since = now
         self.membership.grace(now)
         self._announce(now)  # others may have declared this node dead meanwhile
 
@@ -207,12 +216,13 @@ class ClusterCore:
         interval = self.config.heartbeat_interval
         if now >= self._next_beat:
             self._beat(now)
-            if self.available and now - self._echo_at > interval * self.config.heartbeat_misses:
+            heard = max(self._heard_at, self._listening_since)
+            if self.available and now - heard > interval * self.config.heartbeat_misses:
                 self._stale("this node's own heartbeats stopped coming back")
             # A peer is dead only when silent while this node heard itself: silence a
             # deaf node measures is its own fault (it suspects itself; the stale bus
             # above fails what it cannot settle).
-            for name in self.membership.expire(min(now, self._echo_at + interval)):
+            for name in self.membership.expire(min(now, heard + interval)):
                 self._node_dead(name, now)
         finished, again = self.cache.expire(now, self.router.waiting)
         for name in again:  # unknown, not "nobody": ask again while calls wait
@@ -247,8 +257,7 @@ class ClusterCore:
     def on_up(self, now: float) -> None:
         """The bus (re)connected."""
         self.available = True
-        self._probing = False
-        self._echo_at = max(self._echo_at, now)
+        self._listening_since = now
         self.membership.grace(now)  # nothing could be heard while down: judge afresh
         if not self.membership.members:  # a first join: hear a round of heartbeats first
             self._settled_at = now + 1.5 * self.config.heartbeat_interval
@@ -288,20 +297,21 @@ class ClusterCore:
     def on_batch(self, batch: m.Batch, now: float) -> None:
         """A batch from the bus (opened and decoded)."""
         sender = batch.sender
+        if batch.to and batch.to != self.incarnation:
+            # meant for an earlier process under this node's name (a late answer, its own
+            # late ECHO, a replayed batch): nothing in it concerns this one
+            self.stats["misaddressed"] += 1
+            return
         if sender == self.me:
             if batch.incarnation == self.incarnation:
-                if batch.sent_at > self._echo_at:
+                if batch.sent_at > self._heard_at:
+                    self._heard_at = batch.sent_at
+                if batch.to and batch.sent_at > self._echo_at:  # the private topic
                     self._echo_at = batch.sent_at
-                self._probing = False       # heard ourselves: a new CHECK may probe again
             else:
                 self._warnings.warn("duplicate_node_name", node=sender,
                                 hint="two processes run under this node name: give each "
                                      "node its own --name")
-            return
-        if batch.to and batch.to != self.incarnation:
-            # meant for an earlier process under this node's name (a late answer, a
-            # replayed batch): nothing in it concerns this one
-            self.stats["misaddressed"] += 1
             return
         node = self._peer(sender, batch.incarnation, now)
         if node is None:
@@ -334,8 +344,6 @@ class ClusterCore:
         router = self.router
         if kind == m.ACK:
             router.ack(node, *msg[1:])
-        elif kind == m.ACCEPTED:
-            router.accept(node, msg[1], now)
         elif kind == m.REJECT:
             router.reject(node, msg[1], now)
         elif kind == m.ERROR:
@@ -372,6 +380,9 @@ class ClusterCore:
         """Take an INVOKE if fresh: added to ``taken``, it starts once Redis has the ACK
         that names it (published for the whole batch by ``_on_batch``)."""
         attempt, left_ms, ack_ms = msg[1], msg[4], msg[5]
+        if node.retired:  # its origin process is gone: nobody waits for the answer
+            self.stats["stale_invokes"] += 1
+            return
         if self.state == m.TERMINATING:  # the origin will try another node at once
             node.publish([m.REJECT, attempt])
             return
@@ -419,6 +430,9 @@ class ClusterCore:
             return node
         if incarnation == node.incarnation:
             return node
+        retired = self._retired.get((name, incarnation))
+        if retired is not None:  # a replaced process's late ACKs and answers still count
+            return retired
         if incarnation < node.incarnation and not node.closed:
             self.stats["old_incarnation"] += 1
             return None
@@ -428,10 +442,11 @@ class ClusterCore:
 
     def _replaced(self, old: RemoteNode, now: float) -> None:
         """``old``'s process is gone: a new one runs under its name. Every attempt it
-        acknowledged fails now (PROVIDER_GONE: it may have run), the others move on (it
-        starts an attempt only once Redis has taken its ACK, and that ACK would have
-        reached this node before the new process's first batch); its entries leave the
-        provider cache, and calls it invoked here are cancelled (nobody waits for them)."""
+        acknowledged fails now (PROVIDER_GONE: it may have run); the others move at their
+        ack deadline if this node heard the bus since (an ACK of the old process, on this
+        node's private topic, may still follow the news, on the control topic: then it
+        fails PROVIDER_GONE). Its entries leave the provider cache, and calls it invoked
+        here are cancelled (nobody waits for them)."""
         if old.name in self._terminating:  # stopped as planned, started again
             if not old.closed:  # not yet counted as left (restarted within its misses)
                 self.stats["nodes_left"] += 1
@@ -439,13 +454,18 @@ class ClusterCore:
         else:
             self.stats["nodes_restarted"] += 1
             log.warning("node_restarted", node=old.name)
-        old.closed = True
+        old.closed = old.retired = True
+        if len(self._retired) >= 1024:
+            self._retired.clear()
+        self._retired[(old.name, old.incarnation)] = old
         self.membership.forget(old.name)
         self._terminating.discard(old.name)
         self._skewed.pop(old.name, None)
         for rpc in self.cache.node_gone(old.name, now):
             self.router.resume(rpc, now)
-        self.router.drop_peer(old, now)
+        # its ACKs come on this node's private topic, the news of the new process on the
+        # control topic: on a Redis Cluster, another shard, so an ACK may still follow
+        self.router.drop_peer(old, now, acks_may_follow=True)
         for key, caller in [(k, c) for k, c in self.invoked.items() if c.node is old]:
             del self.invoked[key]
             self.router.cancel_from(caller, caller.id)
@@ -524,7 +544,7 @@ class ClusterCore:
                 self.router.fail_peer(node, errors.CLUSTER_UNAVAILABLE,
                                       f"node {name}'s messages cannot be read here (clock skew)")
             node.closed = True
-            self.router.drop_peer(node, now, silent=True)  # it may only be paused
+            self.router.drop_peer(node, now, acks_may_follow=True)  # it may only be paused
 
     def snapshot(self) -> dict[str, Any]:
         return {

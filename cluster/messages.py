@@ -18,15 +18,14 @@ kinds are numbered from 101, apart from the client protocol's (rpcbus.protocol,
 kind's fields are named once, in ``FIELDS`` below; messages are built whole
 where they are made, never rewritten in place::
 
-    STATE            [101, state, url, started_unix, info]    control topic
+    STATE            [101, state, url, started, info]         control topic
     RPC_QUERY        [110, rpc]                                control topic
     PROVIDER_UPDATE  [111, rpc, count]                         control topic
                      (count: the node's providers of rpc, or the sum of their
                      weights when it loaded a weights file: int or float >= 0)
     INVOKE           [120, id, rpc, data, time_left_ms, ack_left_ms, caller, traceparent?, user?]
-    ACK              [121, id, id...] these INVOKEs arrived; the node works on them
+    ACK              [121, id, id, ...] these INVOKEs arrived; the node works on them
                                       (one ACK for the INVOKEs of one batch)
-    ACCEPTED         [122, id]        one of its providers accepted
     RESPONSE         [123, id, data]
     ERROR            [124, id, code, message]
     REJECT           [125, id]        none of its providers took it: try another node
@@ -52,7 +51,6 @@ RPC_QUERY = 110
 PROVIDER_UPDATE = 111
 INVOKE = 120
 ACK = 121
-ACCEPTED = 122
 RESPONSE = 123
 ERROR = 124
 REJECT = 125
@@ -64,13 +62,12 @@ ANNOUNCE = 129
 #: Each kind's name and fields after the kind, in order (``?``: may be left out at the
 #: end; ``...``: repeats). docs/cluster.md's table is checked against it by a test.
 FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
-    STATE: ("STATE", ("state", "url", "started_unix", "info")),
+    STATE: ("STATE", ("state", "url", "started", "info")),
     RPC_QUERY: ("RPC_QUERY", ("rpc",)),
     PROVIDER_UPDATE: ("PROVIDER_UPDATE", ("rpc", "count")),
     INVOKE: ("INVOKE", ("id", "rpc", "data", "time_left_ms", "ack_left_ms", "caller",
                         "traceparent?", "user?")),
-    ACK: ("ACK", ("id", "id...")),
-    ACCEPTED: ("ACCEPTED", ("id",)),
+    ACK: ("ACK", ("id", "id", "...")),
     RESPONSE: ("RESPONSE", ("id", "data")),
     ERROR: ("ERROR", ("id", "code", "message")),
     REJECT: ("REJECT", ("id",)),
@@ -87,7 +84,7 @@ TERMINATING = "terminating"
 # kind -> number of fields after the kind (RESPONSE, INVOKE and ACK: _well_formed checks
 # those three in branches of their own, first, as every call carries them)
 _SHAPES: dict[int, int] = {
-    STATE: 4, RPC_QUERY: 1, PROVIDER_UPDATE: 2, INVOKE: 6, ACK: 1, ACCEPTED: 1,
+    STATE: 4, RPC_QUERY: 1, PROVIDER_UPDATE: 2, INVOKE: 6, ACK: 1,
     RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1, CHECK: 1, ECHO: 0, ANNOUNCE: 0,
 }
 

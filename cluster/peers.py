@@ -29,6 +29,7 @@ class RemoteNode:
     """Another node, as a provider peer of this node's router."""
 
     is_node = True
+    retired = False    # replaced by a newer process under its name (for good)
     user_name = None   # a node is never a caller here (INVOKEs stand for callers)
     origin = ""        # nor the origin of a call
     hrows: dict[Any, Any] = {}  # never added to: the load history is of clients only

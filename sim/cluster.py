@@ -101,13 +101,16 @@ class Ledger:
 
 class Pipe:
     """One direction of a client connection: frames in order, each after a delay, read
-    by ``deliver`` (which may defer reading while its process is stopped)."""
+    by ``deliver`` (which may defer reading while its process is stopped); ``None`` after
+    the last frame says the writer closed it (as TCP's FIN does)."""
 
-    def __init__(self, world: World, deliver: Callable[[list[list[Any]]], None]) -> None:
+    def __init__(self, world: World,
+                 deliver: Callable[[list[list[Any]] | None], None]) -> None:
         self.world = world
         self.deliver = deliver
         self.out: list[list[Any]] = []
-        self.open = True
+        self.open = True            # takes messages
+        self.carrying = True        # delivers what is on its way
         self.hold_until = 0.0       # its process is held (a blocking handler): no writes
         self._last = 0.0
         self._flush_queued = False
@@ -132,7 +135,19 @@ class Pipe:
         frame, self.out = self.out, []
         due = max(self.world.now + 0.0002 + self.world.rand.random() * 0.001, self._last)
         self._last = due
-        self.world.at(due, lambda: self.open and self.deliver(frame))
+        self.world.at(due, lambda: self.carrying and self.deliver(frame))
+
+    def close(self) -> None:
+        """The writer died: what it had not written is lost, what it wrote arrives, then
+        the end of the connection."""
+        self.open = False
+        self.out = []
+        due = max(self.world.now + 0.0002, self._last)
+        self.world.at(due, lambda: self.carrying and self.deliver(None))
+
+    def cut(self) -> None:
+        """Nothing more is delivered, not even what was on its way."""
+        self.open = self.carrying = False
 
 
 class SimSession(SessionRules):
@@ -243,7 +258,8 @@ class SimNode:
     def notice_heard(self, session: Any) -> None:
         pass
 
-    def connect(self, to_client: Callable[[list[list[Any]]], None]) -> tuple[SimSession, Pipe]:
+    def connect(self, to_client: Callable[[list[list[Any]] | None], None]
+                ) -> tuple[SimSession, Pipe]:
         """A client connects: its session here, and the pipe it writes to."""
         self._seq += 1
         session = SimSession(self, f"{self.name}.s{self._seq}")
@@ -251,11 +267,14 @@ class SimNode:
         self.sessions.append(session)
         return session, Pipe(self.world, lambda frame: self._read(session, frame))
 
-    def _read(self, session: SimSession, frame: list[list[Any]]) -> None:
+    def _read(self, session: SimSession, frame: list[list[Any]] | None) -> None:
         if session.closed or not self.alive:
             return
         if self.paused():
             self.world.at(self.sim.redis.paused[self.name], lambda: self._read(session, frame))
+            return
+        if frame is None:  # the client closed the connection (or died)
+            self.close_session(session)
             return
         session.handle(frame, self.clock())
         session.flush()
@@ -266,7 +285,7 @@ class SimNode:
             return
         session.closed = True
         if session.to_client is not None:
-            session.to_client.open = False
+            session.to_client.cut()
         self.router.drop_peer(session, self.clock())
         session.on_close()
 
@@ -278,20 +297,31 @@ class SimNode:
         for session in list(self.sessions):
             session.closed = True
             if session.to_client is not None:
-                session.to_client.open = False
+                session.to_client.cut()
             session.on_close()
 
 
+class Conn:
+    """One client connection: the node's session for it, the pipe the client writes to,
+    and (for a provider) its provider rules."""
+
+    __slots__ = ("node", "session", "pipe", "serving")
+
+    def __init__(self, node: SimNode, session: SimSession, pipe: Pipe) -> None:
+        self.node, self.session, self.pipe = node, session, pipe
+        self.serving: Serving | None = None
+
+
 class Client:
-    """A client process: one connection at a time to a live node, reconnecting."""
+    """A client process: one connection at a time to a live node, reconnecting. Frames
+    and the loss of a connection reach it only while no handler holds the process, each
+    with the connection it concerns."""
 
     def __init__(self, sim: "Simulation", name: str) -> None:
         self.sim = sim
         self.world = sim.world
         self.name = name
-        self.session: SimSession | None = None
-        self.pipe: Pipe | None = None
-        self.node: SimNode | None = None
+        self.conn: Conn | None = None
         self.alive = True
         self.blocked_until = 0.0
         self.ready = False
@@ -299,45 +329,44 @@ class Client:
     def connect(self) -> None:
         if not self.alive:
             return
-        nodes = [n for n in self.sim.nodes.values() if n.alive and n.core.available]
+        # a node takes clients once it has joined (broker/node.py: 503 "starting" before)
+        nodes = [n for n in self.sim.nodes.values() if n.alive and n.core.joined(n.clock())]
         if not nodes:
             self.world.after(0.1, self.connect)
             return
         node = self.world.rand.choice(nodes)
-        self.node = node
-        session, pipe = node.connect(self._read)
-        session.on_close = partial(self._lost, session)
-        self.session, self.pipe = session, pipe
+        conn: Conn | None = None
+        session, pipe = node.connect(lambda frame: self._when_running(self.frame, conn, frame))
+        conn = self.conn = Conn(node, session, pipe)
+        session.on_close = partial(self._when_running, self._lost, conn)
         pipe.send([AUTH, {"protocol": PROTOCOL_VERSION, "name": self.name}])
 
-    def _read(self, frame: list[list[Any]]) -> None:
+    def _when_running(self, fn: Callable[..., None], *args: Any) -> None:
         if not self.alive:
             return
         if self.world.now < self.blocked_until:  # a handler holds this process
-            self.world.at(self.blocked_until, lambda: self._read(frame))
+            self.world.at(self.blocked_until, partial(self._when_running, fn, *args))
             return
-        self.frame(frame)
+        fn(*args)
 
-    def frame(self, frame: list[list[Any]]) -> None:
+    def frame(self, conn: Conn, frame: list[list[Any]]) -> None:
         raise NotImplementedError
 
-    def _lost(self, session: SimSession) -> None:
-        if session is not self.session:
+    def _lost(self, conn: Conn) -> None:
+        self.lost(conn)
+        if conn is not self.conn:
             return
-        self.session = self.pipe = self.node = None
+        self.conn = None
         self.ready = False
-        self.lost()
-        if self.alive:
-            self.world.after(0.05 + self.world.rand.random() * 0.1, self.connect)
+        self.world.after(0.05 + self.world.rand.random() * 0.1, self.connect)
 
-    def lost(self) -> None:
+    def lost(self, conn: Conn) -> None:
         raise NotImplementedError
 
     def kill(self) -> None:
         self.alive = False
-        if self.node is not None and self.session is not None:
-            node, session = self.node, self.session
-            self.world.after(0.001, lambda: node.close_session(session))
+        if self.conn is not None:
+            self.conn.pipe.close()
 
 
 class Provider(Client):
@@ -349,60 +378,55 @@ class Provider(Client):
         self.names = names
         self.slow = slow          # most a handler takes, s
         self.blocks = blocks      # chance a handler holds the whole process while it runs
-        self.serving: Serving | None = None
-        self.running: dict[int, Any] = {}
 
     def connect(self) -> None:
         super().connect()
-        if self.pipe is not None:
-            pipe = self.pipe
-            self.serving = Serving(pipe.send, lambda n: n if n in self.names else None,
+        conn = self.conn
+        if conn is not None:
+            conn.serving = Serving(conn.pipe.send, lambda n: n if n in self.names else None,
                                    accept_upto=True,
                                    stale_after_ms=self.sim.ack_timeout * 500)
-            pipe.send([PROVIDE, 1, list(self.names)])
+            conn.pipe.send([PROVIDE, 1, list(self.names)])
 
-    def frame(self, frame: list[list[Any]]) -> None:
-        serving = self.serving
-        if serving is None or self.pipe is None:
+    def frame(self, conn: Conn, frame: list[list[Any]]) -> None:
+        serving = conn.serving
+        if serving is None:
             return
         now = self.world.now
         for msg in frame:
             kind = msg[0]
-            if kind == REQUEST:
-                serving.request(msg, now, self.alive)
+            if kind == REQUEST:  # a connection lost (or moved off) takes nothing
+                serving.request(msg, now, conn is self.conn)
             elif kind == CANCEL:
                 serving.cancel(msg[1])
-        self.start(serving, serving.take_starting())
+        self.start(conn, serving.take_starting())
 
-    def start(self, serving: Serving, starting: list[tuple[int, str, Any, list[Any]]]) -> None:
+    def start(self, conn: Conn, starting: list[tuple[int, str, Any, list[Any]]]) -> None:
         """The rule: the ACCEPTs are written, then the handlers start."""
-        if self.pipe is not None:
-            self.pipe.flush()
+        conn.pipe.flush()
         for attempt, _name, _entry, request in starting:
-            self.run(serving, attempt, request)
+            self.run(conn, attempt, request)
 
-    def run(self, serving: Serving, attempt: int, request: list[Any]) -> None:
+    def run(self, conn: Conn, attempt: int, request: list[Any]) -> None:
+        serving = conn.serving
+        assert serving is not None
         key = _key(request[3])
         self.sim.ledger.ran(key, self.name, self.world.now)
         serving.started(attempt, key)
         rand = self.world.rand
         took = rand.random() * (self.slow if rand.random() < 0.1 else 0.02)
-        pipe = self.pipe
         if rand.random() < self.blocks:  # it holds the process: nothing read or written
             self.blocked_until = max(self.blocked_until, self.world.now + took)
-            if pipe is not None:
-                pipe.hold_until = self.blocked_until
+            conn.pipe.hold_until = self.blocked_until
 
         def done() -> None:
-            if self.alive and pipe is not None and pipe is self.pipe \
-                    and serving.finished(attempt):
-                pipe.send([RESPONSE, attempt, request[3]])
+            if self.alive and serving.finished(attempt):  # not cancelled, connection kept
+                conn.pipe.send([RESPONSE, attempt, request[3]])
         self.world.after(took, done)
 
-    def lost(self) -> None:
-        if self.serving is not None:
-            self.serving.lost()
-        self.serving = None
+    def lost(self, conn: Conn) -> None:
+        if conn.serving is not None:
+            conn.serving.lost()
 
 
 class Caller(Client):
@@ -415,7 +439,7 @@ class Caller(Client):
         self.names = names
         self.rate = rate
         self.cid = 0
-        self.pending: dict[int, tuple[tuple[str, int], Pipe]] = {}
+        self.pending: dict[int, tuple[tuple[str, int], Conn]] = {}
 
     def start_load(self, until: float) -> None:
         def tick() -> None:
@@ -428,26 +452,27 @@ class Caller(Client):
         self.world.after(self.world.rand.random() * 0.05, tick)
 
     def call(self) -> None:
-        assert self.pipe is not None
+        conn = self.conn
+        assert conn is not None
         self.cid += 1
         cid = self.cid
         key = (self.name, cid)
         timeout = 0.3 + self.world.rand.random() * 2.5
         name = self.world.rand.choice(self.names)
         self.sim.ledger.made(key, self.world.now, timeout)
-        self.pending[cid] = (key, self.pipe)
-        self.pipe.send([REQUEST, cid, name, f"{key[0]}:{key[1]}", int(timeout * 1000)])
+        self.pending[cid] = (key, conn)
+        conn.pipe.send([REQUEST, cid, name, f"{key[0]}:{key[1]}", int(timeout * 1000)])
 
         def safety() -> None:
             if self.pending.pop(cid, None) is not None:
                 self.sim.ledger.ended(key, errors.RESPONSE_TIMEOUT, self.world.now)
         self.world.after(timeout + GRACE, safety)
 
-    def frame(self, frame: list[list[Any]]) -> None:
+    def frame(self, conn: Conn, frame: list[list[Any]]) -> None:
         for msg in frame:
             kind = msg[0]
             if kind == AUTH_OK:
-                self.ready = True
+                self.ready = conn is self.conn
             elif kind == RESPONSE or (kind == ERROR and msg[1] is not None):
                 entry = self.pending.pop(msg[1], None)
                 if entry is None:
@@ -457,9 +482,9 @@ class Caller(Client):
                 else:
                     self.sim.ledger.ended(entry[0], msg[2], self.world.now)
 
-    def lost(self) -> None:
-        pending, self.pending = self.pending, {}
-        for key, _ in pending.values():
+    def lost(self, conn: Conn) -> None:
+        for cid in [c for c, (_, sent_on) in self.pending.items() if sent_on is conn]:
+            key, _ = self.pending.pop(cid)
             self.sim.ledger.ended(key, errors.CONNECTION_LOST, self.world.now)
 
 

@@ -22,8 +22,7 @@ from functools import partial
 from typing import Any
 
 from rpcbus.protocol import CANCEL, REQUEST
-from rpcbus.provider import Serving
-from rpcbus.sim.cluster import Caller, Provider, Simulation
+from rpcbus.sim.cluster import Caller, Conn, Provider, Simulation
 from rpcbus.sim.world import ALL_FAULTS, Faults, Redis, World
 
 QUIESCE = 8.0  # s after the load for every call to end (longest timeout + grace + slack)
@@ -48,24 +47,24 @@ class BeforeRulesProvider(Provider):
 
     def connect(self) -> None:
         super().connect()
-        if self.serving is not None:
-            self.serving.accept_upto = False  # one ACCEPT per call, queued, not written
+        if self.conn is not None and self.conn.serving is not None:
+            self.conn.serving.accept_upto = False  # one ACCEPT per call, queued, not written
 
-    def frame(self, frame: list[list[Any]]) -> None:
-        self._rest(frame, self.world.now)
+    def frame(self, conn: Conn, frame: list[list[Any]]) -> None:
+        self._rest(conn, frame, self.world.now)
 
-    def _rest(self, frame: list[list[Any]], read_at: float) -> None:
-        serving = self.serving
+    def _rest(self, conn: Conn, frame: list[list[Any]], read_at: float) -> None:
+        serving = conn.serving
         if serving is None or not frame:
             return
         for i, msg in enumerate(frame):
-            if msg[0] == REQUEST:
-                serving.request(msg, read_at, self.alive)  # judged by the frame's read time
+            if msg[0] == REQUEST:  # judged by the frame's read time
+                serving.request(msg, read_at, conn is self.conn)
                 for attempt, _name, _entry, request in serving.take_starting():
-                    self.run(serving, attempt, request)  # at once, ACCEPT still queued
+                    self.run(conn, attempt, request)  # at once, ACCEPT still queued
                 if self.world.now < self.blocked_until:  # the handler holds the loop
                     rest = frame[i + 1:]
-                    self.world.at(self.blocked_until, partial(self._rest, rest, read_at))
+                    self.world.at(self.blocked_until, partial(self._rest, conn, rest, read_at))
                     return
             elif msg[0] == CANCEL:
                 serving.cancel(msg[1])
@@ -144,7 +143,8 @@ def _schedule_faults(sim: Simulation, faults: Faults, start: float, end: float,
         if faults.loss:
             at_random(lambda: redis.lose(some_node(), rand.uniform(0.1, 1.5)))
         if faults.deaf:
-            at_random(lambda: redis.deafen(some_node(), rand.uniform(0.5, 4.0)))
+            at_random(lambda: redis.deafen(some_node(), rand.uniform(0.5, 4.0),
+                                           private_only=rand.random() < 0.5))
         if faults.partition:
             at_random(lambda: redis.cut_off(some_node(), rand.uniform(0.2, 4.0)))
         if faults.pause:
@@ -188,6 +188,6 @@ def _check_tables(sim: Simulation) -> None:
                 found.append(f"{node.name}: session {session.sid} keeps "
                              f"{len(session.calls)} calls")
     for client in sim.clients:
-        serving: Serving | None = getattr(client, "serving", None)
+        serving = client.conn.serving if client.conn is not None else None
         if client.alive and serving is not None and serving.running:
             found.append(f"{client.name}: {len(serving.running)} handlers still running")

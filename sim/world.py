@@ -160,9 +160,14 @@ class Redis:
         self.ends: dict[str, BusEnd] = {}          # node name -> its current connection
         self.cut: dict[str, float] = {}            # node -> until (both ways)
         self.deaf: dict[str, float] = {}           # node -> until (its reads stall)
+        self.deaf_private: dict[str, float] = {}   # node -> until (its own topic's shard)
         self.losing: set[str] = set()              # nodes whose connection broke
         self.paused: dict[str, float] = {}         # node -> until (its process stopped)
-        self._fifo: dict[tuple[str, str, str], float] = {}  # (from, topic, to) -> last due
+        # Redis reads each node's rounds in order (one connection), and delivers each topic
+        # to a subscriber in the order it took them (one shard per topic on a Redis
+        # Cluster: different topics may interleave)
+        self._sent: dict[str, float] = {}                # node -> last arrival at Redis
+        self._fifo: dict[tuple[str, str], float] = {}    # (topic, to) -> last delivery
         self.batches = 0
 
     def latency(self) -> float:
@@ -176,23 +181,27 @@ class Redis:
         return self.cut.get(name, -1.0) <= self.world.now
 
     def send_round(self, end: BusEnd, taken: Round) -> None:
-        """A round leaves the node: Redis has it after a trip, unless the node is cut
-        off (then the round stays unanswered and the session ends at ROUND_TIMEOUT)."""
+        """A round leaves the node: Redis has it after a trip; while the node is cut off
+        it waits on the way (TCP retransmits) and gets there when the cut heals, unless
+        the session ends first: a round unanswered for ROUND_TIMEOUT ends it."""
         world = self.world
         session = end.session
         end.rounds.append((session, taken))
-        if not self.reachable(end.name):
-            def timed_out() -> None:
-                if end.session == session and end.rounds:
-                    end.end_session("round timeout")
-            world.after(ROUND_TIMEOUT, timed_out)
-            return
         sent_at = end.clock()
-        arrive = self.latency()
+        arrive = max(world.now + self.latency(), self._sent.get(end.name, 0.0))
+        self._sent[end.name] = arrive
+
+        def timed_out() -> None:
+            if end.session == session and any(r[1] is taken for r in end.rounds):
+                end.end_session("round timeout")
+        world.after(ROUND_TIMEOUT, timed_out)
 
         def at_redis() -> None:
             if end.session != session or not end.alive:
                 return  # the session ended first: Redis never had it (failed, kept)
+            if not self.reachable(end.name):  # stuck on the way until the cut heals
+                world.at(self.cut[end.name], at_redis)
+                return
             for topic, msgs in taken.out.items():
                 payload = m.encode_batch(end.name, end.incarnation, taken.to[topic],
                                          sent_at, msgs)
@@ -204,7 +213,7 @@ class Redis:
                 end.rounds = [r for r in end.rounds if r[1] is not taken]
                 end.outbox.answered(taken)
             world.after(self.latency(), answered)
-        world.after(arrive, at_redis)
+        world.at(arrive, at_redis)
 
     def _publish(self, sender: str, topic: str, payload: bytes) -> None:
         self.batches += 1
@@ -219,35 +228,42 @@ class Redis:
                 continue
             copies = 2 if self.world.rand.random() < self.faults.duplicate else 1
             for _ in range(copies):
-                key = (sender, topic, end.name)
+                key = (topic, end.name)
                 due = max(self.world.now + self.latency(), self._fifo.get(key, 0.0))
                 self._fifo[key] = due
-                self.world.at(due, partial(self._deliver, end, end.session, payload))
+                self.world.at(due, partial(self._deliver, end, end.session, topic, payload))
 
-    def _deliver(self, end: BusEnd, session: int, payload: bytes) -> None:
+    def _deliver(self, end: BusEnd, session: int, topic: str, payload: bytes) -> None:
         if end.session != session or not end.up or not end.alive:
             return  # sent to a session that ended: lost with it
-        if not self.reachable(end.name) or end.name in self.losing:
+        if end.name in self.losing:
             return  # lost with a connection that breaks: the session ends
-        if self.deaf.get(end.name, -1.0) > self.world.now:  # a stalled read: in order, late
-            self.world.at(self.deaf[end.name], lambda: self._deliver(end, session, payload))
+        stalled = max(self.deaf.get(end.name, -1.0), self.cut.get(end.name, -1.0),
+                      -1.0 if topic == self.control else self.deaf_private.get(end.name, -1.0))
+        if stalled > self.world.now:  # cut off, or its reads stall: in order, late
+            self.world.at(stalled, lambda: self._deliver(end, session, topic, payload))
             return
         if self.node_paused(end.name):  # read once the process runs again
-            self.world.at(self.paused[end.name], lambda: self._deliver(end, session, payload))
+            self.world.at(self.paused[end.name],
+                          lambda: self._deliver(end, session, topic, payload))
             return
         end.on_batch(m.decode_batch(payload))
 
     # faults
 
     def cut_off(self, name: str, duration: float) -> None:
-        """Both ways: nothing reaches Redis or the node; its rounds time out."""
+        """Both ways: nothing reaches Redis or the node until the cut heals (then in
+        order, late), unless the node's session ends first (a round times out, or the
+        core suspects itself) and loses it."""
         self.cut[name] = self.world.now + duration
 
-    def deafen(self, name: str, duration: float) -> None:
+    def deafen(self, name: str, duration: float, private_only: bool = False) -> None:
         """The node's subscription stalls (its publishes still go out): what it should
         hear arrives in order when the stall ends, unless its session ends first (the
-        core's self-suspicion: its own heartbeats stop coming back)."""
-        self.deaf[name] = self.world.now + duration
+        core's self-suspicion: its own heartbeats stop coming back). ``private_only``:
+        only its own topic's (a Redis Cluster shard stalls; the control topic, on
+        another, goes on)."""
+        (self.deaf_private if private_only else self.deaf)[name] = self.world.now + duration
 
     def lose(self, name: str, duration: float) -> None:
         """The node's connection breaks: everything sent to it is lost until its bus

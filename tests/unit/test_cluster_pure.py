@@ -32,6 +32,10 @@ class View:
         self.asked = []
         self.silenced = []
         self.hearing = True
+        self.probes = 0
+
+    def probe(self):
+        self.probes += 1
 
     def targets(self, name, now, discover):
         if not self.available:
@@ -347,6 +351,32 @@ def test_a_dead_node_fails_the_attempts_it_acknowledged_and_the_others_move():
     assert [m[:3] for m in caller.take()] == [[ERROR, 1, errors.PROVIDER_GONE]]
     [moved] = b.take()                                   # call 2 never started on A
     assert moved[3] == "d2"
+
+
+def test_a_node_whose_acks_may_follow_keeps_its_attempts_until_the_ack_deadline():
+    """Declared dead for its silence (or replaced by a new process), a node's ACK may
+    still come: its unacknowledged attempts move only at their ack deadline, and only if
+    this node hears the bus; an ACK that comes meanwhile ends the call PROVIDER_GONE."""
+    a, b = Node("A"), Node("B")
+    view = View({"x": [(a, 1), (b, 1)]})
+    r, caller = router(view, rand=lambda: 0.0), Peer("c")
+    for cid in (1, 2, 3):
+        r.request(caller, cid, "x", f"d{cid}", None, now=0.0)
+    attempts = [msg[1] for msg in a.take()]
+    a.closed = True
+    r.drop_peer(a, now=0.5, acks_may_follow=True)
+    assert caller.take() == [] and b.take() == []        # nothing moves at once
+    r.ack(a, attempts[0])                                # a late ACK: it ran, it is gone
+    assert [m[:3] for m in caller.take()] == [[ERROR, 1, errors.PROVIDER_GONE]]
+    view.hearing = False
+    r.tick(0.5)
+    r.tick(1.01)                                         # the ack deadline: A is not asked,
+    assert a.take() == [] and view.probes == 2           # but is this node hearing?
+    r.tick(2.02)                                         # no answer, and deaf
+    view.hearing = True
+    assert [m[:3] for m in caller.take()] == [[ERROR, 2, errors.CLUSTER_UNAVAILABLE],
+                                              [ERROR, 3, errors.CLUSTER_UNAVAILABLE]]
+    assert b.take() == [] and r.pending == 0
 
 
 def test_invokes_stay_local_report_accept_and_can_be_cancelled():

@@ -362,8 +362,9 @@ class Router:
         whose ACKs may still be on their way (``acks_may_follow``: declared dead for its
         silence, it may only be paused and still start an INVOKE younger than half the
         ack timeout; replaced by a new process, its ACK may come through another Redis
-        shard than the news): those wait for their ack deadline, and move then only if
-        this node has heard the bus since (``tick``).
+        shard than the news): those wait for their ack deadline, where ``tick`` makes
+        sure this node hears the bus (``ClusterView.probe``) and, an ack timeout later,
+        moves them only if it does (``settled``), else ends them CLUSTER_UNAVAILABLE.
 
         Calls it made as a caller are cancelled, as by its CANCEL: their providers (here
         or on the nodes they went to) get CANCEL, so nobody works for a caller that left.

@@ -490,19 +490,12 @@ class Router:
 
     def ack(self, peer: Peer, *attempts: int) -> None:
         """A node has these attempts (one ACK names a batch's): each may try all its
-        providers until the call's deadline. From a node already given up (dead, or
-        replaced by a new process) the attempt may have run and no answer may follow: it
-        ends PROVIDER_GONE."""
+        providers until the call's deadline."""
         calls = self._calls
         for attempt in attempts:
             call = calls.get(attempt)  # _attempt_of, inlined (an ACK per cross call)
             if call is None or call.provider is not peer:
                 self._stray(peer, attempt, None)
-            elif peer.closed:
-                self._end_attempt(call)
-                self.stats.provider_gone += 1
-                self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
-                                      f"the node that took {call.name!r} is gone"])
             elif not (call.acked or call.accepted):
                 call.acked = True  # its ack deadline entry, when due, files the deadline
 

@@ -337,6 +337,8 @@ class ClusterCore:
         if taken:
             node.publish([m.ACK, *[caller.id for caller in taken]],
                          then=partial(_start_all, taken))
+        if node.retired:  # a late batch of a replaced process: what it acknowledged ran,
+            self.router.drop_peer(node, now, acks_may_follow=True)  # and nothing follows
 
     def _on_message(self, node: RemoteNode, msg: list[Any], sent_at: float,
                     now: float) -> None:

@@ -355,8 +355,8 @@ def test_a_dead_node_fails_the_attempts_it_acknowledged_and_the_others_move():
 
 def test_a_node_whose_acks_may_follow_keeps_its_attempts_until_the_ack_deadline():
     """Declared dead for its silence (or replaced by a new process), a node's ACK may
-    still come: its unacknowledged attempts move only at their ack deadline, and only if
-    this node hears the bus; an ACK that comes meanwhile ends the call PROVIDER_GONE."""
+    still come: its unacknowledged attempts move only after their ack deadline, and only
+    if this node hears the bus; an ACK that comes meanwhile keeps the call there."""
     a, b = Node("A"), Node("B")
     view = View({"x": [(a, 1), (b, 1)]})
     r, caller = router(view, rand=lambda: 0.0), Peer("c")
@@ -366,7 +366,9 @@ def test_a_node_whose_acks_may_follow_keeps_its_attempts_until_the_ack_deadline(
     a.closed = True
     r.drop_peer(a, now=0.5, acks_may_follow=True)
     assert caller.take() == [] and b.take() == []        # nothing moves at once
-    r.ack(a, attempts[0])                                # a late ACK: it ran, it is gone
+    r.ack(a, attempts[0])                                # a late ACK: it started call 1
+    assert caller.take() == []
+    r.drop_peer(a, now=0.6, acks_may_follow=True)        # (a replaced process: gone)
     assert [m[:3] for m in caller.take()] == [[ERROR, 1, errors.PROVIDER_GONE]]
     view.hearing = False
     r.tick(0.5)

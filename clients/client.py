@@ -8,7 +8,10 @@ plus ``grace``) swept by one task, so a call ends even if no node answers.
 
 Losing the connection: calls already sent on it fail at once with
 CONNECTION_LOST — except those made with ``idempotent=True``, which are sent
-again on the next connection. Unless ``reconnect=False``, the client then
+again on the next connection (should a node then answer one with a code that
+says "did not run", it fails CONNECTION_LOST instead: it may have run on the
+lost one). The caller's rules are a pure core, ``rpcbus.calling.Calls``; this
+class keeps the futures and the connections. Unless ``reconnect=False``, the client then
 connects again, with backoff and jitter, to the next of its URLs, provides
 again every name it provided, and goes on; calls made meanwhile wait for the
 connection (they were not sent, so they cannot have run) until their
@@ -59,7 +62,7 @@ from websockets.protocol import OPEN
 
 from rpcbus import errors
 from rpcbus.backoff import Backoff
-from rpcbus.deadlines import Deadlines
+from rpcbus.calling import Calls
 from rpcbus.handlers import CallContext, Handler, awaited, describe, failure, outcome
 from rpcbus.protocol import (
     AUTH,
@@ -72,13 +75,18 @@ from rpcbus.protocol import (
     PONG,
     PROTOCOL_VERSION,
     PROVIDE,
+    REQ_CALLER,
+    REQ_DATA,
+    REQ_TIME_LEFT_MS,
+    REQ_TRACEPARENT,
+    REQ_USER,
     REQUEST,
     RESPONSE,
     UNPROVIDE,
     decode_each,
     valid_name,
 )
-from rpcbus.provider import Serving
+from rpcbus.provider import Held, Serving
 from rpcbus.transport import FrameData, FrameIO
 
 __all__ = ["CallContext", "Client", "connect"]
@@ -89,12 +97,9 @@ log = logging.getLogger("rpcbus.client")  # no handler of ours: the application 
 _Entry = tuple[Handler, bool, bool]  # a provided name's handler, as ``describe`` gives it
 
 
-class _NotRun(Exception):
-    """A node refused a call without running it (it is shutting down)."""
-
-
 # how a node's HTTP 503 begins when it will take this client soon (not when it drains)
 SOON = (b"starting", b"busy", b"full")
+SWEEP = 0.05  # s between sweeps of the calls' deadlines (and ticks of ``Held``)
 
 
 class _Wire(FrameIO, ClientConnection):
@@ -126,7 +131,7 @@ class _Wire(FrameIO, ClientConnection):
 class Client:
     """Connections to one or several nodes. Build it with ``rpcbus.connect(...)``."""
 
-    _deadlines: Deadlines[int]   # made by connect(), on the running loop's clock
+    _calls: Calls[_Wire]   # the caller rules; made by connect(), on the loop's clock
 
     def __init__(self, urls: str | Sequence[str], *, name: str | None = None,
                  user: str | None = None, password: str | None = None,
@@ -159,11 +164,7 @@ class Client:
         self._wire: _Wire | None = None        # the connection new calls go to
         self._connected = asyncio.Event()
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._where: dict[int, _Wire] = {}     # sent calls: the wire they went out on
-        self._resend: dict[int, list[Any]] = {}  # idempotent calls: their REQUEST
-        self._until: dict[int, float] = {}     # calls in _resend: their deadline (loop time)
-        self._queued: list[int] = []           # calls waiting for a connection
+        self._pending: dict[int, asyncio.Future[Any]] = {}  # calls and controls
         self._handlers: dict[str, _Entry] = {}
         self._wires: set[_Wire] = set()        # open connections (new calls use _wire)
         self._handler_threads = handler_threads
@@ -194,7 +195,8 @@ class Client:
 
     async def _open(self) -> "Client":
         loop = asyncio.get_running_loop()
-        self._deadlines = Deadlines[int](0.05, loop.time())
+        self._calls = Calls[_Wire](loop.time(), self._grace, SWEEP)
+        self._held = Held(SWEEP, loop.time())
         # Nodes still starting (joining the cluster) answer 503 "starting", nodes with too
         # many connections 503 "busy"/"full" or 429: wait for them within open_timeout,
         # trying every URL again; any other failure (a node draining) is final here.
@@ -293,26 +295,14 @@ class Client:
         self._default_timeout = self.session.get("response_timeout_ms", 10000) / 1000
         if self._handlers:  # provide again everything provided before
             wire.send([PROVIDE, next(self._ids), list(self._handlers)])
-        self._use_queued(wire)
+        self._send_queued(wire)
         self._connected.set()
         self._backoff.reset()
         self._set_state("connected")
 
-    def _use_queued(self, wire: _Wire) -> None:
-        """Send on ``wire`` the calls that waited for a connection, each with the time
-        its caller has left (one whose time is up stays for the sweeper to fail)."""
-        queued, self._queued = self._queued, []
-        now = wire.loop.time()
-        for cid in dict.fromkeys(queued):  # each once, in order
-            msg = self._resend.get(cid)
-            if msg is None or cid not in self._pending or cid in self._where:
-                continue
-            left = self._until[cid] - now
-            if left <= 0:
-                self._queued.append(cid)
-                continue
-            msg[4] = int(left * 1000) or 1
-            self._where[cid] = wire
+    def _send_queued(self, wire: _Wire) -> None:
+        """Send on ``wire`` the calls that waited for a connection."""
+        for msg in self._calls.send_queued(wire, wire.loop.time()):
             wire.send(msg)
 
     def _set_state(self, state: str) -> None:
@@ -338,10 +328,10 @@ class Client:
         self._closed = True
         if self._reconnecting is not None:
             self._reconnecting.cancel()
-        for cid, sent_on in self._where.items():  # nobody waits for these answers now
+        for sent_on, cancel in self._calls.cancels():  # nobody waits for these answers now
             if sent_on.protocol.state is OPEN:
-                sent_on.send([CANCEL, cid])
-        wires = {w for w in self._where.values()} | ({self._wire} if self._wire else set())
+                sent_on.send(cancel)
+        wires = self._calls.wires() | ({self._wire} if self._wire else set())
         for wire in wires:
             wire.flush()
             await wire.close()
@@ -402,48 +392,27 @@ class Client:
         cid = next(self._ids)
         fut = loop.create_future()
         timeout_ms = None if timeout is None else (int(timeout * 1000) or 1)
-        msg = [REQUEST, cid, name, data, timeout_ms]
-        if traceparent is not None:
-            msg.append({"traceparent": traceparent})
         until = loop.time() + (timeout or self._default_timeout)
-        self._deadlines.add(cid, until + self._grace)
         self._pending[cid] = fut
         wire = self._wire
-        if idempotent or wire is None:
-            self._resend[cid] = msg
-            self._until[cid] = until
-        if wire is None:
-            self._queued.append(cid)
-        else:
-            self._where[cid] = wire
+        msg = self._calls.make(cid, name, data, timeout_ms,
+                               None if traceparent is None else {"traceparent": traceparent},
+                               until, idempotent, wire)
+        if wire is not None and msg is not None:
             wire.send(msg)
         try:
-            while True:
-                try:
-                    return await fut
-                except _NotRun:  # refused by a node shutting down: send it elsewhere
-                    # (no longer on that wire: its loss must not queue the call again)
-                    self._where.pop(cid, None)
-                    self._pending[cid] = fut = loop.create_future()
-                    self._resend[cid] = msg
-                    self._until[cid] = until
-                    self._queued.append(cid)
-                    if self._wire is not None:
-                        self._use_queued(self._wire)
+            return await fut
         except asyncio.CancelledError:
             # The caller gave up (task.cancel, asyncio.timeout, wait_for): tell the node,
             # which cancels the provider's handler, on this node or another.
             # (Cancelling this task cancelled ``fut``; one with an outcome set has ended.)
-            sent_on = self._where.get(cid)
-            unanswered = fut.cancelled() or not fut.done()
-            if sent_on is not None and unanswered and sent_on.protocol.state is OPEN:
+            sent_on = self._calls.give_up(cid, answered=fut.done() and not fut.cancelled())
+            if sent_on is not None and sent_on.protocol.state is OPEN:
                 sent_on.send([CANCEL, cid])
             raise
         finally:
             self._pending.pop(cid, None)
-            self._where.pop(cid, None)
-            self._resend.pop(cid, None)
-            self._until.pop(cid, None)
+            self._calls.forget(cid)
 
     # -- providing -----------------------------------------------------------------------
 
@@ -478,15 +447,14 @@ class Client:
             raise errors.ConnectionLostError(None, "the connection was lost")
         ref = next(self._ids)
         fut = loop.create_future()
-        self._deadlines.add(ref, loop.time() + self._open_timeout)
         self._pending[ref] = fut
-        self._where[ref] = wire
+        self._calls.control(ref, wire, loop.time() + self._open_timeout)
         wire.send([kind, ref] if names is None else [kind, ref, names])
         try:
             return await fut
         finally:
             self._pending.pop(ref, None)
-            self._where.pop(ref, None)
+            self._calls.forget(ref)
 
     # -- frames in -----------------------------------------------------------------------
 
@@ -514,8 +482,10 @@ class Client:
         if kind == RESPONSE or kind == OK:
             self._settle(msg[1], msg[2] if kind == RESPONSE else None, None)
         elif kind == REQUEST:  # taken (started at the frame's end) or refused unrun
-            if not wire.serving.request(msg, wire.loop.time(),
-                                        not self._closed and wire.protocol.state is OPEN):
+            now = wire.loop.time()
+            if not wire.serving.request(msg, now,
+                                        not self._closed and wire.protocol.state is OPEN,
+                                        self._held.late_by(now)):
                 self.stale_requests += 1
                 if self.stale_requests & (self.stale_requests - 1) == 0:  # 1, 2, 4, 8, ...
                     log.warning("stale_requests_refused url=%s total=%d", wire.url,
@@ -527,16 +497,18 @@ class Client:
                 return
             if code == errors.SHUTTING_DOWN:
                 self._node_draining(wire)
-                if ref is not None and self._reconnect and not self._closed:
-                    self._settle(ref, None, _NotRun())  # it never ran: call() sends it again
-                    return
                 if ref is None:
+                    return
+                if (self._reconnect and not self._closed and ref in self._pending
+                        and self._calls.refused_unrun(ref, wire)):
+                    if self._wire is not None:  # it never ran: send it elsewhere
+                        self._send_queued(self._wire)
                     return
             if ref is None or ref not in self._pending:
                 log.warning("node_error url=%s code=%s error=%s ref=%s", wire.url, code,
                             message, ref)
             else:
-                self._settle(ref, None, errors.error_from_code(code, message))
+                self._settle(ref, None, self._calls.error(ref, code, message))
         elif kind == CANCEL:
             task = wire.serving.cancel(msg[1])
             if task is not None:
@@ -570,10 +542,12 @@ class Client:
         """Run an accepted call's handler: a coroutine function as a Task, a plain function
         in a worker thread; its outcome is sent when it ends (``_task_done``)."""
         handler, is_async, wants_context = entry
-        data = request[3]
-        args = (data, CallContext(name, attempt, request[5], request[4] / 1000,
-                                  request[7] if len(request) > 7 else None,
-                                  request[8] if len(request) > 8 else None)
+        data = request[REQ_DATA]
+        n = len(request)
+        args = (data, CallContext(name, attempt, request[REQ_CALLER],
+                                  request[REQ_TIME_LEFT_MS] / 1000,
+                                  request[REQ_TRACEPARENT] if n > REQ_TRACEPARENT else None,
+                                  request[REQ_USER] if n > REQ_USER else None)
                 ) if wants_context else (data,)
         if is_async:
             try:
@@ -637,14 +611,12 @@ class Client:
     async def _sweep_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(0.05)
-            for ref in self._deadlines.expire(loop.time()):
+            await asyncio.sleep(SWEEP)
+            self._held.tick(loop.time())
+            for ref, exc in self._calls.expire(loop.time()):
                 fut = self._pending.pop(ref, None)
                 if fut is not None and not fut.done():
-                    fut.set_exception(
-                        errors.ConnectionLostError(None, "no connection within the deadline")
-                        if ref in self._queued else errors.ResponseTimeoutError(
-                            None, "no answer from the node within the deadline"))
+                    fut.set_exception(exc)
 
     def _node_draining(self, wire: _Wire) -> None:
         """The node shuts down: new calls wait for a connection to another node."""
@@ -690,8 +662,7 @@ class Client:
         """Close a connection new calls no longer use once its calls and handlers ended
         (each ends by its deadline)."""
         while not self._closed:
-            under_way = [self._pending[c] for c, w in self._where.items()
-                         if w is wire and c in self._pending]
+            under_way = [self._pending[c] for c in self._calls.on(wire) if c in self._pending]
             under_way += list(wire.serving.running.values())
             if not under_way:
                 break
@@ -704,11 +675,8 @@ class Client:
         self._wires.discard(wire)
         for task in wire.serving.lost():
             task.cancel()                       # its answer has nowhere to go
-        for cid in [c for c, w in self._where.items() if w is wire]:
-            del self._where[cid]
-            if cid in self._resend and self._reconnect and not self._closed:
-                self._queued.append(cid)        # idempotent: send again on the next wire
-                continue
+        # idempotent calls wait for the next wire; the others may have run: they fail
+        for cid in self._calls.lost(wire, resend=self._reconnect and not self._closed):
             fut = self._pending.pop(cid, None)
             if fut is not None and not fut.done():
                 fut.set_exception(lost)
@@ -749,8 +717,7 @@ class Client:
             self._sweeper.cancel()
             self._sweeper = None
         pending, self._pending = self._pending, {}
-        self._where.clear()
-        self._queued.clear()
+        self._calls.clear()
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(exc)

@@ -48,6 +48,11 @@ PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
 BUSY = "BUSY"
 
+#: Codes a node answers only for a call that did not run (docs/protocol.md): sending
+#: it again cannot make it run twice.
+DID_NOT_RUN = frozenset({NO_PROVIDER, SHUTTING_DOWN, INVALID_MESSAGE, NOT_AUTHENTICATED,
+                         PERMISSION_DENIED, RATE_LIMITED, CONNECT_FAILED})
+
 
 class RpcError(Exception):
     """A call or request failed; ``code`` is stable, ``message`` is for people."""

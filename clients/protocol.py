@@ -6,25 +6,9 @@ whose first element is its kind, a small integer. docs/protocol.md is the
 public description; this module is the one implementation of it, used by the
 SDK and by the broker alike.
 
-Shapes (c = client, n = node, p = a client acting as provider)::
-
-    AUTH      c→n  [1, {user?, password?, token?, name?, protocol}]
-    AUTH_OK   n→c  [2, {node, session, protocol, max_frame, ...}]
-    AUTH_FAIL n→c  [3, code, message]
-    PROVIDE   c→n  [4, ref, [name, ...]]          answered by OK or ERROR
-    UNPROVIDE c→n  [5, ref, [name, ...]]          answered by OK or ERROR
-    OK        n→c  [6, ref]
-    REQUEST   c→n  [16, cid, name, data, timeout_ms | nil, {traceparent}?]
-    REQUEST   n→p  [16, id, name, data, time_left_ms, caller, sent_ms, traceparent?, user?]
-    ACCEPT    p→n  [17, id]
-    RESPONSE  p→n  [18, id, data]        n→c [18, cid, data]
-    REJECT    p→n  [19, id]
-    ERROR     p→n  [20, id, code, message]
-              n→c  [20, ref | nil, code, message]
-    CANCEL    n→p  [21, id]               the node gave up on this attempt
-              c→n  [21, cid]              the caller gave the call up: stop it, answer nothing
-    PING      any  [30, payload]          answered by PONG with the same payload
-    PONG      any  [31, payload]
+Each message's fields are named once, in ``SHAPES`` below (docs/protocol.md's
+table is checked against it by a test); the REQUEST a provider gets is read by
+the ``REQ_*`` positions.
 """
 
 from __future__ import annotations
@@ -57,6 +41,39 @@ PONG = 31
 # Node-internal, never on a wire: the router asks a peer that stands for another node
 # whether it started an attempt (rpcbus.cluster.peers turns it into a bus CHECK).
 ACK_CHECK = -27
+
+#: Each message's fields after its kind, by kind and direction, as docs/protocol.md's
+#: table writes them (``?``: may be left out at the end; ``{...}``: a map; ``[...]``: an
+#: array).
+SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
+    (AUTH, "client → node"): ("{user?, password?, token?, name?, protocol: 1}",),
+    (AUTH_OK, "node → client"): (
+        "{node, session, user, protocol, max_frame, max_frame_messages, max_inflight, "
+        "ack_timeout_ms, response_timeout_ms, accept_upto}",),
+    (AUTH_FAIL, "node → client"): ("code", "message"),
+    (PROVIDE, "client → node"): ("ref", "[name, ...]"),
+    (UNPROVIDE, "client → node"): ("ref", "[name, ...]"),
+    (OK, "node → client"): ("ref",),
+    (REQUEST, "caller → node"): ("cid", "name", "data", "timeout_ms or nil",
+                                 "{traceparent}?"),
+    (REQUEST, "node → provider"): ("id", "name", "data", "time_left_ms", "caller",
+                                   "sent_ms", "traceparent?", "user?"),
+    (ACCEPT, "provider → node"): ("id",),
+    (ACCEPT_UPTO, "provider → node"): ("id",),
+    (RESPONSE, "provider → node"): ("id", "data"),
+    (RESPONSE, "node → caller"): ("cid", "data"),
+    (REJECT, "provider → node"): ("id",),
+    (ERROR, "provider → node"): ("id", "code", "message"),
+    (ERROR, "node → client"): ("ref or nil", "code", "message"),
+    (CANCEL, "node → provider"): ("id",),
+    (CANCEL, "caller → node"): ("cid",),
+    (PING, "either way"): ("payload?",),
+    (PONG, "either way"): ("payload",),
+}
+
+# Positions in a REQUEST sent to a provider (SHAPES[REQUEST, "node → provider"])
+REQ_ID, REQ_NAME, REQ_DATA, REQ_TIME_LEFT_MS, REQ_CALLER, REQ_SENT_MS, REQ_TRACEPARENT, \
+    REQ_USER = range(1, 9)
 
 KIND_NAMES = {
     AUTH: "AUTH",

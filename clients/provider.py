@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rpcbus.protocol import ACCEPT, ACCEPT_UPTO, REJECT
+from rpcbus.protocol import ACCEPT, ACCEPT_UPTO, REJECT, REQ_ID, REQ_NAME, REQ_SENT_MS
 
 
 class Freshness:
@@ -33,9 +33,16 @@ class Freshness:
     The least (taken - sent) seen in the last ``WINDOW`` seconds stands for the clocks'
     offset plus the least delay; a REQUEST taken more than ``stale_after_ms`` after that
     is stale. This underestimates an age, never overestimates it, so a fresh REQUEST is
-    never refused, and it follows clock drift window by window."""
+    never refused, and it follows clock drift window by window.
+
+    A REQUEST read late because its process was held (``late_by``: how long the frame
+    may have waited after it arrived) says nothing of the clocks: it is judged, but
+    never taken as the offset. With no offset known yet (the connection's first
+    REQUESTs), one that may have waited over ``stale_after_ms`` is stale: the node may
+    have moved it on."""
 
     WINDOW = 30.0
+    HELD_MS = 20.0  # a frame that may have waited longer than this was read late
 
     __slots__ = ("stale_after_ms", "_skew", "_skew_next", "_skew_until")
 
@@ -45,12 +52,17 @@ class Freshness:
         self._skew_next: float | None = None
         self._skew_until = 0.0
 
-    def stale(self, sent_ms: Any, now: float) -> bool:
-        """True for a REQUEST stamped ``sent_ms`` by the node, taken at ``now`` (s)."""
+    def stale(self, sent_ms: Any, now: float, late_by: float = 0.0) -> bool:
+        """True for a REQUEST stamped ``sent_ms`` by the node, taken at ``now`` (s), in a
+        frame that may have waited ``late_by`` s in this process before it was read."""
         if type(sent_ms) is not int:
             return False
         now_ms = now * 1000
         seen = now_ms - sent_ms
+        if late_by * 1000 > self.HELD_MS:
+            if self._skew is None:
+                return late_by * 1000 > self.stale_after_ms
+            return seen - self._skew > self.stale_after_ms
         if now_ms >= self._skew_until:  # a new window: keep the last one's minimum
             if self._skew_next is not None:
                 self._skew = self._skew_next
@@ -62,6 +74,34 @@ class Freshness:
         if skew is None or seen < skew:
             self._skew = skew = seen
         return seen - skew > self.stale_after_ms
+
+
+class Held:
+    """When the client's loop was held, from a tick the shell runs every ``interval``
+    seconds: how long a frame read now may have waited after it arrived. A frame is
+    read before the late tick on some loops (asyncio) and after it on others (uvloop):
+    both are seen."""
+
+    __slots__ = ("interval", "_ticked", "_stall_at", "_stall")
+
+    def __init__(self, interval: float, now: float) -> None:
+        self.interval = interval
+        self._ticked = now
+        self._stall_at = float("-inf")
+        self._stall = 0.0
+
+    def tick(self, now: float) -> None:
+        gap = now - self._ticked - self.interval
+        if gap > 0:
+            self._stall_at, self._stall = now, gap
+        self._ticked = now
+
+    def late_by(self, now: float) -> float:
+        """Seconds a frame read at ``now`` may have waited (0: the loop ran freely)."""
+        late = now - self._ticked - self.interval
+        if now - self._stall_at < self.interval and self._stall > late:
+            late = self._stall  # the late tick ran first: this frame waited through it
+        return max(late, 0.0)
 
 
 class Serving:
@@ -82,16 +122,17 @@ class Serving:
         self.running: dict[int, Any] = {}  # attempt -> the shell's handle of its handler
         self.stale_requests = 0             # REQUESTs refused unrun: taken too late
 
-    def request(self, msg: list[Any], now: float, open: bool) -> bool:
+    def request(self, msg: list[Any], now: float, open: bool, late_by: float = 0.0) -> bool:
         """Take a REQUEST ``[16, id, name, data, time_left_ms, caller, sent_ms, trace?,
-        user?]`` read at ``now``, on a connection ``open`` or not; False when it was
+        user?]`` read at ``now``, on a connection ``open`` or not, in a frame that may
+        have waited ``late_by`` s in this process (its loop was held); False when it was
         refused because it is stale (the shell may log it)."""
-        attempt = msg[1]
-        if len(msg) > 6 and self.freshness.stale(msg[6], now):
+        attempt = msg[REQ_ID]
+        if len(msg) > REQ_SENT_MS and self.freshness.stale(msg[REQ_SENT_MS], now, late_by):
             self.send([REJECT, attempt])  # the node has moved it on (or is about to)
             self.stale_requests += 1
             return False
-        entry = self.provided(msg[2])
+        entry = self.provided(msg[REQ_NAME])
         if entry is None or not open:
             # unprovided a moment ago, or closing; or this connection closes (one the client
             # moved off): no ACCEPT could reach the node, which moves the call on: not run
@@ -99,7 +140,7 @@ class Serving:
             return True
         if not self.accept_upto:  # a node that takes only one ACCEPT per call
             self.send([ACCEPT, attempt])
-        self.starting.append((attempt, msg[2], entry, msg))
+        self.starting.append((attempt, msg[REQ_NAME], entry, msg))
         return True
 
     def take_starting(self) -> list[tuple[int, str, Any, list[Any]]]:

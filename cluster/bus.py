@@ -77,12 +77,13 @@ WARN_EVERY = 10.0
 
 class Bus:
     def __init__(self, url: str, namespace: str, me: str, incarnation: int,
-                 on_batch: Callable[[Batch], None],
+                 on_batch: Callable[[Batch, float], None],
                  on_up: Callable[[], None], on_down: Callable[[str], None],
                  backoff: Backoff | None = None, sealer: Sealer | None = None,
                  max_skew: float = 30.0, tls_ca: str = "",
                  on_skew: Callable[[str, float], None] | None = None,
-                 on_unencodable: Callable[[str, int, list[Any]], None] | None = None) -> None:
+                 on_unencodable: Callable[[str, int, list[Any]], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url
         self.me = me
         self.incarnation = incarnation
@@ -97,7 +98,10 @@ class Bus:
         self._tls_ca = tls_ca  # rediss://: verify Redis' certificate against it (else the system's)
         self._replays = ReplayGuard(max_skew)
         self._warned_at: dict[str, float] = {}
-        self._on_batch, self._on_up, self._on_down = on_batch, on_up, on_down
+        # (batch, now on ``clock``); the owner may set it after building the bus
+        self.on_batch = on_batch
+        self._clock = clock
+        self._on_up, self._on_down = on_up, on_down
         self._on_skew = on_skew      # (sender, its clock minus ours in s): a batch refused
         self._on_unencodable = on_unencodable  # (topic, to, msg): left out of its batch
         self._backoff = backoff or Backoff()
@@ -207,9 +211,9 @@ class Bus:
             if error is not None:  # the session is ending: keep its answers for the next
                 self.outbox.failed(taken)
                 return
-            self.outbox.answered(taken)
+            more = self.outbox.answered(taken)
             free.set()
-            if not rounds and not self.outbox.queued:
+            if not rounds and not more:
                 self._idle.set()
 
         def each_answered(left: list[Any], error: BaseException | None) -> None:
@@ -251,8 +255,7 @@ class Bus:
                                          else sealer.seal(topic, batch)))
                 self.stats["messages_out"] += len(msgs)
             if not parts:  # nothing (or nothing encodable) to send
-                self.outbox.answered(taken)
-                if not rounds and not self.outbox.queued:
+                if not self.outbox.answered(taken) and not rounds:
                     self._idle.set()
                 continue
             rounds.append(taken)
@@ -286,7 +289,7 @@ class Bus:
         self.stats["bad_messages"] += batch.malformed
         self.stats["batches_in"] += 1
         self.stats["messages_in"] += len(batch.messages)
-        self._on_batch(batch)
+        self.on_batch(batch, self._clock())
 
     def _skewed(self, exc: SkewError) -> None:
         """A genuine batch refused for its stamp: tell the owner whose clock is off."""

@@ -389,10 +389,12 @@ class ClusterCore:
             node.publish([m.REJECT, attempt])
             return
         key = (node.incarnation, attempt)
-        if key in self.acked:  # delivered twice (a replayed batch): it runs once
+        acked, refused = self.acked, self.refused  # (``key in``, inlined: see RecentIds)
+        if key in acked.new or key in acked.old:  # delivered twice (a replay): runs once
             self.stats["duplicate_invokes"] += 1
             return
-        if age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0 or key in self.refused:
+        if (age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0
+                or ((refused.new or refused.old) and key in refused)):  # rarely any
             self.stats["stale_invokes"] += 1
             self._warnings.warn("stale_invoke_dropped", origin=node.name, rpc=msg[2],
                             call_id=attempt, age_ms=int(age * 1000))

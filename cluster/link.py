@@ -35,12 +35,14 @@ class ClusterLink:
             sealer = Sealer(config.seal, config.keys, config.key_id, config.max_skew)
         time_now = self.loop.time
         self.bus = Bus(config.redis_url, config.namespace, me, incarnation,
-                       self._on_batch, self._on_up, self._on_down, sealer=sealer,
+                       lambda batch, now: None, self._on_up, self._on_down, sealer=sealer,
                        max_skew=config.max_skew, tls_ca=config.redis_tls_ca,
-                       on_skew=self._on_skew, on_unencodable=self._unencodable)
+                       on_skew=self._on_skew, on_unencodable=self._unencodable,
+                       clock=time_now)
         self.core = ClusterCore(router, config, me, url, info, outbox=self.bus.outbox,
                                 clock=time_now, stale=self.bus.stale,
                                 incarnation=incarnation, started=time.time())
+        self.bus.on_batch = self.core.on_batch  # straight in: one call per batch
 
     # what the node reads
 
@@ -90,9 +92,6 @@ class ClusterLink:
         self.core.tick(now)
 
     # what the bus tells
-
-    def _on_batch(self, batch: m.Batch) -> None:
-        self.core.on_batch(batch, self.loop.time())
 
     def _on_up(self) -> None:
         self.up.set()

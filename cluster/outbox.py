@@ -37,6 +37,9 @@ class Round(NamedTuple):
     holds: list[Held]
 
 
+_new_tuple = tuple.__new__
+
+
 class Outbox:
     """See the module docstring. ``on_queued`` is called when a round gets its first
     message for a topic (the bus wakes its writer)."""
@@ -92,14 +95,17 @@ class Outbox:
 
     def take_round(self) -> Round:
         """Everything queued, as one round; the next round starts empty."""
-        taken = Round(self._out, self._to, self._then, self._holds)
+        # tuple.__new__: a round per PUBLISH, without the Python-level Round.__new__
+        taken = _new_tuple(Round, (self._out, self._to, self._then, self._holds))
         self._out, self._to, self._then, self._holds = {}, {}, [], []
         return taken
 
-    def answered(self, round: Round) -> None:
-        """Redis has taken every batch of ``round``."""
+    def answered(self, round: Round) -> bool:
+        """Redis has taken every batch of ``round``. Returns whether the next round has
+        messages queued already."""
         for callback in round.then:
             callback()
+        return bool(self._out)
 
     def failed(self, round: Round) -> None:
         """``round`` did not reach Redis (the session ends): its answers are kept."""

@@ -139,22 +139,24 @@ class RemoteCaller:
 
 class RecentIds:
     """Keys remembered for at least ``keep`` seconds (two generations of sets: adding and
-    looking up cost a set operation; memory is what arrived in the last 2 x ``keep``)."""
+    looking up cost a set operation; memory is what arrived in the last 2 x ``keep``).
+    A path that runs per INVOKE looks in ``new`` and ``old`` itself: ``key in ids`` costs a
+    Python call."""
 
     def __init__(self, keep: float) -> None:
         self.keep = keep
-        self._new: set[Any] = set()
-        self._old: set[Any] = set()
+        self.new: set[Any] = set()
+        self.old: set[Any] = set()
         self._rotate_at = 0.0
         # add(key): the newer set's own add, called without a Python frame (every INVOKE
         # adds its key); tick() rebinds it when the sets rotate
-        self.add = self._new.add
+        self.add = self.new.add
 
     def __contains__(self, key: Any) -> bool:
-        return key in self._new or key in self._old
+        return key in self.new or key in self.old
 
     def tick(self, now: float) -> None:
         if now >= self._rotate_at:
-            self._old, self._new = self._new, set()
-            self.add = self._new.add
+            self.old, self.new = self.new, set()
+            self.add = self.new.add
             self._rotate_at = now + self.keep

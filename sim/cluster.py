@@ -5,10 +5,12 @@ A ``SimNode`` is a node's router (broker/router.py), cluster core
 per client connection, swept every ``timer_granularity`` as broker/node.py does.
 A ``Provider`` serves through the SDK's provider rules (clients/provider.py
 ``Serving``): frames in, ACCEPT_UPTO out, then its handlers start. A ``Caller``
-sends REQUESTs and records every outcome in the ``Ledger``, with the SDK's own
-safety deadline (the call's timeout plus ``GRACE``). Client connections carry
-frames in order, after a delay; a paused node or a blocked provider reads them
-when it runs again.
+calls through the SDK's caller rules (clients/calling.py ``Calls``: idempotent calls
+sent again after a lost connection, calls refused SHUTTING_DOWN sent elsewhere, its
+own deadline at the call's timeout plus ``GRACE``) and records every outcome in the
+``Ledger``. A node that drains tells its clients, which move to another node as the
+SDK does. Client connections carry frames in order, after a delay; a paused node or
+a blocked provider reads them when it runs again.
 """
 
 from __future__ import annotations
@@ -22,25 +24,32 @@ from rpcbus.broker.config import Config
 from rpcbus.broker.gate import Gate
 from rpcbus.broker.router import Router
 from rpcbus.broker.session_rules import SessionRules
+from rpcbus.calling import Calls
 from rpcbus.cluster.core import ClusterCore
 from rpcbus.protocol import (
     AUTH,
     AUTH_OK,
     CANCEL,
+    DRAIN_PING,
     ERROR,
+    PING,
+    PONG,
     PROTOCOL_VERSION,
     PROVIDE,
     REQUEST,
     RESPONSE,
 )
-from rpcbus.provider import Serving
+from rpcbus.provider import Held, Serving
 from rpcbus.sim.world import LOOP_TICK, BusEnd, Redis, World
 
 GRACE = 1.0            # s the SDK waits past a call's timeout before failing it itself
+SWEEP = 0.05           # s between the SDK's sweeps of its deadlines
+LATE = 2 * SWEEP       # s an SDK's own deadline may fire late (bucket, then sweep)
+NOTICE_WAIT = 2.0      # broker/node.py: how long a draining node waits for its clients
+DRAIN_TIMEOUT = 3.0    # server.drain_timeout here
 STALL = 0.25           # broker/node.py: a sweep this late means the process was stopped
 STALL_HOLD = 0.2
-DID_NOT_RUN = {errors.NO_PROVIDER, errors.SHUTTING_DOWN, errors.INVALID_MESSAGE,
-               errors.NOT_AUTHENTICATED, errors.PERMISSION_DENIED, errors.RATE_LIMITED}
+DID_NOT_RUN = errors.DID_NOT_RUN
 DOCUMENTED = DID_NOT_RUN | {errors.RESPONSE_TIMEOUT, errors.PROVIDER_GONE,
                             errors.CONNECTION_LOST, errors.CLUSTER_UNAVAILABLE,
                             errors.PROVIDER_ERROR}
@@ -66,7 +75,17 @@ class Ledger:
         self.outcomes: Counter[str] = Counter()
 
     def made(self, key: tuple[str, int], now: float, timeout: float) -> None:
-        self.calls[key] = {"at": now, "deadline": now + timeout, "outcomes": [], "runs": 0}
+        self.calls[key] = {"at": now, "deadline": now + timeout, "outcomes": [], "runs": 0,
+                           "may_run": 1}
+
+    def abandoned(self, key: tuple[str, int]) -> None:
+        """Its caller died: no outcome is due (it may still run, once)."""
+        self.calls[key]["abandoned"] = True
+
+    def resent(self, key: tuple[str, int]) -> None:
+        """An idempotent call is sent again after its connection was lost: its caller
+        allowed one more run."""
+        self.calls[key]["may_run"] += 1
 
     def ran(self, key: tuple[str, int], provider: str, now: float) -> None:
         call = self.calls.get(key)
@@ -74,8 +93,9 @@ class Ledger:
             self.violations.append(f"{key}: a handler ran a call nobody made")
             return
         call["runs"] += 1
-        if call["runs"] > 1:
-            self.violations.append(f"{key}: ran twice (again on {provider} at {now:.3f})")
+        if call["runs"] > call["may_run"]:
+            self.violations.append(f"{key}: ran {call['runs']} times (again on {provider} "
+                                   f"at {now:.3f})")
 
     def ended(self, key: tuple[str, int], code: str, now: float, data: Any = None) -> None:
         call = self.calls[key]
@@ -87,15 +107,15 @@ class Ledger:
             self.violations.append(f"{key}: given another call's answer {data!r}")
         if code != "OK" and code not in DOCUMENTED:
             self.violations.append(f"{key}: undocumented code {code}")
-        if now > call["deadline"] + GRACE + 1e-6:
+        if now > call["deadline"] + GRACE + LATE + 1e-6:
             self.violations.append(f"{key}: outcome {code} {now - call['deadline']:.3f} s "
                                    "after its deadline")
 
     def check_end(self) -> None:
         for key, call in self.calls.items():
-            if not call["outcomes"]:
+            if not call["outcomes"] and not call.get("abandoned"):
                 self.violations.append(f"{key}: no outcome")
-            elif call["outcomes"][0][0] in DID_NOT_RUN and call["runs"]:
+            elif call["outcomes"] and call["outcomes"][0][0] in DID_NOT_RUN and call["runs"]:
                 self.violations.append(f"{key}: {call['outcomes'][0][0]} but it ran")
 
 
@@ -193,6 +213,7 @@ class SimNode:
         self.name = name
         self.offset = offset                 # its monotonic clock minus the world's
         self.config = node_config(sim.ack_timeout)
+        self.config.server.drain_timeout = DRAIN_TIMEOUT
         rpc = self.config.rpc
         self.router = Router(ack_timeout=rpc.ack_timeout, response_timeout=rpc.response_timeout,
                              max_timeout=rpc.max_timeout, now=self.clock(),
@@ -204,6 +225,7 @@ class SimNode:
         self.cut_off = False
         self.alive = True
         self.sessions: list[SimSession] = []
+        self.unheard: set[SimSession] = set()  # draining: clients yet to answer the notice
         self.end = BusEnd(sim.redis, name, self._on_batch, self._on_up, self._on_down,
                           self.clock)
         self.core = ClusterCore(self.router, self.config.cluster, name, f"ws://{name}",
@@ -256,7 +278,61 @@ class SimNode:
 
     # clients
     def notice_heard(self, session: Any) -> None:
-        pass
+        self.unheard.discard(session)
+
+    @property
+    def in_flight(self) -> int:
+        return self.router.pending + self.core.starting
+
+    def drain(self, then: Callable[[], None]) -> None:
+        """SIGTERM, as broker/node.py ``_shutdown`` does it: other nodes stop sending
+        calls here, every client is told (and PINGed: what it sent before it heard is
+        read), calls under way finish within the drain timeout, calls still waiting for
+        discovery are answered SHUTTING_DOWN, then the connections close and the process
+        exits; ``then`` runs after."""
+        now = self.clock()
+        self.draining = True
+        self.core.set_state("terminating", now)
+        for session in self.sessions:
+            if session.closed:
+                continue
+            session.send([ERROR, None, errors.SHUTTING_DOWN, "this node is shutting down"])
+            if session.authenticated:
+                session.send([PING, DRAIN_PING])
+                self.unheard.add(session)
+            session.flush()
+        heard_by = self.world.now + NOTICE_WAIT
+        until = self.world.now + DRAIN_TIMEOUT
+
+        def wait() -> None:
+            if not self.alive:
+                return
+            if self.paused():
+                self.world.at(self.sim.redis.paused[self.name], wait)
+                return
+            if (self.unheard and self.world.now < heard_by) or (
+                    self.in_flight and self.world.now < until):
+                self.world.after(self.config.rpc.timer_granularity, wait)
+                return
+            self.router.hand_back()
+            for session in self.sessions:
+                session.flush()
+            self.world.after(0.05, stop)  # the last answers to other nodes leave too
+
+        def stop() -> None:
+            if not self.alive:
+                return
+            for session in list(self.sessions):
+                if not session.closed:
+                    session.closed = True
+                    if session.to_client is not None:
+                        session.to_client.flush()
+                        session.to_client.close()  # what it wrote arrives, then the end
+                    self.router.drop_peer(session, self.clock())
+            self.alive = False
+            self.end.alive = False
+            then()
+        wait()
 
     def connect(self, to_client: Callable[[list[list[Any]] | None], None]
                 ) -> tuple[SimSession, Pipe]:
@@ -295,9 +371,10 @@ class SimNode:
         self.alive = False
         self.end.alive = False
         for session in list(self.sessions):
-            session.closed = True
-            if session.to_client is not None:
-                session.to_client.cut()
+            if not session.closed:
+                session.closed = True
+                if session.to_client is not None:
+                    session.to_client.cut()
             session.on_close()
 
 
@@ -305,17 +382,20 @@ class Conn:
     """One client connection: the node's session for it, the pipe the client writes to,
     and (for a provider) its provider rules."""
 
-    __slots__ = ("node", "session", "pipe", "serving")
+    __slots__ = ("node", "session", "pipe", "serving", "gone")
 
     def __init__(self, node: SimNode, session: SimSession, pipe: Pipe) -> None:
         self.node, self.session, self.pipe = node, session, pipe
         self.serving: Serving | None = None
+        self.gone = False
 
 
 class Client:
-    """A client process: one connection at a time to a live node, reconnecting. Frames
-    and the loss of a connection reach it only while no handler holds the process, each
-    with the connection it concerns."""
+    """A client process: one connection for new work at a time, to a live node,
+    reconnecting; told that its node drains, it moves to another while what is under
+    way on the old connection finishes there. Frames and the loss of a connection reach
+    it only while no handler holds the process, each with the connection it
+    concerns."""
 
     def __init__(self, sim: "Simulation", name: str) -> None:
         self.sim = sim
@@ -330,13 +410,22 @@ class Client:
         if not self.alive:
             return
         # a node takes clients once it has joined (broker/node.py: 503 "starting" before)
-        nodes = [n for n in self.sim.nodes.values() if n.alive and n.core.joined(n.clock())]
+        # (503 "draining" from one that drains)
+        nodes = [n for n in self.sim.nodes.values()
+                 if n.alive and not n.draining and n.core.joined(n.clock())]
         if not nodes:
             self.world.after(0.1, self.connect)
             return
         node = self.world.rand.choice(nodes)
         conn: Conn | None = None
-        session, pipe = node.connect(lambda frame: self._when_running(self.frame, conn, frame))
+
+        def read(frame: list[list[Any]] | None) -> None:
+            assert conn is not None
+            if frame is None:  # the node closed the connection
+                self._when_running(self._lost, conn)
+            else:
+                self._when_running(self._frame, conn, frame)
+        session, pipe = node.connect(read)
         conn = self.conn = Conn(node, session, pipe)
         session.on_close = partial(self._when_running, self._lost, conn)
         pipe.send([AUTH, {"protocol": PROTOCOL_VERSION, "name": self.name}])
@@ -349,10 +438,29 @@ class Client:
             return
         fn(*args)
 
+    def _frame(self, conn: Conn, frame: list[list[Any]]) -> None:
+        """What the SDKs do with any connection's PINGs and notices, then ``frame``."""
+        for msg in frame:
+            if msg[0] == PING:
+                conn.pipe.send([PONG, msg[1] if len(msg) > 1 else None])
+            elif msg[0] == ERROR and msg[1] is None and msg[2] == errors.SHUTTING_DOWN:
+                self.move_off(conn)
+        self.frame(conn, frame)
+
     def frame(self, conn: Conn, frame: list[list[Any]]) -> None:
         raise NotImplementedError
 
+    def move_off(self, conn: Conn) -> None:
+        """The node drains: new work goes to a connection to another node at once."""
+        if conn is self.conn:
+            self.conn = None
+            self.ready = False
+            self.connect()
+
     def _lost(self, conn: Conn) -> None:
+        if conn.gone:
+            return
+        conn.gone = True
         self.lost(conn)
         if conn is not self.conn:
             return
@@ -378,6 +486,13 @@ class Provider(Client):
         self.names = names
         self.slow = slow          # most a handler takes, s
         self.blocks = blocks      # chance a handler holds the whole process while it runs
+        self.held = Held(SWEEP, self.world.now)  # the SDK's sweeper ticks it
+        self.world.after(SWEEP, self._tick)
+
+    def _tick(self) -> None:
+        if self.alive:
+            self.held.tick(self.world.now)
+            self.world.after(SWEEP, partial(self._when_running, self._tick))
 
     def connect(self) -> None:
         super().connect()
@@ -396,7 +511,7 @@ class Provider(Client):
         for msg in frame:
             kind = msg[0]
             if kind == REQUEST:  # a connection lost (or moved off) takes nothing
-                serving.request(msg, now, conn is self.conn)
+                serving.request(msg, now, not conn.gone, self.held.late_by(now))
             elif kind == CANCEL:
                 serving.cancel(msg[1])
         self.start(conn, serving.take_starting())
@@ -430,62 +545,90 @@ class Provider(Client):
 
 
 class Caller(Client):
-    """A caller process: calls at random, each with a timeout, every outcome in the
-    ledger. Calls made while it has no connection fail CONNECTION_LOST at once (never
-    sent: not run)."""
+    """A caller process: calls at random through the SDK's caller rules, some of them
+    idempotent, each with a timeout, every outcome in the ledger."""
 
     def __init__(self, sim: "Simulation", name: str, names: list[str], rate: float) -> None:
         super().__init__(sim, name)
         self.names = names
         self.rate = rate
         self.cid = 0
-        self.pending: dict[int, tuple[tuple[str, int], Conn]] = {}
+        self.calls = Calls[Conn](self.world.now, GRACE, SWEEP)
+        self.keys: dict[int, tuple[str, int]] = {}  # calls under way: their ledger key
+        self.world.after(SWEEP, self._sweep)
 
     def start_load(self, until: float) -> None:
         def tick() -> None:
             if not self.alive or self.world.now >= until:
                 return
-            if self.ready:
-                for _ in range(1 + int(self.world.rand.random() * 3)):
-                    self.call()
+            for _ in range(1 + int(self.world.rand.random() * 3)):
+                self.call()
             self.world.after(self.world.rand.expovariate(self.rate), tick)
         self.world.after(self.world.rand.random() * 0.05, tick)
 
     def call(self) -> None:
-        conn = self.conn
-        assert conn is not None
+        """One call; made while there is no connection, it waits for one."""
+        rand = self.world.rand
         self.cid += 1
         cid = self.cid
         key = (self.name, cid)
-        timeout = 0.3 + self.world.rand.random() * 2.5
-        name = self.world.rand.choice(self.names)
+        timeout = 0.3 + rand.random() * 2.5
         self.sim.ledger.made(key, self.world.now, timeout)
-        self.pending[cid] = (key, conn)
-        conn.pipe.send([REQUEST, cid, name, f"{key[0]}:{key[1]}", int(timeout * 1000)])
+        self.keys[cid] = key
+        conn = self.conn if self.ready else None
+        msg = self.calls.make(cid, rand.choice(self.names), f"{key[0]}:{key[1]}",
+                              int(timeout * 1000), None, self.world.now + timeout,
+                              rand.random() < 0.3, conn)
+        if conn is not None and msg is not None:
+            conn.pipe.send(msg)
 
-        def safety() -> None:
-            if self.pending.pop(cid, None) is not None:
-                self.sim.ledger.ended(key, errors.RESPONSE_TIMEOUT, self.world.now)
-        self.world.after(timeout + GRACE, safety)
+    def _sweep(self) -> None:
+        if not self.alive:
+            return
+        for cid, exc in self.calls.expire(self.world.now):
+            self._end(cid, exc.code)
+        self.world.after(SWEEP, self._sweep)
+
+    def _end(self, cid: int, code: str, data: Any = None) -> None:
+        key = self.keys.pop(cid, None)
+        self.calls.forget(cid)
+        if key is not None:  # else after its own deadline: dropped, as the SDK does
+            self.sim.ledger.ended(key, code, self.world.now, data)
+
+    def _send_queued(self) -> None:
+        conn = self.conn
+        if conn is not None and self.ready and not conn.gone:
+            for msg in self.calls.send_queued(conn, self.world.now):
+                conn.pipe.send(msg)
 
     def frame(self, conn: Conn, frame: list[list[Any]]) -> None:
         for msg in frame:
             kind = msg[0]
             if kind == AUTH_OK:
                 self.ready = conn is self.conn
-            elif kind == RESPONSE or (kind == ERROR and msg[1] is not None):
-                entry = self.pending.pop(msg[1], None)
-                if entry is None:
-                    continue  # after its own safety deadline: dropped, as the SDK does
-                if kind == RESPONSE:
-                    self.sim.ledger.ended(entry[0], "OK", self.world.now, msg[2])
+                self._send_queued()
+            elif kind == RESPONSE:
+                self._end(msg[1], "OK", msg[2])
+            elif kind == ERROR and msg[1] is not None:
+                if msg[2] == errors.SHUTTING_DOWN and self.calls.refused_unrun(msg[1], conn):
+                    self._send_queued()  # it never ran: elsewhere, now or when connected
                 else:
-                    self.sim.ledger.ended(entry[0], msg[2], self.world.now)
+                    self._end(msg[1], self.calls.error(msg[1], msg[2], msg[3]).code)
+
+    def kill(self) -> None:
+        """Its calls under way get no outcome: nobody is left to see one."""
+        super().kill()
+        for key in self.keys.values():
+            self.sim.ledger.abandoned(key)
 
     def lost(self, conn: Conn) -> None:
-        for cid in [c for c, (_, sent_on) in self.pending.items() if sent_on is conn]:
-            key, _ = self.pending.pop(cid)
-            self.sim.ledger.ended(key, errors.CONNECTION_LOST, self.world.now)
+        on = self.calls.on(conn)
+        failed = self.calls.lost(conn, resend=True)
+        for cid in set(on) - set(failed):  # idempotent: the caller allowed another run
+            self.sim.ledger.resent(self.keys[cid])
+        for cid in failed:
+            self._end(cid, errors.CONNECTION_LOST)
+        self._send_queued()
 
 
 def _key(data: str) -> tuple[str, int]:

@@ -160,6 +160,17 @@ def _schedule_faults(sim: Simulation, faults: Faults, start: float, end: float,
                     world.after(rand.uniform(0.1, 1.5),
                                 lambda: sim.start_node(name, node.offset))
             at_random(restart)
+        if faults.drain:
+            def deploy() -> None:  # one node after another, as a rolling restart goes
+                up = [n for n in sorted(sim.nodes) if sim.nodes[n].alive
+                      and not sim.nodes[n].draining]
+                if len(up) < 2:
+                    return
+                name = rand.choice(up)
+                node = sim.nodes[name]
+                node.drain(then=lambda: world.after(
+                    rand.uniform(0.1, 1.0), lambda: sim.start_node(name, node.offset)))
+            at_random(deploy)
         if faults.kill_clients:
             def kill() -> None:
                 client = rand.choice(sim.clients)

@@ -70,6 +70,7 @@ class Faults:
     deaf: bool = False          # a node can publish but its reads stall for a while
     pause: bool = False         # a node process stops (SIGSTOP) for a while
     restart: bool = False       # a node is killed and started again under its name
+    drain: bool = False         # a node drains (SIGTERM), exits, starts again: a deploy
     kill_clients: bool = False  # callers and providers die with calls in flight
     block: bool = False         # handlers that block their provider's process
     skew: bool = False          # node clocks far apart (monotonic offsets)
@@ -80,7 +81,7 @@ class Faults:
 
 
 ALL_FAULTS = ("slow", "duplicate", "loss", "partition", "deaf", "pause", "restart",
-              "kill_clients", "block", "skew")
+              "kill_clients", "block", "skew", "drain")
 
 
 class BusEnd:

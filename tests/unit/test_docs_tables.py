@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 from rpcbus.cluster.messages import FIELDS
-from rpcbus.protocol import KIND_NAMES
+from rpcbus.protocol import KIND_NAMES, REQ_CALLER, REQ_SENT_MS, REQ_USER, REQUEST, SHAPES
 
 DOCS = Path(__file__).parents[2] / "docs"
 ROW = re.compile(r"^\| (\d+) \| ([A-Z_]+) \|(.*)\|\s*$")
@@ -15,12 +15,32 @@ def rows(page: str) -> list[tuple[int, str, str]]:
             if (m := ROW.match(line))]
 
 
-def test_the_client_protocol_table_names_every_kind_with_its_number_and_shape():
-    found = rows("protocol.md")
-    for kind, name, rest in found:
-        assert KIND_NAMES.get(kind) == name, (kind, name)
-        assert f"`[{kind}" in rest, f"{name}'s shape must start with its kind {kind}"
-    assert {kind for kind, _, _ in found} == set(KIND_NAMES)
+def split_top(text: str) -> tuple[str, ...]:
+    """``a, {b, c}, [d, ...]`` -> ("a", "{b, c}", "[d, ...]"): commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "{[" and 1 or ch in "}]" and -1 or 0
+        if ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return tuple(parts)
+
+
+def test_the_client_protocol_table_gives_every_message_its_fields():
+    found = {}
+    for line in (DOCS / "protocol.md").read_text().splitlines():
+        m = re.match(r"^\| (\d+) \| ([A-Z_]+) \| ([^|]+) \| `\[(\d+), (.*?)\]`", line)
+        if m:
+            kind, name, direction = int(m[1]), m[2], m[3].strip()
+            assert KIND_NAMES.get(kind) == name and int(m[4]) == kind, (kind, name)
+            found[(kind, direction)] = split_top(m[5])
+    assert found == SHAPES
+    assert {kind for kind, _ in SHAPES} == set(KIND_NAMES)
+    to_provider = SHAPES[(REQUEST, "node → provider")]
+    assert to_provider.index("caller") + 1 == REQ_CALLER
+    assert to_provider.index("sent_ms") + 1 == REQ_SENT_MS
+    assert to_provider.index("user?") + 1 == REQ_USER
 
 
 def test_the_cluster_table_names_every_kind_with_its_number_and_fields():

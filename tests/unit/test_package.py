@@ -16,7 +16,8 @@ FOLDERS = {"clients": ("rpcbus", 0), "conf": ("rpcbus.conf", 0),
 # the rules of the protocol: pure state machines (events and a clock in, messages out)
 CORES = ["broker/router.py", "broker/session_rules.py", "cluster/core.py",
          "cluster/peers.py", "cluster/outbox.py", "cluster/membership.py",
-         "cluster/providers.py", "clients/provider.py", "clients/protocol.py"]
+         "cluster/providers.py", "clients/provider.py", "clients/protocol.py",
+         "clients/calling.py"]
 IO = {"asyncio", "socket", "selectors", "threading", "websockets", "redis", "time"}
 LAYER_OF = sorted(((pkg, layer) for pkg, layer in FOLDERS.values() if pkg != "rpcbus"),
                   key=lambda p: -len(p[0]))

@@ -6,7 +6,8 @@
 // keeps a safety deadline of its own (timeout + grace), swept by one interval timer.
 //
 // Losing the connection: calls sent on it fail with CONNECTION_LOST, except idempotent ones,
-// which are sent again on the next connection. Unless `reconnect: false`, the client
+// which are sent again on the next connection (answered there with a code that says "did
+// not run", one fails CONNECTION_LOST instead: it may have run on the lost one). Unless `reconnect: false`, the client
 // connects again (backoff with jitter) to the next URL, provides again every name, and
 // sends the calls made meanwhile (they never left, so they cannot have run) with the time
 // their callers have left. A node shutting down says so: the client moves to another URL
@@ -24,6 +25,7 @@
 
 import { Backoff } from './backoff.js'
 import { Deadlines } from './deadlines.js'
+import { Held } from './staleness.js'
 import * as errors from './errors.js'
 import * as p from './protocol.js'
 import { webSocketClass } from './socket.js'
@@ -118,6 +120,7 @@ export class Client {
       if (this._lastErr instanceof errors.RpcError) throw this._lastErr // refused credentials
       throw new errors.ConnectFailedError(`cannot connect to ${this._lastError}`)
     }
+    this._held = new Held(SWEEP_MS, now())
     this._sweeper = setInterval(() => this._sweep(), SWEEP_MS)
     this._use(wire)
     return this
@@ -221,9 +224,10 @@ export class Client {
       if (call === undefined || call.wire !== null) continue
       const left = call.until - t
       if (left <= 0) { this._queued.push(ref); continue }
-      call.msg[4] = Math.max(1, Math.floor(left))
       call.wire = wire
-      wire.send(call.msg)
+      const sent = call.msg.slice() // built anew, with the time its caller has left
+      sent[4] = Math.max(1, Math.floor(left))
+      wire.send(sent)
     }
   }
 
@@ -433,7 +437,8 @@ export class Client {
       if (msg.length < 6 || !Number.isInteger(msg[1]) || typeof msg[2] !== 'string') {
         throw new Error('REQUEST with the wrong fields')
       }
-      if (msg.length > 6 && wire.staleness.stale(msg[6], now())) {
+      const t = now()
+      if (msg.length > 6 && wire.staleness.stale(msg[6], t, this._held.lateBy(t))) {
         wire.send([p.REJECT, msg[1]]) // the node has moved it on (or is about to)
         this.staleRequests += 1
         if ((this.staleRequests & (this.staleRequests - 1)) === 0) {
@@ -465,7 +470,13 @@ export class Client {
       if (ref == null || !this._pending.has(ref)) {
         this.log.warn(`node_error url=${wire.url} code=${code} error=${message} ref=${ref}`)
       } else {
-        this._finish(ref, errors.errorFromCode(code, message))
+        const call = this._pending.get(ref)
+        // sent again after its connection was lost, where it may have run: a "did not
+        // run" code is true of the last sending only
+        this._finish(ref, call.maybeRan && errors.DID_NOT_RUN.has(code)
+          ? new errors.ConnectionLostError('sent again after its connection was lost, ' +
+            `where it may have run, then answered ${code}: ${message}`)
+          : errors.errorFromCode(code, message))
       }
     } else if (kind === p.CANCEL) {
       const task = wire.running.get(msg[1])
@@ -559,6 +570,7 @@ export class Client {
   // -- failure ---------------------------------------------------------------------------
 
   _sweep () {
+    this._held.tick(now())
     for (const ref of this._deadlines.expire(now())) {
       const entry = this._pending.get(ref)
       if (entry === undefined) continue
@@ -630,6 +642,7 @@ export class Client {
       if (entry.wire !== wire) continue
       if (entry.idempotent && this.reconnect && !this.closed) {
         entry.wire = null // send it again on the next connection
+        entry.maybeRan = true
         this._queued.push(ref)
         continue
       }

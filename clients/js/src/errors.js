@@ -25,6 +25,11 @@ function kind (name, code) {
   return cls
 }
 
+// Codes a node answers only for a call that did not run (docs/protocol.md).
+export const DID_NOT_RUN = Object.freeze(new Set(['NO_PROVIDER', 'SHUTTING_DOWN',
+  'INVALID_MESSAGE', 'NOT_AUTHENTICATED', 'PERMISSION_DENIED', 'RATE_LIMITED',
+  'CONNECT_FAILED']))
+
 export const NoProviderError = kind('NoProviderError', 'NO_PROVIDER')
 export const ResponseTimeoutError = kind('ResponseTimeoutError', 'RESPONSE_TIMEOUT')
 export const ProviderError = kind('ProviderError', 'PROVIDER_ERROR')

@@ -6,7 +6,7 @@ import { decode, encode } from '@msgpack/msgpack'
 import * as p from '../../src/protocol.js'
 import { Backoff } from '../../src/backoff.js'
 import { Deadlines } from '../../src/deadlines.js'
-import { Staleness } from '../../src/staleness.js'
+import { Held, Staleness } from '../../src/staleness.js'
 import { errorFromCode, NoProviderError, RpcError, CODES } from '../../src/errors.js'
 
 test('a frame is one message or an array of them; anything else is refused', () => {
@@ -80,6 +80,22 @@ test('the send stamp check refuses only what was read late, whatever the clocks 
   assert.equal(at(40000, 40602), true)
   assert.equal(at(71000, 71602), false)
   assert.equal(at(72000, 72602), false)
+})
+
+test('a REQUEST read after the program was held never becomes the clocks offset', () => {
+  const s = new Staleness(500, 30000)
+  assert.equal(s.stale(1000, 2000, 1000), true) // first on the connection, held 1 s: unknown
+  assert.equal(s.stale(2000, 2000), false) // read at once: the offset is 0
+  assert.equal(s.stale(2100, 2900, 800), true) // 800 ms old
+  assert.equal(s.stale(2800, 2900, 800), false) // held, but sent late in the hold
+  const held = new Held(50, 0)
+  held.tick(50)
+  assert.equal(held.lateBy(70), 0)
+  assert.equal(held.lateBy(1100), 1000) // the frame before the late tick
+  held.tick(1100)
+  assert.equal(held.lateBy(1100), 1000) // Node.js: the late timer first
+  held.tick(1150)
+  assert.equal(held.lateBy(1160), 0)
 })
 
 test('deadlines come due in bulk, never early', () => {

@@ -1,0 +1,82 @@
+"""The SDK's caller and provider rules, as pure cores (rpcbus.calling, rpcbus.provider)."""
+
+from rpcbus import errors
+from rpcbus.calling import Calls
+from rpcbus.protocol import CANCEL, REQUEST
+from rpcbus.provider import Freshness, Held
+
+
+def test_a_call_refused_unrun_then_lost_is_not_sent_a_third_time():
+    """SHUTTING_DOWN means it never ran, so it goes on the next connection; once sent
+    there it may run, and losing that connection fails it unless it is idempotent."""
+    calls = Calls[str](0.0, grace=1.0)
+    assert calls.make(1, "f", "x", 2000, None, 2.0, idempotent=False, wire="a") == \
+        [REQUEST, 1, "f", "x", 2000]
+    assert calls.make(2, "f", "y", None, None, 2.0, idempotent=True, wire="a")
+    assert calls.refused_unrun(1, "a") and calls.waiting(1)
+    assert not calls.refused_unrun(1, "a")  # not on "a" any more: ignored
+    assert calls.send_queued("b", 0.5) == [[REQUEST, 1, "f", "x", 1500]]  # time left
+    assert calls.lost("a", resend=True) == []          # 2: idempotent, waits
+    assert calls.lost("b", resend=True) == [1]         # 1: may have run: fails
+    assert calls.send_queued("c", 1.0) == [[REQUEST, 2, "f", "y", 1000]]
+    assert calls.lost("c", resend=False) == [2]        # the client does not reconnect
+
+
+def test_a_did_not_run_code_after_a_resend_says_the_call_may_have_run():
+    calls = Calls[str](0.0, grace=1.0)
+    calls.make(1, "f", None, 1000, None, 1.0, idempotent=True, wire="a")
+    calls.make(2, "f", None, 1000, None, 1.0, idempotent=True, wire="a")
+    assert calls.error(1, errors.NO_PROVIDER, "none").code == errors.NO_PROVIDER
+    calls.lost("a", resend=True)
+    calls.send_queued("b", 0.1)
+    lost = calls.error(1, errors.NO_PROVIDER, "none")
+    assert isinstance(lost, errors.ConnectionLostError) and "NO_PROVIDER" in lost.message
+    assert calls.error(2, errors.PROVIDER_ERROR, "boom").code == errors.PROVIDER_ERROR
+
+
+def test_every_call_ends_by_its_deadline_and_grace_with_what_happened_to_it():
+    calls = Calls[str](0.0, grace=1.0, sweep=0.05)
+    calls.make(1, "f", None, 500, None, 0.5, idempotent=False, wire=None)  # never sent
+    calls.make(2, "f", None, 500, None, 0.5, idempotent=False, wire="a")
+    calls.make(3, "f", None, 500, None, 0.5, idempotent=False, wire="a")
+    calls.forget(3)                                   # answered
+    calls.control(4, "a", 1.5)                         # a PROVIDE: no grace added
+    assert calls.expire(1.4) == []
+    assert calls.send_queued("b", 0.6) == []          # its time is up: not sent late
+    ended = {ref: type(exc) for ref, exc in calls.expire(1.6)}
+    assert ended == {1: errors.ConnectionLostError, 2: errors.ResponseTimeoutError,
+                     4: errors.ResponseTimeoutError}
+    assert calls.expire(10.0) == [] and len(calls) == 0
+
+
+def test_cancels_go_only_where_a_call_was_sent_and_is_unanswered():
+    calls = Calls[str](0.0, grace=1.0)
+    calls.make(1, "f", None, None, {"traceparent": "t"}, 5.0, False, "a")
+    calls.make(2, "f", None, None, None, 5.0, False, None)
+    calls.control(3, "a", 5.0)
+    assert calls.cancels() == [("a", [CANCEL, 1])]     # not the control, not the unsent
+    assert calls.give_up(2, answered=False) is None
+    assert calls.give_up(1, answered=True) is None
+    assert calls.cancels() == [] and calls.on("a") == [3]
+
+
+def test_a_request_read_after_the_process_was_held_never_sets_the_clock_offset():
+    """The connection's first REQUEST was read 1 s late (its loop held by a handler):
+    with no offset known it is refused; it does not become the offset either, so the
+    next late one is still judged stale once a prompt one has set it."""
+    fresh = Freshness(stale_after_ms=500)
+    assert fresh.stale(1000, 2.0, late_by=1.0)        # sent at 1 s, read at 2 s: unknown
+    assert not fresh.stale(2000, 2.0)                  # read at once: the offset is 0
+    assert fresh.stale(2100, 2.9, late_by=0.8)         # 800 ms old
+    assert not fresh.stale(2800, 2.9, late_by=0.8)     # held, but sent late in the hold
+
+
+def test_held_sees_a_stall_whether_the_frame_or_the_late_tick_runs_first():
+    held = Held(0.05, 0.0)
+    held.tick(0.05)
+    assert held.late_by(0.07) == 0.0
+    assert abs(held.late_by(1.10) - 1.0) < 1e-9       # asyncio: I/O before the late tick
+    held.tick(1.10)                                    # uvloop: the late tick first
+    assert abs(held.late_by(1.10) - 1.0) < 1e-9
+    held.tick(1.15)
+    assert held.late_by(1.16) == 0.0

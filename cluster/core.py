@@ -44,6 +44,12 @@ import structlog
 from rpcbus import errors
 from rpcbus.cluster import messages as m
 from rpcbus.cluster.membership import Membership
+from rpcbus.cluster.messages import (
+    INV_ACK_LEFT_MS,
+    INV_ID,
+    INV_RPC,
+    INV_TIME_LEFT_MS,
+)
 from rpcbus.cluster.peers import RecentIds, RemoteCaller, RemoteNode
 from rpcbus.cluster.providers import ProviderCache
 from rpcbus.cluster.routing import Routing
@@ -381,7 +387,7 @@ class ClusterCore:
                 taken: list[RemoteCaller]) -> None:
         """Take an INVOKE if fresh: added to ``taken``, it starts once Redis has the ACK
         that names it (published for the whole batch by ``_on_batch``)."""
-        attempt, left_ms, ack_ms = msg[1], msg[4], msg[5]
+        attempt, left_ms, ack_ms = msg[INV_ID], msg[INV_TIME_LEFT_MS], msg[INV_ACK_LEFT_MS]
         if node.retired:  # its origin process is gone: nobody waits for the answer
             self.stats["stale_invokes"] += 1
             return
@@ -396,7 +402,7 @@ class ClusterCore:
         if (age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0
                 or ((refused.new or refused.old) and key in refused)):  # rarely any
             self.stats["stale_invokes"] += 1
-            self._warnings.warn("stale_invoke_dropped", origin=node.name, rpc=msg[2],
+            self._warnings.warn("stale_invoke_dropped", origin=node.name, rpc=msg[INV_RPC],
                             call_id=attempt, age_ms=int(age * 1000))
             return
         caller = RemoteCaller(self, node, key, msg, now + left_ms / 1000 - age,

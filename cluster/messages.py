@@ -77,6 +77,10 @@ FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
     ANNOUNCE: ("ANNOUNCE", ()),
 }
 
+# Positions in an INVOKE (FIELDS[INVOKE]): where a node reads one
+INV_ID, INV_RPC, INV_DATA, INV_TIME_LEFT_MS, INV_ACK_LEFT_MS, INV_CALLER, INV_TRACEPARENT, \
+    INV_USER = range(1, 9)
+
 STARTING = "starting"
 READY = "ready"
 TERMINATING = "terminating"

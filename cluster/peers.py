@@ -16,6 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from rpcbus import errors
 from rpcbus.cluster import messages as m
+from rpcbus.cluster.messages import (
+    INV_CALLER,
+    INV_DATA,
+    INV_RPC,
+    INV_TRACEPARENT,
+    INV_USER,
+)
 from rpcbus.protocol import ACCEPT, ACK_CHECK, REQUEST
 from rpcbus.protocol import CANCEL as C_CANCEL
 from rpcbus.protocol import ERROR as C_ERROR
@@ -84,8 +91,9 @@ class RemoteCaller:
                  invoke: list[Any], deadline: float, late_at: float) -> None:
         self.link, self.node, self.origin = link, origin, origin.name
         self.key = key            # (origin's incarnation, attempt): in the link's tables
-        self.id, self.label = key[1], invoke[6]
-        self.user_name = invoke[8] if len(invoke) > 8 else None  # checked at the origin
+        self.id, self.label = key[1], invoke[INV_CALLER]
+        # checked at the origin
+        self.user_name = invoke[INV_USER] if len(invoke) > INV_USER else None
         self.inflight = 0
         self.calls: dict[int, Any] = {}  # its one call (the router's)
         self.invoke: list[Any] | None = invoke  # the INVOKE, until it starts
@@ -109,12 +117,13 @@ class RemoteCaller:
             # Refuse it unrun; an origin still waiting moves it now.
             del link.invoked[key]
             link.stats["stale_invokes"] += 1
-            link._warnings.warn("late_ack_invoke_refused", origin=self.origin, rpc=msg[2],
+            link._warnings.warn("late_ack_invoke_refused", origin=self.origin, rpc=msg[INV_RPC],
                             call_id=self.id)
             self.node.publish([m.REJECT, self.id])
             return
-        link.router.request(self, self.id, msg[2], msg[3], int((self.deadline - t) * 1000), t,
-                            msg[7] if len(msg) > 7 else None)
+        link.router.request(self, self.id, msg[INV_RPC], msg[INV_DATA],
+                            int((self.deadline - t) * 1000), t,
+                            msg[INV_TRACEPARENT] if len(msg) > INV_TRACEPARENT else None)
 
     def send(self, msg: list[Any]) -> None:
         """The call's outcome, back to the origin (an ACCEPT stays here: the ACK the origin

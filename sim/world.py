@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable
@@ -168,7 +169,10 @@ class Redis:
         # to a subscriber in the order it took them (one shard per topic on a Redis
         # Cluster: different topics may interleave)
         self._sent: dict[str, float] = {}                # node -> last arrival at Redis
-        self._fifo: dict[tuple[str, str], float] = {}    # (topic, to) -> last delivery
+        self._fifo: dict[tuple[str, str], float] = {}    # (topic, to) -> last arrival
+        # (topic, its subscriber's connection) -> batches arrived and not yet read: read
+        # strictly in order, however stalls and pauses come and go (``_read``)
+        self._unread: dict[tuple[str, BusEnd], deque[tuple[int, bytes]]] = {}
         self.batches = 0
 
     def latency(self) -> float:
@@ -232,23 +236,37 @@ class Redis:
                 key = (topic, end.name)
                 due = max(self.world.now + self.latency(), self._fifo.get(key, 0.0))
                 self._fifo[key] = due
-                self.world.at(due, partial(self._deliver, end, end.session, topic, payload))
+                self.world.at(due, partial(self._arrive, end, end.session, topic, payload))
 
-    def _deliver(self, end: BusEnd, session: int, topic: str, payload: bytes) -> None:
-        if end.session != session or not end.up or not end.alive:
-            return  # sent to a session that ended: lost with it
+    def _arrive(self, end: BusEnd, session: int, topic: str, payload: bytes) -> None:
+        """A batch reaches the node's connection; it is read after those before it."""
         if end.name in self.losing:
             return  # lost with a connection that breaks: the session ends
-        stalled = max(self.deaf.get(end.name, -1.0), self.cut.get(end.name, -1.0),
-                      -1.0 if topic == self.control else self.deaf_private.get(end.name, -1.0))
-        if stalled > self.world.now:  # cut off, or its reads stall: in order, late
-            self.world.at(stalled, lambda: self._deliver(end, session, topic, payload))
-            return
-        if self.node_paused(end.name):  # read once the process runs again
-            self.world.at(self.paused[end.name],
-                          lambda: self._deliver(end, session, topic, payload))
-            return
-        end.on_batch(m.decode_batch(payload))
+        unread = self._unread.setdefault((topic, end), deque())
+        unread.append((session, payload))
+        if len(unread) == 1:  # else a read of this queue is already due
+            self._read(end, topic)
+
+    def _read(self, end: BusEnd, topic: str) -> None:
+        """Read the queue in order: what a cut, a stalled subscription or a stopped
+        process holds back arrives late, never before what came earlier."""
+        unread = self._unread[(topic, end)]
+        while unread:
+            session, payload = unread[0]
+            if (end.session != session or not end.up or not end.alive
+                    or end.name in self.losing):
+                unread.popleft()  # a session that ended, or a connection that breaks
+                continue
+            stalled = max(self.deaf.get(end.name, -1.0), self.cut.get(end.name, -1.0),
+                          -1.0 if topic == self.control
+                          else self.deaf_private.get(end.name, -1.0))
+            if self.node_paused(end.name):
+                stalled = max(stalled, self.paused[end.name])
+            if stalled > self.world.now:  # cut off, its reads stall, or it is stopped
+                self.world.at(stalled, partial(self._read, end, topic))
+                return
+            unread.popleft()
+            end.on_batch(m.decode_batch(payload))
 
     # faults
 

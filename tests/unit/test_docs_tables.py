@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from rpcbus.cluster.messages import FIELDS
+from rpcbus.cluster.messages import FIELDS, INV_CALLER, INV_TRACEPARENT, INV_USER, INVOKE
 from rpcbus.protocol import KIND_NAMES, REQ_CALLER, REQ_SENT_MS, REQ_USER, REQUEST, SHAPES
 
 DOCS = Path(__file__).parents[2] / "docs"
@@ -52,3 +52,6 @@ def test_the_cluster_table_names_every_kind_with_its_number_and_fields():
         assert (name, tuple(fields)) == FIELDS[kind], (kind, name, fields)
     assert {kind for kind, _, _ in found} == set(FIELDS)
     assert not set(FIELDS) & set(KIND_NAMES)  # the two protocols' kinds never collide
+    invoke = FIELDS[INVOKE][1]
+    assert (invoke.index("caller"), invoke.index("traceparent?"), invoke.index("user?")) == (
+        INV_CALLER - 1, INV_TRACEPARENT - 1, INV_USER - 1)

@@ -3,7 +3,7 @@
 The findings (analytics/findings.py) read the rollup many ways: per rpc and minute, per
 provider, each provider against the others of its rpc minute by minute. As Spark queries
 that was a dozen jobs over a small table, each paying Spark's fixed cost (planning,
-code generation, scheduling: 35 s of an 80 s analysis of 10M rows, docs/performance.md);
+code generation, scheduling: 35 s of an 80 s analysis of 10M rows, docs/performance-archive.md);
 here the rollup comes to the driver in one query, as one row per (provider, rpc,
 serving node) holding that series' minutes as arrays, and everything else is numpy.
 

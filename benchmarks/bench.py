@@ -50,9 +50,10 @@ SCENARIOS = {
 @load.options
 @click.option("--nodes", type=click.IntRange(min=1), default=None,
               help="Nodes [the scenario's: local 1, cross 2, cluster 3].")
-@click.option("--layout", type=click.Choice(["cross", "spread"]), default=None,
+@click.option("--layout", type=click.Choice(load.LAYOUTS), default=None,
               help="cross = providers on n1, callers on the others; spread = both round-robin "
-              "over all nodes [the scenario's: cluster spreads].")
+              "over all nodes; gather = callers on n1, providers round-robin over all "
+              "[the scenario's: cluster spreads].")
 @click.option("--smoke", is_flag=True, help="A tiny run (the test suite's).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="The directory the report goes to [bench-results/SCENARIO-TIME].")

@@ -36,6 +36,8 @@ import click
 from rpcbus.broker.local import LocalCluster
 from rpcbus.broker.process import NodeProcess
 
+LAYOUTS = ("cross", "spread", "gather")
+
 
 def _spawn(role: str, *args: str, module: str = "rpcbus.benchmarks.workers",
            program: list[str] | None = None) -> subprocess.Popen[str]:
@@ -155,6 +157,9 @@ def run_callers(urls: list[str], args: SimpleNamespace, cpu_of: Any = None,
             out["msgs_per_publish"] = bus_delta("messages_out") / batches
             out["bus_msgs_per_call"] = bus_delta("messages_out") / measured
         out["by_node"] = [_node_batching(a, b, measured) for a, b in zip(s0, s1, strict=True)]
+        local, remote = delta("router", "local_calls"), delta("router", "remote_calls")
+        if local + remote:  # first attempts of callers' calls that stayed on their node
+            out["stayed_local"] = local / (local + remote)
     return out
 
 
@@ -249,6 +254,9 @@ def options(command: Any) -> Any:
                      show_default=True, help="With several nodes: run the bus on an embedded "
                      "Redis Cluster of this many masters (3 or more; sharded pub/sub) "
                      "instead of one redis-server."),
+        click.option("--policy", type=click.Choice(["local-first", "cluster"]), default=None,
+                     help="With several nodes: the nodes' choice of provider "
+                     "(cluster.policy) [the nodes' default: cluster]."),
         click.option("--no-baseline", is_flag=True, help="Skip the direct echo baseline."),
     )):
         command = decorator(command)
@@ -259,9 +267,10 @@ def options(command: Any) -> Any:
 @options
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Nodes (more than 1: a cluster on an embedded redis-server).")
-@click.option("--layout", type=click.Choice(["cross", "spread"]), default="cross",
+@click.option("--layout", type=click.Choice(LAYOUTS), default="cross",
               show_default=True, help="With several nodes: cross = providers on n1, callers "
-              "on the others; spread = providers and callers round-robin over all nodes.")
+              "on the others; spread = providers and callers round-robin over all nodes; "
+              "gather = callers on n1, providers round-robin over all nodes.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="A directory to write result.json into.")
 def command(**opts: Any) -> dict[str, Any]:
@@ -317,12 +326,17 @@ def run(args: SimpleNamespace) -> dict[str, Any]:
             nodes = [NodeProcess().start()]
             node_urls = [nodes[0].url]
         else:
-            cluster = LocalCluster(nodes=args.nodes, env=_seal_env(args.seal),
+            env = _seal_env(args.seal)
+            if args.policy:
+                env["RPCBUS_CLUSTER_POLICY"] = args.policy
+            cluster = LocalCluster(nodes=args.nodes, env=env,
                                    redis_shards=args.redis_shards).start()
             nodes = cluster.nodes
             node_urls = [n.url for n in nodes]
         if len(node_urls) > 1 and args.layout == "cross":
             provider_urls, caller_urls = node_urls[:1], node_urls[1:]
+        elif len(node_urls) > 1 and args.layout == "gather":
+            provider_urls, caller_urls = node_urls, node_urls[:1]
         else:
             provider_urls = caller_urls = node_urls
         print(f"rpcbus at {', '.join(node_urls)} ...", file=sys.stderr)
@@ -342,6 +356,7 @@ def run(args: SimpleNamespace) -> dict[str, Any]:
 
             result["rpcbus"]["rss_mb_by_node"] = [
                 round(psutil.Process(n.pid).memory_info().rss / 2**20, 1) for n in nodes]
+        result["rpcbus"]["served_by_provider"] = _served(providers, provider_urls)
     finally:
         for prov in providers:
             prov.kill()
@@ -356,6 +371,23 @@ def run(args: SimpleNamespace) -> dict[str, Any]:
         result["ratio_calls_per_s"] = result["rpcbus"]["calls_per_s"] / base["calls_per_s"]
         result["ratio_p99"] = result["rpcbus"]["p99_us"] / base["p99_us"]
     return result
+
+
+def _served(providers: list[subprocess.Popen[str]], urls: list[str]) -> list[dict[str, Any]]:
+    """Each provider's calls (asked with SIGTERM), with the node it was on: the shares."""
+    served = []
+    for i, prov in enumerate(providers):
+        prov.terminate()
+        try:
+            out, _ = prov.communicate(timeout=10)
+            n = json.loads(out.strip().splitlines()[-1])["served"]
+        except (subprocess.TimeoutExpired, ValueError, KeyError, IndexError):
+            n = None  # it did not say: left out of the shares
+        served.append({"node": urls[i % len(urls)], "calls": n})
+    total = sum(s["calls"] or 0 for s in served)
+    for s in served:
+        s["share"] = round(s["calls"] / total, 4) if total and s["calls"] is not None else None
+    return served
 
 
 def _seal_env(mode: str) -> dict[str, str]:
@@ -409,6 +441,14 @@ def _summary(result: dict[str, Any]) -> str:
                 frames = f"{b['msgs_per_frame_in']:.1f}/{b['msgs_per_frame_out']:.1f}"
                 lines.append(f"{'':10} {name:>6} {c:>12.2f} {frames:>18} "
                              f"{b['msgs_per_publish']:>13.1f} {b['publishes_per_call']:>13.3f}")
+        if "stayed_local" in r:
+            lines.append(f"{'':10} callers' calls that stayed on their node: "
+                         f"{r['stayed_local']:.1%}")
+        served = r.get("served_by_provider") or []
+        if len(served) > 1:
+            lines.append(f"{'':10} calls by provider (share; node): " + ", ".join(
+                f"{s['share']:.1%} ({s['node'].rsplit(':', 1)[-1]})" if s["share"] is not None
+                else "?" for s in served))
     if "ratio_calls_per_s" in result:
         lines.append(f"rpcbus ÷ direct: throughput {result['ratio_calls_per_s']:.2f}, "
                      f"p99 {result['ratio_p99']:.2f}")

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -178,12 +179,15 @@ async def run_provider(args: argparse.Namespace) -> None:
     and ``{"cancelled": data}`` for a call the node cancelled while it ran.
     ``--work S`` makes each call take S seconds in the handler ``--handler`` names:
     ``async`` (awaits), ``def`` (a plain function that blocks: the SDK runs it in a worker
-    thread) or ``spin`` (an ``async def`` that holds the event loop, CPU-bound)."""
+    thread) or ``spin`` (an ``async def`` that holds the event loop, CPU-bound).
+    On SIGTERM it prints ``{"served": N}``, the calls it ran, and exits."""
     fd = os.open(args.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) \
         if args.record else -1
     work = args.work
+    served = [0]
 
     def record(data: Any) -> None:
+        served[0] += 1
         if fd >= 0:
             os.write(fd, json.dumps(data).encode() + b"\n")
 
@@ -210,12 +214,15 @@ async def run_provider(args: argparse.Namespace) -> None:
         return data
 
     handler = {"async": echo, "def": blocking, "spin": spin}[args.handler]
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with rpcbus.connect(args.url.split(","), name="bench-provider",
                                ping_interval=None) as c:
         for name in args.rpc.split(","):
             await c.provide(name, handler)
         print(json.dumps({"ready": True}), flush=True)
-        await asyncio.Event().wait()  # until killed
+        await stop.wait()  # until SIGTERM (then the calls it ran), or killed
+    print(json.dumps({"served": served[0]}), flush=True)
 
 
 class _EchoSession(FrameIO, ServerConnection):

@@ -76,7 +76,7 @@ def _tune_gc(cluster: bool) -> None:
     thousand calls, over the whole heap with the link's sets of recent attempt keys)
     about 14 times rarer; ``gc.freeze`` leaves what start-up made (modules, functions, the
     configuration) out of them for good. The provider's node of a call across nodes runs
-    ~4 % fewer instructions (docs/performance.md); cyclic garbage, rare here (an
+    ~4 % fewer instructions (docs/performance-archive.md); cyclic garbage, rare here (an
     exception's traceback), waits at most 10,000 allocations longer.
     """
     if cluster:  # imported by the node once it starts: made now, it is frozen too

@@ -119,6 +119,7 @@ class Config:
 _CHOICES = {
     ("auth", "mode"): ("none", "users"),
     ("cluster", "seal"): ("none", "sign", "encrypt"),
+    ("cluster", "policy"): ("local-first", "cluster"),
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "json", "console"),
 }

@@ -77,6 +77,7 @@ class Node:
             now=time.monotonic(),  # asyncio's clock
             prefer_local=config.cluster.prefer_local,
             affinity=config.cluster.affinity,
+            policy=config.cluster.policy,
             clock=time.perf_counter if config.server.per_rpc_metrics else None,
         )
         self.link: Any = None  # the ClusterLink when cluster.redis_url is set
@@ -487,9 +488,12 @@ class Node:
         that crosses nodes is counted once, on its caller's node), and the
         provider counts of at most HEARTBEAT_RPCS rpcs (the most provided) with the
         totals, and the call counts and latency buckets of its callers' HEARTBEAT_RPC_CALLS
-        busiest rpcs (the dashboard's per-rpc rates and percentiles): a heartbeat stays
-        small however many names are provided or called (routing never reads it: it
-        learns counts from PROVIDER_UPDATE and RPC_QUERY)."""
+        busiest rpcs (the dashboard's per-rpc rates and percentiles), how many of its
+        callers' calls went to a provider here or to another node, and the attempts
+        outstanding at its providers of the HEARTBEAT_RPCS busiest rpcs (``load``, which
+        other nodes' ``local-first`` choice weighs; routing reads nothing else here: it
+        learns counts from PROVIDER_UPDATE and RPC_QUERY). A heartbeat stays small however
+        many names are provided or called."""
         stats = self.router.stats
         counts = self.router.provider_counts()
         shown = counts if len(counts) <= HEARTBEAT_RPCS else dict(
@@ -499,6 +503,8 @@ class Node:
                 "providers": shown, "rpcs": len(counts),
                 "providers_total": sum(counts.values()),
                 "calls_ok": stats.calls_ok, "calls_failed": stats.calls_failed,
+                "local_calls": stats.local_calls, "remote_calls": stats.remote_calls,
+                "served": self.router.provider_rates(HEARTBEAT_RPCS),
                 "calls_by_rpc": self.router.rpc_stats.busiest(HEARTBEAT_RPC_CALLS)}
 
     def cluster_view(self) -> dict[str, Any]:

@@ -64,6 +64,7 @@ from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, cast
 
 from rpcbus import errors
+from rpcbus.broker.choice import POLICIES, QUIET, local_first
 from rpcbus.broker.rpcstats import OTHER, SAMPLE, RpcStatsTable
 from rpcbus.deadlines import Deadlines
 from rpcbus.protocol import (
@@ -89,6 +90,8 @@ _HISTORY_MASK = HISTORY_SAMPLE - 1
 # names whose first attempts ``_balanced`` counts; past that the counts start over (every
 # share starts even again), so names provided elsewhere and gone keep no memory
 BALANCED_NAMES = 4096
+RATE_SAMPLE = 0.05  # s between samples of the providers' call rates (``rate``)
+RATE_STEP = 0.05    # of the way to each sample: smoothed over about a second
 
 
 class Peer(Protocol):
@@ -100,6 +103,9 @@ class Peer(Protocol):
     # as a provider: every attempt sent to it up to this id that it did not REJECT, it
     # accepted (a client's ACCEPT_UPTO; 0 for other peers)
     accepted_upto: int
+    load: int               # attempts sent to it, not yet ended (kept here)
+    attempts: int           # attempts ever sent to it (kept here)
+    rate: float             # attempts sent per second, over about a second (kept here)
 
     @property
     def closed(self) -> bool: ...
@@ -192,7 +198,8 @@ class RouterStats:
     __slots__ = ("ok", "provider_errors", "no_provider", "response_timeouts",
                  "ack_timeouts", "rejects", "provider_gone", "retries", "late", "foreign",
                  "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled",
-                 "ack_checks", "calls_ok", "calls_failed", "duplicate_ids")
+                 "ack_checks", "calls_ok", "calls_failed", "duplicate_ids", "local_calls",
+                 "remote_calls")
     ok: int
     provider_errors: int
     no_provider: int
@@ -215,6 +222,9 @@ class RouterStats:
     calls_ok: int
     calls_failed: int
     duplicate_ids: int  # REQUESTs refused: the caller's id belongs to a call in flight
+    # first attempts of this node's own callers' calls: to a provider here / another node
+    local_calls: int
+    remote_calls: int
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -237,8 +247,10 @@ class Router:
                  now: float, granularity: float = 0.01, max_name: int = DEFAULT_MAX_NAME,
                  rand: Callable[[], float] = random.random,
                  cluster: ClusterView | None = None, prefer_local: bool = False,
-                 affinity: int = 1,
+                 affinity: int = 1, policy: str = "cluster",
                  clock: Callable[[], float] | None = None) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
         self.ack_timeout = ack_timeout
         self.response_timeout = response_timeout
         self.max_timeout = max_timeout
@@ -247,6 +259,9 @@ class Router:
         self.cluster = cluster
         self.prefer_local = prefer_local
         self.affinity = affinity             # first attempts per draw (1: a draw each)
+        # broker/choice.py, which weighs each provider's ``load`` and ``rate`` (kept only
+        # under this policy); else weighted draws. Set at start, never changed after.
+        self.local_first = policy == "local-first"
         self._clock = clock                  # None: no per-rpc metrics
         self.rpc_stats = RpcStatsTable()
         # picks the calls whose latency is sampled: at random (a generator of its own), so
@@ -259,6 +274,8 @@ class Router:
         self._providers: dict[str, list[Peer]] = {}
         self._calls: dict[int, Call] = {}
         self._provider_peers: set[Peer] = set()  # peers that ever provided: only they hold attempts
+        self._sampled = now  # when the providers' rates were last sampled (``tick``)
+        self._sent_then: dict[Peer, int] = {}  # each provider's ``attempts`` at that time
         self._deadlines = Deadlines[int](granularity, now)
         self._seq = 0
         self.stats = RouterStats()
@@ -304,6 +321,15 @@ class Router:
         """(rpc, provider name) of every provider connected here (load-history presence)."""
         return {(name, p.provider_name) for name, peers in self._providers.items()
                 for p in peers}
+
+    def provider_rates(self, most: int) -> dict[str, float]:
+        """Calls per second this node sends its providers, by rpc: the ``most`` busiest
+        (other nodes' ``local-first`` choice weighs them, a heartbeat old)."""
+        rates = {name: round(n, 1) for name, peers in self._providers.items()
+                 if (n := sum(p.rate for p in peers)) >= 0.05}
+        if len(rates) > most:
+            rates = dict(sorted(rates.items(), key=lambda kv: -kv[1])[:most])
+        return rates
 
     def provider_counts(self) -> dict[str, int]:
         return {name: len(peers) for name, peers in self._providers.items()}
@@ -375,6 +401,7 @@ class Router:
         if peer not in self._provider_peers and not peer.is_node:
             return
         self._provider_peers.discard(peer)
+        self._sent_then.pop(peer, None)
         if peer.provides:  # one that provides keeps a set of its own (a Provider)
             self.unprovide(cast(Provider, peer), list(peer.provides))
         if self.history is not None and not peer.is_node:
@@ -514,6 +541,8 @@ class Router:
         if call is None or call.provider is not peer:
             self._stray(peer, attempt, call)
             return
+        if self.local_first:
+            peer.load -= 1
         if call.hstart:  # a measured attempt of the load history (answers are derived)
             assert self.history is not None and call.hrow is not None
             self.history.answered(call.hrow, call.hstart, data)
@@ -576,7 +605,16 @@ class Router:
             call.provider.send([CANCEL, call.id])
 
     def tick(self, now: float) -> None:
-        """Apply every deadline due by ``now``: ack timeouts retry, response timeouts fail."""
+        """Apply every deadline due by ``now``: ack timeouts retry, response timeouts fail.
+        Every ``RATE_SAMPLE`` seconds, each provider's ``rate`` moves ``RATE_STEP`` of the
+        way to the rate of attempts sent to it since the last sample."""
+        if now >= self._sampled + RATE_SAMPLE and self.local_first:
+            seen, span = self._sent_then, now - self._sampled
+            self._sampled = now
+            for peer in self._provider_peers:
+                sent = peer.attempts
+                peer.rate += RATE_STEP * ((sent - seen.get(peer, sent)) / span - peer.rate)
+                seen[peer] = sent
         calls = self._calls
         for attempt in self._deadlines.expire(now):
             call = calls.get(attempt)
@@ -633,6 +671,8 @@ class Router:
                 self.stats.ack_timeouts += 1
                 msg = None
             del calls[attempt]
+            if self.local_first and call.provider is not None:
+                call.provider.load -= 1
             if call.hrow is not None:
                 self._history_end(
                     call, Outcome.RESPONSE_TIMEOUTS if msg is not None else Outcome.ACK_TIMEOUTS)
@@ -693,7 +733,14 @@ class Router:
     def _dispatch(self, call: Call, local: Sequence[Peer],
                   remote: Sequence[tuple[Peer, float]], now: float) -> None:
         tried = call.tried
-        if remote and tried is None:  # a first attempt that may cross nodes
+        if self.local_first:
+            if (len(local) == 1 and tried is None and self.weights is None
+                    and (not remote or local[0].rate < QUIET)):
+                provider: Peer | None = local[0]  # alone and quiet: nothing to weigh
+            else:
+                provider = local_first(call.name, self._local_weights(call.name, local),
+                                       remote, tried, self._rand)
+        elif remote and tried is None:  # a first attempt that may cross nodes
             if not local and len(remote) == 1:  # one target: nothing to draw or hold
                 provider = remote[0][0] if remote[0][1] > 0 else None
             elif (drawn := self._drawn.get(call.name)) is not None and (
@@ -729,6 +776,14 @@ class Router:
         call.accepted = call.acked = False
         call.checked = 0.0
         self._calls[attempt] = call
+        if self.local_first:  # what its choice weighs (its outstanding; ends in _left)
+            provider.load += 1
+            provider.attempts += 1
+        if tried is None and not call.local_only:
+            if provider.is_node:
+                self.stats.remote_calls += 1
+            else:
+                self.stats.local_calls += 1
         history = self.history
         if history is not None and not provider.is_node:  # History.start, inlined (hot)
             # the provider's own row cache: rpc name -> row for calls routed here,
@@ -753,6 +808,13 @@ class Router:
         else:
             provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
                            caller.label, int(now * 1000), call.traceparent, caller.user_name])
+
+    def _local_weights(self, name: str, local: Sequence[Peer]) -> list[tuple[Peer, float]]:
+        """The local providers with their weights (1 without a weights file)."""
+        if self.weights is None:
+            return [(p, 1.0) for p in local]
+        weight = self.weights.of
+        return [(p, weight(name, p.provider_name)) for p in local]
 
     def _weighted(self, name: str, local: Sequence[Peer],
                   remote: Sequence[tuple[Peer, float]],
@@ -862,6 +924,8 @@ class Router:
     def _end_attempt(self, call: Call) -> None:
         """The current attempt leaves the call table (its deadline entry is ignored later)."""
         del self._calls[call.id]
+        if self.local_first and call.provider is not None:
+            call.provider.load -= 1
 
     def _provided(self, name: str, msg: list[Any]) -> bool:
         """``name`` is (or was, for this answer) provided here or on another node: junk

@@ -103,6 +103,9 @@ class SessionRules:
         self.closed = False
         self.authenticated = False
         self.inflight = 0
+        self.load = 0                    # attempts the router sent here (a provider)
+        self.attempts = 0                # attempts ever sent here
+        self.rate = 0.0                  # attempts sent per second, smoothed
         self.calls: dict[int, Any] = {}    # its calls in flight by its ids (the router's)
         self.accepted_upto = 0           # ACCEPT_UPTO: attempts up to this one it took
         self.provides: set[str] = set()

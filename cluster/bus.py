@@ -69,7 +69,7 @@ log = structlog.get_logger(module="rpcbus.bus")
 #: PUBLISH rounds sent and not yet answered. One: while a round is at Redis the next
 #: gathers, so under load batches grow by themselves, with no timer (on redis-py's
 #: pipelines the 4-node spread benchmark cost 67 µs per call at 4 rounds, 54 µs at 1;
-#: docs/performance.md).
+#: docs/performance-archive.md).
 ROUNDS_IN_FLIGHT = 1
 ROUND_TIMEOUT = 2.0  # a PUBLISH round Redis has not answered by then ends the session
 WARN_EVERY = 10.0

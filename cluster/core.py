@@ -415,6 +415,10 @@ class ClusterCore:
     def _state(self, node: RemoteNode, msg: list[Any], sent_at: float, now: float) -> None:
         _, state, url, started, info = msg
         sender = node.name
+        served = info.get("served") if type(info) is dict else None
+        node.reported = {k: v for k, v in served.items()
+                         if type(v) in (int, float) and 0 <= v < 1e9} \
+            if type(served) is dict else {}
         new = self.membership.on_state(sender, state, url, started, info, sent_at, now)
         if state == m.TERMINATING:
             if sender not in self._terminating:  # heartbeats repeat it while it drains

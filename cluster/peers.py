@@ -48,6 +48,11 @@ class RemoteNode:
         self.topic = m.node_topic(name, link.config.namespace)
         self.closed = False              # declared dead, or replaced by a new incarnation
         self.inflight = 0
+        self.load = 0                    # attempts this node's router sent there
+        self.attempts = 0
+        self.rate = 0.0                  # unused: a node reports its own (``reported``)
+        # calls per second it said its own providers get, in its last heartbeat, by rpc
+        self.reported: dict[str, float] = {}
         self.calls: dict[int, Any] = {}  # never added to: a provider, never a caller
         self.accepted_upto = 0           # a node acknowledges (ACK), never ACCEPT_UPTO
         self.provides: set[str] = set()
@@ -83,6 +88,8 @@ class RemoteCaller:
     provider_name = ""
     hrows: dict[Any, Any] = {}  # never added to: a caller, never a provider
     accepted_upto = 0           # a caller, never a provider
+    load = attempts = 0
+    rate = 0.0
 
     __slots__ = ("link", "node", "origin", "id", "key", "label", "user_name", "inflight",
                  "calls", "invoke", "late_at", "deadline")

@@ -5,7 +5,7 @@ Why not redis-py here: its asyncio pub/sub hands over one message per awaited
 ``get_message`` (a wake-up, a dict and several parser layers each), and a
 pipeline of PUBLISH rounds costs a task, a lock and a command object per
 PUBLISH. Measured on the cross-node benchmark, redis-py's reading and
-pipelining took ~25 % of a node's CPU (docs/performance.md). The parser is
+pipelining took ~25 % of a node's CPU (docs/performance-archive.md). The parser is
 the one redis-py itself uses (hiredis); redis-py still parses the URL, finds
 the master through Sentinel, and serves everything off the hot path
 (``rpcbus status``, tests).

@@ -80,11 +80,18 @@ class UnopenedError(ValueError):
     """Batches were heard on the control topic but none could be read."""
 
 
+def _stayed(node: dict[str, Any]) -> str:
+    """The share of its callers' calls that went to a provider on the node (first
+    attempts, since it started), or "-" before any."""
+    local, remote = node.get("local_calls", 0), node.get("remote_calls", 0)
+    return f"{local / (local + remote):.0%}" if local + remote else "-"
+
+
 def render(nodes: dict[str, dict[str, Any]]) -> str:
     if not nodes:
         return "no node heard on this Redis and namespace"
     lines = [f"{'node':<12} {'state':<12} {'url':<28} {'uptime':>8} {'conns':>6} "
-             f"{'providers':>9} {'in flight':>9}"]
+             f"{'providers':>9} {'in flight':>9} {'stayed local':>12}"]
     by_rpc: dict[str, dict[str, int]] = {}
     for name in sorted(nodes):
         n = nodes[name]
@@ -94,7 +101,7 @@ def render(nodes: dict[str, dict[str, Any]]) -> str:
         lines.append(f"{name:<12} {n['state']:<12} {n['url']:<28} {n.get('uptime_s', 0):>7.0f}s "
                      f"{n.get('connections', 0):>6} "
                      f"{n.get('providers_total', sum(providers.values())):>9} "
-                     f"{n.get('pending', 0):>9}")
+                     f"{n.get('pending', 0):>9} {_stayed(n):>12}")
     for name in sorted(nodes):  # synced clocks agree within milliseconds
         offset = nodes[name].get("clock_offset_s")
         if offset is not None and abs(offset) >= CLOCK_WARN_S:

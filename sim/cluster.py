@@ -55,9 +55,10 @@ DOCUMENTED = DID_NOT_RUN | {errors.RESPONSE_TIMEOUT, errors.PROVIDER_GONE,
                             errors.PROVIDER_ERROR}
 
 
-def node_config(ack_timeout: float) -> Config:
+def node_config(ack_timeout: float, policy: str) -> Config:
     config = Config()
     config.rpc.ack_timeout = ack_timeout
+    config.cluster.policy = policy
     config.cluster.redis_url = "redis://sim"
     config.cluster.seal = "none"
     config.auth.mode = "none"
@@ -212,13 +213,14 @@ class SimNode:
         self.world = sim.world
         self.name = name
         self.offset = offset                 # its monotonic clock minus the world's
-        self.config = node_config(sim.ack_timeout)
+        self.config = node_config(sim.ack_timeout, sim.policy)
         self.config.server.drain_timeout = DRAIN_TIMEOUT
         rpc = self.config.rpc
         self.router = Router(ack_timeout=rpc.ack_timeout, response_timeout=rpc.response_timeout,
                              max_timeout=rpc.max_timeout, now=self.clock(),
                              granularity=rpc.timer_granularity, rand=self.world.rand.random,
-                             affinity=self.config.cluster.affinity, clock=None)
+                             affinity=self.config.cluster.affinity,
+                             policy=self.config.cluster.policy, clock=None)
         self.gate = Gate(self.config)
         self.stats: Counter[str] = Counter()
         self.draining = False
@@ -229,7 +231,8 @@ class SimNode:
         self.end = BusEnd(sim.redis, name, self._on_batch, self._on_up, self._on_down,
                           self.clock)
         self.core = ClusterCore(self.router, self.config.cluster, name, f"ws://{name}",
-                                lambda: {}, outbox=self.end.outbox, clock=self.clock,
+                                lambda: {"served": self.router.provider_rates(64)},
+                                outbox=self.end.outbox, clock=self.clock,
                                 stale=self.end.stale,
                                 incarnation=generation * 100 + sim.node_index(name),
                                 started=float(generation))
@@ -639,10 +642,12 @@ def _key(data: str) -> tuple[str, int]:
 class Simulation:
     """One run: its world, Redis, nodes, clients and ledger."""
 
-    def __init__(self, world: World, redis: Redis, ack_timeout: float) -> None:
+    def __init__(self, world: World, redis: Redis, ack_timeout: float,
+                 policy: str = "local-first") -> None:
         self.world = world
         self.redis = redis
         self.ack_timeout = ack_timeout
+        self.policy = policy  # cluster.policy of every node
         self.nodes: dict[str, SimNode] = {}
         self.generations: Counter[str] = Counter()
         self.ledger = Ledger()

@@ -88,7 +88,11 @@ def run_seed(seed: int, allowed: tuple[str, ...] = ALL_FAULTS, load_s: float = 6
     rand = world.rand
     faults = pick_faults(world, allowed)
     redis = Redis(world, faults)
-    sim = Simulation(world, redis, ack_timeout=1.0)
+    # odd seeds route by the cluster-wide draw, even ones local-first (the default): most
+    # calls cross nodes under the first, so the cluster's rules are exercised either way
+    # (by the seed's parity, not a draw: the draws of the rest stay as they were)
+    sim = Simulation(world, redis, ack_timeout=1.0,
+                     policy="cluster" if seed % 2 else "local-first")
     names = ["a", "b", "c"]
     n_nodes = 2 + int(rand.random() * 3)
     for i in range(1, n_nodes + 1):

@@ -61,6 +61,11 @@ async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser)
                     f"(() => {{ const r = {ROWS}; return r.length == 2 && r[0][6] &&"
                     " parseFloat(r[0][6]) > 0 && [r[0][6], r[1][6]]; })()")
                 assert float(rates[0]) > 0 and float(rates[1]) == 0
+                # n1's callers' calls all went to the provider on n2: none stayed local
+                stayed = await browser.wait_for(
+                    f"(() => {{ const r = {ROWS}; return r.length == 2 && r[0][8] != '-'"
+                    " && r[0][8]; })()")
+                assert stayed == "0 %"
                 # per rpc, over both nodes: rate, errors, latency percentiles
                 ok = await browser.wait_for(calls_row(
                     "dash.before", "parseFloat(c[1]) > 0 && c[3] && c[4]"))

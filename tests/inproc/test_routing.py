@@ -42,9 +42,12 @@ async def test_callers_on_every_node_reach_providers_on_every_other(cluster3):
 
 async def test_weighted_choice_follows_provider_counts(cluster3):
     n1, n2, n3 = cluster3.nodes
-    # a draw per call, for the binomial bound below (cluster.affinity draws a frame's
-    # calls 32 at a time; tests/unit/test_cluster_pure.py checks the shares of those)
+    # the cluster-wide weighted draw (cluster.policy = "cluster"; local-first keeps n1's
+    # callers' calls on n1), a draw per call, for the binomial bound below
+    # (cluster.affinity draws a frame's calls 32 at a time; tests/unit/test_cluster_pure.py
+    # checks the shares of those)
     for n in cluster3.nodes:
+        n.node.router.local_first = False
         n.node.router.affinity = 1
     provs = [await rpcbus.connect(n1.url) for _ in range(3)] + [await rpcbus.connect(n2.url)]
     try:

@@ -50,10 +50,10 @@ def test_a_thousand_seeds_hold() -> None:
     (154, "a node declared dead while paused started an INVOKE its origin had moved"),
     (365, "an attempt at a dead node was moved without hearing the bus"),
     (119, "a replayed INVOKE ran a second time"),
-    (340, "a stall or a bus reconnect counted as having heard the bus"),
-    (64, "a heartbeat on the control topic counted as proof that no ACK was missed"),
+    (735, "a stall or a bus reconnect counted as having heard the bus"),
+    (66, "a heartbeat on the control topic counted as proof that no ACK was missed"),
     (141, "attempts at a replaced process moved before its late ACK, which was dropped"),
-    (100, "a provider moved off a draining node took its new connection's first REQUESTs, "
+    (43, "a provider moved off a draining node took its new connection's first REQUESTs, "
           "read after a handler held the process, as fresh"),
     (36, "an idempotent call sent again after a lost connection answered NO_PROVIDER "
          "though it may have run"),

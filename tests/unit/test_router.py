@@ -18,6 +18,9 @@ class Peer:
         self.inflight = 0
         self.calls = {}
         self.accepted_upto = 0
+        self.load = 0
+        self.attempts = 0
+        self.rate = 0.0
         self.provides = set()
         self.is_node = False
         self.sent = []

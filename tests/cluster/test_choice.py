@@ -19,6 +19,16 @@ def serving(name, served, delay):
     return handler
 
 
+async def providers_on(nodes, served, delay):
+    """A provider ``p1``, ``p2``, ... on each of ``nodes`` (``serving``)."""
+    clients = []
+    for i, n in enumerate(nodes):
+        provider = await rpcbus.connect(n.url)
+        await provider.provide("work", serving(f"p{i + 1}", served, delay))
+        clients.append(provider)
+    return clients
+
+
 async def load(clients, seconds, inflight):
     """``inflight`` calls at a time on each client, for ``seconds``."""
     until = time.monotonic() + seconds
@@ -34,10 +44,7 @@ async def test_calls_stay_on_their_node_when_every_node_calls_and_provides(make_
     served = Counter()
     clients = []
     try:
-        for i, n in enumerate(c.nodes):
-            provider = await rpcbus.connect(n.url)
-            await provider.provide("work", serving(f"p{i + 1}", served, [0.002]))
-            clients.append(provider)
+        clients += await providers_on(c.nodes, served, [0.002])
         callers = [await rpcbus.connect(n.url) for n in c.nodes]
         clients += callers
         for caller in callers:  # discovery done everywhere
@@ -58,10 +65,7 @@ async def test_callers_on_one_node_spread_over_every_provider(make_cluster):
     served = Counter()
     clients = []
     try:
-        for i, n in enumerate(c.nodes):
-            provider = await rpcbus.connect(n.url)
-            await provider.provide("work", serving(f"p{i + 1}", served, [0.01]))
-            clients.append(provider)
+        clients += await providers_on(c.nodes, served, [0.01])
         caller = await rpcbus.connect(c.nodes[0].url)
         clients.append(caller)
         await caller.call("work", None, timeout=10)

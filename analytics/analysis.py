@@ -56,7 +56,8 @@ def schema() -> str:
             f"provider STRING, served_by STRING, routed_by STRING, {counts}, "
             "latency_buckets ARRAY<BIGINT>, latency_sampled BIGINT, latency_sum_s DOUBLE, "
             "latency_min_s DOUBLE, latency_max_s DOUBLE, peak_in_flight BIGINT, "
-            "bytes_in BIGINT, bytes_out BIGINT, weight DOUBLE, provider_peak_in_flight BIGINT")
+            "bytes_in BIGINT, bytes_out BIGINT, weight DOUBLE, provider_peak_in_flight BIGINT, "
+            "policy STRING")
 
 
 def session(master: str | None = "local[*]", conf: dict[str, str] | None = None) -> Any:
@@ -259,7 +260,8 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
 
 def _prepared(rows: Any, since: float | None, until: float | None) -> Any:
     """History rows as the rollup takes them: inside [``since``, ``until``), ``_ok``
-    (usable: schema version 1 with its keys), ``minute``, ``weight_sum`` and ``nrows``."""
+    (usable: schema version 1 with its keys), ``minute``, ``weight_sum``, ``nrows`` and
+    ``local_first`` (1 where the serving node's policy was local-first)."""
     from pyspark.sql import functions as F
 
     if since is not None:
@@ -271,7 +273,9 @@ def _prepared(rows: Any, since: float | None, until: float | None) -> Any:
           & F.col("window_start").isNotNull())
     return (rows.withColumn("_ok", F.coalesce(ok, F.lit(False)))
             .withColumn("minute", (F.floor(F.col("window_start") / 60) * 60).cast("long"))
-            .withColumn("weight_sum", F.col("weight")).withColumn("nrows", F.lit(1)))
+            .withColumn("weight_sum", F.col("weight")).withColumn("nrows", F.lit(1))
+            .withColumn("local_first", F.coalesce(
+                (F.col("policy") == "local-first").cast("long"), F.lit(0))))
 
 
 def _copies(every: Any, rows_of: Any) -> bool:

@@ -137,11 +137,14 @@ def analyze_bundle(path: str) -> None:
               help="A provider connected but given no call after its first minute (repeat).")
 @click.option("--skew", multiple=True, metavar="NODE=SECONDS",
               help="A node whose clock is that many seconds off (repeat).")
+@click.option("--policy", type=click.Choice(["cluster", "local-first"]), default="cluster",
+              show_default=True, help="The nodes' cluster.policy: local-first keeps each "
+              "node's calls on its providers, with uneven callers per node.")
 @click.option("--seed", default=1, show_default=True)
 def history_gen(out: str, nodes: int, providers: int, rpcs: int, hours: float, window: float,
                 rate: float, slow: tuple[str, ...], failing: tuple[str, ...],
                 hog: tuple[str, ...], starved: tuple[str, ...], skew: tuple[str, ...],
-                seed: int) -> None:
+                policy: str, seed: int) -> None:
     """Write a synthetic provider load history (providers are p1, p2, ...)."""
     from rpcbus.analytics.historygen import generate
 
@@ -160,5 +163,5 @@ def history_gen(out: str, nodes: int, providers: int, rpcs: int, hours: float, w
     t0 = time.monotonic()
     rows = generate(out, nodes=nodes, providers=providers, rpcs=rpcs, hours=hours,
                     window=window, slow=slow, failing=failing, hogs=hog, seed=seed, rate=rate,
-                    starved=starved, skew=offsets)
+                    starved=starved, skew=offsets, policy=policy)
     click.echo(f"{rows:,} rows under {out} in {time.monotonic() - t0:.1f} s")

@@ -14,6 +14,11 @@ in words. Pure: numpy over the rollup on the driver (analytics/series.py), no Sp
   and by more than ``FAIR_Z`` standard deviations of a weighted random choice. A
   provider that took less while others of its rpc took more names them (``because_of``):
   the report names the cause once. ``present_minutes`` / ``idle_minutes`` show starvation.
+  Under the ``local-first`` policy (any row of the rpc says so) the providers of each
+  serving node are judged among themselves (``among``: the node; null under
+  ``cluster``): that policy keeps calls on the caller's node, so how calls split between
+  nodes follows where the callers are, not the weights; and it sends a slow or failing
+  provider less by design, so one the outliers name is judged alone (never flagged).
 - ``outliers``: a provider whose p99 is over ``SLOW_FACTOR`` times the median p99 of
   the rpc's other providers (``kind`` "slow"), or whose failure rate (errors and
   timeouts over calls) is at least ``FAIL_MARGIN`` above and ``FAIL_FACTOR`` times
@@ -43,6 +48,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -79,7 +85,8 @@ SCHEMAS = {
     "fairness": "rpc STRING, provider STRING, calls BIGINT, rpc_calls BIGINT, "
                 "expected_calls DOUBLE, share DOUBLE, expected_share DOUBLE, ratio DOUBLE, "
                 "weight DOUBLE, providers BIGINT, cv DOUBLE, max_over_mean DOUBLE, "
-                "present_minutes BIGINT, idle_minutes BIGINT, took STRING, because_of STRING",
+                "present_minutes BIGINT, idle_minutes BIGINT, took STRING, because_of STRING, "
+                "among STRING",
     "outliers": "rpc STRING, provider STRING, calls BIGINT, peers BIGINT, kind STRING, "
                 "value DOUBLE, peers_median DOUBLE",
     "episodes": episodes_mod.SCHEMA,
@@ -100,7 +107,8 @@ SCHEMAS = {
 class Rpc:
     """One rpc on a grid: its providers (sorted) x its minutes (every minute with a row),
     ``grid``: per cell the sums over serving nodes (``calls``, ``failed``, ``lat_sum``,
-    ``sampled``, ``weight_sum``, ``nrows``) and ``has`` (a row that minute, 1/0);
+    ``sampled``, ``weight_sum``, ``nrows``, ``local_first``: rows of nodes under that
+    policy) and ``has`` (a row that minute, 1/0);
     ``totals``: per provider, everything over the span; ``by_minute``: everything per
     minute over the providers; ``exact``: per provider, served by a node that writes
     presence rows; ``served_by``: per provider, its serving nodes."""
@@ -125,7 +133,8 @@ def arrange(series: list[Series]) -> Rpc:
     mine = [grouped[p] for p in providers]
     by_minute = merge(series)
     grid = {c: np.zeros((len(providers), len(by_minute.minutes)))
-            for c in ("calls", "failed", "lat_sum", "sampled", "weight_sum", "nrows", "has")}
+            for c in ("calls", "failed", "lat_sum", "sampled", "weight_sum", "nrows",
+                      "local_first", "has")}
     for i, group in enumerate(mine):
         own = merge(group)
         at = np.searchsorted(by_minute.minutes, own.minutes)
@@ -133,7 +142,8 @@ def arrange(series: list[Series]) -> Rpc:
                           ("lat_sum", own.cols["latency_sum_s"]),
                           ("sampled", own.cols["latency_sampled"]),
                           ("weight_sum", own.cols["weight_sum"]),
-                          ("nrows", own.cols["nrows"]), ("has", 1.0)):
+                          ("nrows", own.cols["nrows"]),
+                          ("local_first", own.cols["local_first"]), ("has", 1.0)):
             grid[c][i, at] = values
     return Rpc(series[0].rpc, providers, by_minute.minutes, grid,
                [merge(group, by_minute=False) for group in mine], by_minute,
@@ -159,8 +169,10 @@ def tables(arranged: list[Rpc], nodes: dict[str, Merged], recording: set[str],
                     for r in arranged for i, (p, t) in enumerate(zip(r.providers, r.totals,
                                                                      strict=True))]
     found = episodes_mod.episodes(arranged, newest)
-    made = {"per_provider": per_provider, "fairness": fairness(arranged),
-            "outliers": outliers(per_provider), "episodes": found,
+    odd = outliers(per_provider)
+    made = {"per_provider": per_provider,
+            "fairness": fairness(arranged, {(x["rpc"], x["provider"]) for x in odd}),
+            "outliers": odd, "episodes": found,
             "hot_rpcs": hot_rpcs(arranged, span), "peak_minutes": peak_minutes(arranged, span),
             "weights": weights(arranged, half_life, newest, found),
             "clock_skew": clock_skew(nodes)}
@@ -215,50 +227,72 @@ def calls_per_s(minutes: np.ndarray, calls: np.ndarray, seconds: float,
     return ratio(calls, inside)
 
 
-def fairness(arranged: list[Rpc]) -> list[dict[str, Any]]:
+def fairness(arranged: list[Rpc], odd: AbstractSet[tuple[str, str]] = frozenset()
+             ) -> list[dict[str, Any]]:
+    """Per rpc: every provider against the others (policy ``cluster``); where any of its
+    rows came from a node whose policy is ``local-first``, each serving node's providers
+    against each other (``among``: the node): that policy keeps calls on their node, so
+    shares between nodes follow where the callers are, while within a node the choice
+    still follows the weights among providers as quick. It sends a slow or failing
+    provider less by design: one of ``odd`` (the outliers' (rpc, provider)) is judged
+    alone (never flagged), its node's others among themselves."""
     out = []
     for r in arranged:
-        g = r.grid
-        has = g["has"] > 0
-        w = ratio(g["weight_sum"], g["nrows"])
-        columns = np.arange(len(r.minutes))
-        first = np.argmax(has, axis=1)
-        last = len(r.minutes) - 1 - np.argmax(has[:, ::-1], axis=1)
-        w_avg = np.nanmean(np.where(has, w, np.nan), axis=1)
-        present = ((columns[None, :] >= first[:, None]) & (columns[None, :] <= last[:, None])
-                   & (~r.exact[:, None] | has))
-        weight = np.where(present, np.where(has, w, w_avg[:, None]), 0.0)
-        expected_cells = np.where(present, ratio(g["calls"].sum(axis=0), weight.sum(axis=0))
-                                  [None, :] * weight, np.nan)
-        counted = ~np.isnan(expected_cells)
-        expected = np.where(counted.any(axis=1), np.nansum(expected_cells, axis=1), np.nan)
-        calls = g["calls"].sum(axis=1)
-        total = calls.sum()
-        ratios = ratio(calls, expected)
-        kept = ratios[~np.isnan(ratios)]
-        mean = float(kept.mean()) if len(kept) else math.nan
-        spread = float(kept.std()) / mean if len(kept) and mean else math.nan
-        top = float(kept.max()) / mean if len(kept) and mean else math.nan
-        rows = []
-        for i, p in enumerate(r.providers):
-            e, q = float(expected[i]), float(ratios[i])
-            flagged = (abs(q - 1) > FAIR_TOLERANCE and abs(calls[i] - e) > FAIR_Z * math.sqrt(e)
-                       if q == q else False)
-            rows.append({"rpc": r.name, "provider": p, "calls": calls[i], "rpc_calls": total,
-                         "expected_calls": e, "share": _div(calls[i], total),
-                         "expected_share": _div(e, total), "ratio": q,
-                         "weight": float(w_avg[i]), "providers": len(r.providers), "cv": spread,
-                         "max_over_mean": top,
-                         "present_minutes": int(present[i].sum()),
-                         "idle_minutes": int((present[i] & (g["calls"][i] == 0)).sum()),
-                         "took": ("more" if q > 1 else "less") if flagged else None})
-        # A provider that took less while another of the rpc took more lost its calls to
-        # it: the cause is named once (``because_of``: the providers that took more).
-        more = ",".join(x["provider"] for x in rows if x["took"] == "more") or None
-        for x in rows:
-            x["because_of"] = more if x["took"] == "less" else None
-        out += rows
+        if r.grid["local_first"].sum() > 0:
+            groups: dict[str, list[int]] = defaultdict(list)
+            for i, nodes in enumerate(r.served_by):
+                apart = (r.name, r.providers[i]) in odd
+                groups[",".join(nodes) + ("\0" + r.providers[i] if apart else "")].append(i)
+            for key, idx in sorted(groups.items()):
+                out += _judged(r, np.array(idx), key.split("\0")[0])
+        else:
+            out += _judged(r, np.arange(len(r.providers)), None)
     return out
+
+
+def _judged(r: Rpc, idx: np.ndarray, among: str | None) -> list[dict[str, Any]]:
+    """The fairness rows of ``r``'s providers ``idx``, judged against each other."""
+    g = {c: v[idx] for c, v in r.grid.items()}
+    exact = r.exact[idx]
+    has = g["has"] > 0
+    w = ratio(g["weight_sum"], g["nrows"])
+    columns = np.arange(len(r.minutes))
+    first = np.argmax(has, axis=1)
+    last = len(r.minutes) - 1 - np.argmax(has[:, ::-1], axis=1)
+    w_avg = np.nanmean(np.where(has, w, np.nan), axis=1)
+    present = ((columns[None, :] >= first[:, None]) & (columns[None, :] <= last[:, None])
+               & (~exact[:, None] | has))
+    weight = np.where(present, np.where(has, w, w_avg[:, None]), 0.0)
+    expected_cells = np.where(present, ratio(g["calls"].sum(axis=0), weight.sum(axis=0))
+                              [None, :] * weight, np.nan)
+    counted = ~np.isnan(expected_cells)
+    expected = np.where(counted.any(axis=1), np.nansum(expected_cells, axis=1), np.nan)
+    calls = g["calls"].sum(axis=1)
+    total = calls.sum()
+    ratios = ratio(calls, expected)
+    kept = ratios[~np.isnan(ratios)]
+    mean = float(kept.mean()) if len(kept) else math.nan
+    spread = float(kept.std()) / mean if len(kept) and mean else math.nan
+    top = float(kept.max()) / mean if len(kept) and mean else math.nan
+    rows = []
+    for j, i in enumerate(idx):
+        e, q = float(expected[j]), float(ratios[j])
+        flagged = (abs(q - 1) > FAIR_TOLERANCE and abs(calls[j] - e) > FAIR_Z * math.sqrt(e)
+                   if q == q else False)
+        rows.append({"rpc": r.name, "provider": r.providers[i], "calls": calls[j],
+                     "rpc_calls": total, "expected_calls": e, "share": _div(calls[j], total),
+                     "expected_share": _div(e, total), "ratio": q,
+                     "weight": float(w_avg[j]), "providers": len(idx), "cv": spread,
+                     "max_over_mean": top, "among": among,
+                     "present_minutes": int(present[j].sum()),
+                     "idle_minutes": int((present[j] & (g["calls"][j] == 0)).sum()),
+                     "took": ("more" if q > 1 else "less") if flagged else None})
+    # A provider that took less while another of the rpc took more lost its calls to
+    # it: the cause is named once (``because_of``: the providers that took more).
+    more = ",".join(x["provider"] for x in rows if x["took"] == "more") or None
+    for x in rows:
+        x["because_of"] = more if x["took"] == "less" else None
+    return rows
 
 
 def outliers(per_provider: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,7 +9,11 @@ their calls (``NAME@A-B``: only from minute A to minute B), those in ``hogs`` ge
 twice their share (as if the choice were unfair), those in ``starved`` stay connected
 but get no call after their first minute. Like the nodes, a provider with no call in
 a window gets a presence row. A node in ``skew`` stamps its rows with a clock that
-many seconds off. Deterministic for a given ``seed``.
+many seconds off. With ``policy`` "local-first" the rows say so, the nodes' callers are
+uneven (node i makes i times the first's calls), each node's calls go to the
+providers on it when it has any (as that policy does below its spill point), and a
+slow provider gets a tenth of its share (that policy's choice weighs time taken).
+Deterministic for a given ``seed``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours:
              window: float = 10.0, start: float | None = None, slow: tuple[str, ...] = (),
              failing: tuple[str, ...] = (), hogs: tuple[str, ...] = (), seed: int = 1,
              rate: float = 50.0, starved: tuple[str, ...] = (),
-             skew: dict[str, float] | None = None) -> int:
+             skew: dict[str, float] | None = None, policy: str = "cluster") -> int:
     """Write the history under ``out``; returns the number of rows."""
     rng = random.Random(seed)
     slow_at, failing_at = _spans(slow), _spans(failing)
@@ -54,7 +58,9 @@ def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours:
             daily = 1.0 + 0.5 * math.sin(2 * math.pi * (t % 86400) / 86400)
             for rpc, provs in serving.items():
                 calls_of = _split(rng, provs, node_names, rate * daily * burst * window
-                                  / nodes, hogs, starved if minute > 0 else ())
+                                  / nodes, hogs, starved if minute > 0 else (),
+                                  home if policy == "local-first" else None,
+                                  {p for p in provs if _within(slow_at.get(p), minute)})
                 for prov in provs:
                     served = home[prov]
                     stamp = t + skew.get(served, 0.0)
@@ -66,12 +72,13 @@ def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours:
                     peak = sum(r["peak_in_flight"] for r in worked)   # as if they coincided
                     for row in worked:
                         row["provider_peak_in_flight"] = peak
+                        row["policy"] = policy
                         _file(files, out, served, stamp).write(
                             json.dumps(row, separators=(",", ":")) + "\n")
                         rows += 1
                     if not worked:                  # connected, given nothing: presence
                         _file(files, out, served, stamp).write(json.dumps(
-                            _presence(stamp, window, rpc, prov, served),
+                            {**_presence(stamp, window, rpc, prov, served), "policy": policy},
                             separators=(",", ":")) + "\n")
                         rows += 1
     finally:
@@ -109,16 +116,24 @@ def _row(rng: random.Random, t: float, window: float, rpc: str, prov: str, serve
 
 
 def _split(rng: random.Random, provs: list[str], nodes: list[str], mean: float,
-           hogs: tuple[str, ...], starved: Any) -> dict[tuple[str, str], int]:
+           hogs: tuple[str, ...], starved: Any,
+           home: dict[str, str] | None = None,
+           slowed: set[str] | None = None) -> dict[tuple[str, str], int]:
     """Each routing node's calls of an rpc in a window (about ``mean`` per provider, with
     noise), spread over the providers as a weighted random choice spreads them: a hog
-    weighs 2, a starved provider 0, the others 1."""
+    weighs 2, a starved provider 0, the others 1. With ``home`` (each provider's node:
+    local-first), node i routes i times the first's calls, to its own providers if any,
+    and a provider slow now weighs a tenth (that policy's choice weighs time taken)."""
     weight = {p: 0.0 if p in starved else 2.0 if p in hogs else 1.0 for p in provs}
-    out = {}
-    for node in nodes:
-        left = int(rng.expovariate(1.0) * mean * len(provs))
-        for i, p in enumerate(provs):         # binomial draws, one provider after another
-            rest = sum(weight[q] for q in provs[i:])
+    if home is not None:
+        weight.update({p: weight[p] / 10 for p in slowed or ()})
+    out = dict.fromkeys(((p, node) for p in provs for node in nodes), 0)
+    for k, node in enumerate(nodes):
+        scale = 1.0 if home is None else 2 * (k + 1) / (len(nodes) + 1)
+        left = int(rng.expovariate(1.0) * mean * scale * len(provs))
+        mine = provs if home is None else [p for p in provs if home[p] == node] or provs
+        for i, p in enumerate(mine):          # binomial draws, one provider after another
+            rest = sum(weight[q] for q in mine[i:])
             share = weight[p] / rest if rest else 0.0
             n = 0 if share == 0 else left if share >= 1 else max(0, min(left, round(
                 rng.gauss(left * share, (left * share * (1 - share)) ** 0.5))))

@@ -127,11 +127,14 @@ def _fairness(fairness: list[dict[str, Any]]) -> list[tuple[int, float, str]]:
                         f"{f['present_minutes']:,} minutes it was there; {share}.{to}"))
             continue
         lesser = sorted(g["provider"] for g in fairness
-                        if g["rpc"] == f["rpc"] and (g["rpc"], g["provider"]) not in starved
+                        if g["rpc"] == f["rpc"] and g.get("among") == f.get("among")
+                        and (g["rpc"], g["provider"]) not in starved
                         and f["provider"] in (g.get("because_of") or "").split(","))
         also = f" Its peers took less as a result: {e(', '.join(lesser))}." if lesser else ""
+        among = (f" among the providers on {e(f['among'])} (policy local-first)"
+                 if f.get("among") else "")
         out.append((PROBLEM, moved, f"<b>{e(f['provider'])}</b> took {f['took']} than its "
-                    f"share of <b>{e(f['rpc'])}</b>: {share}.{also}"))
+                    f"share of <b>{e(f['rpc'])}</b>{among}: {share}.{also}"))
     return out
 
 
@@ -141,8 +144,10 @@ def _gained_from_starved(fairness: list[dict[str, Any]],
     more than their expected share with the starved peers' lost share spread over the
     others by weight (and ``FAIR_TOLERANCE``). Said with the starved provider, not apart."""
     out = set()
-    for rpc in {r for r, _ in starved}:
-        mine = [f for f in fairness if f["rpc"] == rpc]
+    groups = {(f["rpc"], f.get("among")) for f in fairness
+              if (f["rpc"], f["provider"]) in starved}
+    for rpc, among in groups:
+        mine = [f for f in fairness if f["rpc"] == rpc and f.get("among") == among]
         lost = [f for f in mine if (rpc, f["provider"]) in starved]
         expected = sum(f["expected_share"] or 0.0 for f in lost)
         taken = sum(f["share"] or 0.0 for f in lost)

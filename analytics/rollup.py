@@ -22,7 +22,7 @@ COUNTS = ["calls", "ok", "rejected", "errors", "ack_timeouts", "response_timeout
 
 _SUMMED = ["peak_in_flight", "latency_sampled", "latency_sum_s", "latency_min_s",
            "latency_max_s", "bytes_in", "bytes_out", "latency_buckets", "weight_sum", "nrows",
-           "window_start", "window_end"]
+           "local_first", "window_start", "window_end"]
 
 
 def rollup(rows: Any, keys: list[str], extra: list[Any] = (), raw: bool = False) -> Any:
@@ -60,8 +60,8 @@ def _sums(rows: Any, keys: list[str], peak: Any, extra: list[Any]) -> Any:
             "min(latency_min_s) AS latency_min_s", "max(latency_max_s) AS latency_max_s",
             "sum(bytes_in) AS bytes_in", "sum(bytes_out) AS bytes_out",
             f"array({buckets}) AS latency_buckets", "sum(weight_sum) AS weight_sum",
-            "sum(nrows) AS nrows", "min(window_start) AS window_start",
-            "max(window_end) AS window_end"]
+            "sum(nrows) AS nrows", "sum(local_first) AS local_first",
+            "min(window_start) AS window_start", "max(window_end) AS window_end"]
     return rows.groupBy(*keys).agg(peak.alias("peak_in_flight"),
                                    *(F.expr(x) for x in sums), *extra)
 

@@ -33,7 +33,7 @@ LOWS = np.array([0.0, *BOUNDS])
 HIGHS = np.array([*BOUNDS, np.inf])
 # summed per minute; ``latency_min_s``/``latency_max_s`` NaN when nothing was sampled
 SUMS = [*COUNTS, "latency_sampled", "latency_sum_s", "bytes_in", "bytes_out", "weight_sum",
-        "nrows"]
+        "nrows", "local_first"]
 FIELDS = ["minute", *SUMS, "peak_in_flight", "latency_min_s", "latency_max_s", "window_start",
           "window_end"]
 

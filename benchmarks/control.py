@@ -37,9 +37,9 @@ def heartbeat(rpcs: int = 20, provided: int = 100) -> bytes:
     table = RpcStatsTable()
     for i in range(rpcs):
         stats = table.get(f"service-{i}.method")
-        stats.ok += 1_000_000 + i
         for j in range(200):
-            stats.observe(0.0001 * (1 + j % 50))
+            stats.answered(0.0001 * (1 + j % 50))
+        stats.ok += 1_000_000 + i
     info = {"connections": 250, "pending": 120, "uptime_s": 86400.0,
             "providers": {f"service-{i}.method": 4 for i in range(provided)},
             "rpcs": provided, "providers_total": 4 * provided, "calls_ok": 123_456_789,

@@ -87,8 +87,10 @@ class History:
     """The recorder of one node (pure but for ``clock``; ``roll`` is called by the node)."""
 
     def __init__(self, node: str, window: float, writer: "HistoryWriter | None",
-                 now_wall: float, clock: Any = time.perf_counter) -> None:
+                 now_wall: float, clock: Any = time.perf_counter,
+                 policy: str = "cluster") -> None:
         self.node = node
+        self.policy = policy   # the node's cluster.policy, on every row (fairness reads it)
         self.window = window
         self.writer = writer
         self.clock = clock
@@ -216,8 +218,8 @@ class History:
             "bytes_in": round(row.in_mean * sum(o)),
             "bytes_out": round(row.out_mean * o[Outcome.OK]),
             "weight": 1.0 if weights is None else weights.of(rpc, provider),
+            "policy": self.policy,
         }
-
 
     def _presence(self, rpc: str, provider: str, start: float, end: float,
                   weights: Any) -> dict[str, Any]:
@@ -232,6 +234,7 @@ class History:
             "latency_max_s": None, "peak_in_flight": 0, "provider_peak_in_flight": 0,
             "bytes_in": 0, "bytes_out": 0,
             "weight": 1.0 if weights is None else weights.of(rpc, provider),
+            "policy": self.policy,
         }
 
 

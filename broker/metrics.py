@@ -25,7 +25,7 @@ from prometheus_client.core import (
 )
 
 from rpcbus import __version__
-from rpcbus.broker.rpcstats import BOUNDS, SAMPLE
+from rpcbus.broker.rpcstats import BOUNDS
 
 if TYPE_CHECKING:
     from rpcbus.broker.node import Node
@@ -90,16 +90,18 @@ class _NodeCollector:
                                     "(ok or an error code), on the caller's node.",
                                     labels=["rpc", "outcome"])
         latency = HistogramMetricFamily("rpcbus_call_duration_seconds",
-                                        f"Time from REQUEST to outcome, on the caller's node "
-                                        f"(sampled at random: 1 call in {SAMPLE}).", labels=["rpc"])
+                                        "Time from REQUEST to outcome, on the caller's node, "
+                                        "by rpc and outcome (every call: its count is "
+                                        "rpcbus_calls_total's).", labels=["rpc", "outcome"])
         for rpc, stats in list(node.router.rpc_stats.by_name.items()):
             for code, n in list(stats.outcomes.items()):
                 calls.add_metric([rpc, code], n)
-            cumulative, buckets = 0, []
-            for bound, n in zip((*map(str, BOUNDS), "+Inf"), stats.buckets, strict=True):
-                cumulative += n
-                buckets.append((bound, cumulative))
-            latency.add_metric([rpc], buckets, stats.sum)
+            for code, (counts, total) in stats.histograms().items():
+                cumulative, buckets = 0, []
+                for bound, n in zip((*map(str, BOUNDS), "+Inf"), counts, strict=True):
+                    cumulative += n
+                    buckets.append((bound, cumulative))
+                latency.add_metric([rpc, code], buckets, total)
         yield calls
         yield latency
 

@@ -159,7 +159,8 @@ class Node:
 
             self.history = History(self.name, cfg.history.window,
                                    HistoryWriter(cfg.history.dir, self.name,
-                                                 cfg.history.max_queued), time.time())
+                                                 cfg.history.max_queued), time.time(),
+                                   policy=cfg.cluster.policy)
             self.router.history = self.history
         ticker = asyncio.create_task(self._tick_forever(), name="rpcbus-ticker")
         try:
@@ -319,6 +320,7 @@ class Node:
             last = now
             if now < hold_until:
                 continue
+            router.read_at = time.perf_counter()   # outcomes' time (per-rpc latency)
             router.tick(now)
             if self.link is not None:
                 self.link.tick(now)
@@ -396,6 +398,7 @@ class Node:
         return f"s{self._session_seq}"
 
     def session_closed(self, session: Session) -> None:
+        self.router.read_at = time.perf_counter()
         self.router.drop_peer(session, asyncio.get_running_loop().time())
         self._closed_totals.update(_session_counters(session))
         # one line per client; connections that never logged in are counted (/stats) and
@@ -504,8 +507,11 @@ class Node:
                 "providers_total": sum(counts.values()),
                 "calls_ok": stats.calls_ok, "calls_failed": stats.calls_failed,
                 "local_calls": stats.local_calls, "remote_calls": stats.remote_calls,
-                "served": self.router.provider_rates(HEARTBEAT_RPCS),
-                "calls_by_rpc": self.router.rpc_stats.busiest(HEARTBEAT_RPC_CALLS)}
+                "served": (served := self.router.provider_rates(HEARTBEAT_RPCS)),
+                "latency": self.router.provider_latencies(served),
+                "calls_by_rpc": (busiest := self.router.rpc_stats.busiest(HEARTBEAT_RPC_CALLS)),
+                "errors_by_rpc": self.router.rpc_stats.errors_of(list(busiest)),
+                "provider_view": self.router.provider_view(list(shown)[:HEARTBEAT_RPC_CALLS])}
 
     def cluster_view(self) -> dict[str, Any]:
         """This node and every node it hears, with their last heartbeat (``/cluster``)."""

@@ -60,12 +60,13 @@ run on two nodes.
 from __future__ import annotations
 
 import random
+from bisect import bisect_left
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence, cast
 
 from rpcbus import errors
-from rpcbus.broker.choice import POLICIES, QUIET, local_first
-from rpcbus.broker.rpcstats import OTHER, SAMPLE, RpcStatsTable
+from rpcbus.broker.choice import LAT_FLOOR, POLICIES, QUIET, SLOWER, local_first
+from rpcbus.broker.rpcstats import OTHER, RpcStatsTable
 from rpcbus.deadlines import Deadlines
 from rpcbus.protocol import (
     ACCEPT,
@@ -78,13 +79,12 @@ from rpcbus.protocol import (
     RESPONSE,
     valid_name,
 )
-from rpcbus.schema import Outcome
+from rpcbus.schema import BOUNDS, Outcome
 
 if TYPE_CHECKING:
     from rpcbus.broker.history import History, Row
     from rpcbus.broker.weights import Weights
 
-_SAMPLE_P = 1.0 / SAMPLE  # per-rpc latency: the share of calls measured
 HISTORY_SAMPLE = 16  # the load history measures latency and sizes of 1 attempt in 16
 _HISTORY_MASK = HISTORY_SAMPLE - 1
 # names whose first attempts ``_balanced`` counts; past that the counts start over (every
@@ -92,6 +92,10 @@ _HISTORY_MASK = HISTORY_SAMPLE - 1
 BALANCED_NAMES = 4096
 RATE_SAMPLE = 0.05  # s between samples of the providers' call rates (``rate``)
 RATE_STEP = 0.05    # of the way to each sample: smoothed over about a second
+LAT_STEP = 0.1      # ``lat``: of the way down to each attempt's time (up: at once)
+LAT_SAMPLE = 8      # attempts at a busy provider: 1 in this many is timed for ``lat``
+_LAT_MASK = LAT_SAMPLE - 1
+LAT_IDLE = 0.9      # an idle provider's ``lat`` per sample: a slow one is tried again
 
 
 class Peer(Protocol):
@@ -106,6 +110,8 @@ class Peer(Protocol):
     load: int               # attempts sent to it, not yet ended (kept here)
     attempts: int           # attempts ever sent to it (kept here)
     rate: float             # attempts sent per second, over about a second (kept here)
+    lat: float              # seconds an attempt takes there, smoothed (kept here)
+    seen: float             # ``lat`` when an attempt there last ended (kept here)
 
     @property
     def closed(self) -> bool: ...
@@ -165,7 +171,7 @@ class Call:
 
     __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
                  "accepted", "acked", "checked", "tried", "local_only", "started",
-                 "traceparent", "hrow", "hstart", "unsure")
+                 "traceparent", "hrow", "hstart", "unsure", "sent", "probe")
     # set by each dispatch (see the end of __init__)
     id: int
     provider: Peer | None
@@ -181,11 +187,13 @@ class Call:
         self.deadline = deadline
         self.tried: set[Peer] | None = None  # earlier providers; None while on the first
         self.local_only = caller.is_node     # an INVOKE: never forwarded to a third node
-        self.started = 0.0                   # the router's clock, when metrics are on
+        self.started = 0.0                   # ``read_at`` when it came (metrics on)
         self.traceparent: str | None = None
         self.hrow: Row | None = None         # the current attempt's load-history row
         self.hstart = 0.0
         self.unsure = False                  # a node it was sent to stayed silent
+        self.sent = 0.0                      # ``read_at`` of its timed attempt, else 0
+        self.probe = False                   # its attempt tries an idle provider again
         # id (the current attempt's), provider, accepted, acked and checked (when the
         # node was asked whether it started the attempt; 0.0: not) are set by each dispatch.
 
@@ -262,11 +270,15 @@ class Router:
         # broker/choice.py, which weighs each provider's ``load`` and ``rate`` (kept only
         # under this policy); else weighted draws. Set at start, never changed after.
         self.local_first = policy == "local-first"
-        self._clock = clock                  # None: no per-rpc metrics
+        # given: per-rpc metrics on, timed by the readings of this clock the shell sets as
+        # ``read_at``; None: off
+        self._clock = clock
         self.rpc_stats = RpcStatsTable()
-        # picks the calls whose latency is sampled: at random (a generator of its own), so
-        # no workload whose calls come round in a fixed order can leave an rpc unsampled
-        self._sample = random.Random().random
+        # the shell's fine clock (``time.perf_counter``) when it read what it is handling
+        # (a frame, a bus batch, a tick): a call's start and its outcome's time (per-rpc
+        # latency, with metrics on), an attempt's (``local-first``); one clock reading per
+        # frame, not two per call
+        self.read_at = 0.0
         self.history: History | None = None  # the load history, when recording
         self.weights: Weights | None = None  # provider weights, when a file is loaded
         self._parked: dict[str, list[Call]] = {}
@@ -275,7 +287,11 @@ class Router:
         self._calls: dict[int, Call] = {}
         self._provider_peers: set[Peer] = set()  # peers that ever provided: only they hold attempts
         self._sampled = now  # when the providers' rates were last sampled (``tick``)
-        self._sent_then: dict[Peer, int] = {}  # each provider's ``attempts`` at that time
+        # their sum when a heartbeat last told them (``provider_rates``); far from it now:
+        self._told = 0.0
+        self.rates_moved = False  # a heartbeat is due early (the cluster core reads it)
+        # each provider's ``attempts`` and attempts ended at that time
+        self._sent_then: dict[Peer, tuple[int, int]] = {}
         self._deadlines = Deadlines[int](granularity, now)
         self._seq = 0
         self.stats = RouterStats()
@@ -327,9 +343,36 @@ class Router:
         (other nodes' ``local-first`` choice weighs them, a heartbeat old)."""
         rates = {name: round(n, 1) for name, peers in self._providers.items()
                  if (n := sum(p.rate for p in peers)) >= 0.05}
+        self._told = sum(p.rate for p in self._provider_peers if not p.is_node)
+        self.rates_moved = False
         if len(rates) > most:
             rates = dict(sorted(rates.items(), key=lambda kv: -kv[1])[:most])
         return rates
+
+    def provider_latencies(self, names: Iterable[str]) -> dict[str, float]:
+        """Per rpc of ``names`` provided here, the seconds an attempt took at its fastest
+        provider that has any measure (``seen``: as last measured, not shrunk while
+        idle, so other nodes stay off a slow provider until this node finds it quick
+        again): other nodes' ``local-first`` choice weighs it, a heartbeat old."""
+        out = {}
+        for name in names:
+            lats = [p.seen for p in self._providers.get(name, ()) if p.seen > 0]
+            if lats:
+                out[name] = round(min(lats), 5)
+        return out
+
+    def provider_view(self, names: Iterable[str], most: int = 8) -> dict[str, list[list[Any]]]:
+        """Per rpc of ``names`` provided here, up to ``most`` of its providers (the busiest
+        first): [name, calls/s, ms an attempt takes, attempts outstanding] (what
+        ``local-first`` measures; zeros under ``cluster``), for the dashboard."""
+        out = {}
+        for name in names:
+            peers = self._providers.get(name)
+            if peers:
+                rows = sorted(peers, key=lambda p: -p.rate)[:most]
+                out[name] = [[p.provider_name, round(p.rate, 1), round(p.seen * 1000, 2),
+                              p.load] for p in rows]
+        return out
 
     def provider_counts(self) -> dict[str, int]:
         return {name: len(peers) for name, peers in self._providers.items()}
@@ -490,8 +533,8 @@ class Router:
                 timeout = self.max_timeout
         call = Call(caller, cid, name, data, now + timeout)
         calls[cid] = call
-        if self._clock is not None and self._sample() < _SAMPLE_P:
-            call.started = self._clock()
+        if self._clock is not None:
+            call.started = self.read_at
         if traceparent is not None:
             call.traceparent = traceparent
         local = self._providers.get(name)
@@ -541,8 +584,13 @@ class Router:
         if call is None or call.provider is not peer:
             self._stray(peer, attempt, call)
             return
-        if self.local_first:
+        if self.local_first:  # _took, inlined (every answer passes here)
             peer.load -= 1
+            if call.sent:
+                took = self.read_at - call.sent
+                lat = peer.lat
+                peer.lat = peer.seen = (took if took > lat or call.probe
+                                        else lat + LAT_STEP * (took - lat))
         if call.hstart:  # a measured attempt of the load history (answers are derived)
             assert self.history is not None and call.hrow is not None
             self.history.answered(call.hrow, call.hstart, data)
@@ -606,15 +654,38 @@ class Router:
 
     def tick(self, now: float) -> None:
         """Apply every deadline due by ``now``: ack timeouts retry, response timeouts fail.
-        Every ``RATE_SAMPLE`` seconds, each provider's ``rate`` moves ``RATE_STEP`` of the
-        way to the rate of attempts sent to it since the last sample."""
+        Every ``RATE_SAMPLE`` seconds (under ``local-first``), each provider's ``rate``
+        moves ``RATE_STEP`` of the way to the rate of attempts sent to it since the last
+        sample; a local provider that ended no attempt while holding some gets the
+        sample's span added to its ``lat`` (timed attempts move it as they end:
+        ``_took``), an idle one's shrinks by ``LAT_IDLE``, so a slow provider left alone
+        is tried again (its ``seen`` stays: what other nodes are told). When the local
+        providers' rates moved by more than ``QUIET`` and half from what the last
+        heartbeat told, ``rates_moved`` asks the cluster core for one early."""
         if now >= self._sampled + RATE_SAMPLE and self.local_first:
             seen, span = self._sent_then, now - self._sampled
             self._sampled = now
+            serving = 0.0
             for peer in self._provider_peers:
-                sent = peer.attempts
-                peer.rate += RATE_STEP * ((sent - seen.get(peer, sent)) / span - peer.rate)
-                seen[peer] = sent
+                sent, load = peer.attempts, peer.load
+                ended = sent - load
+                then = seen.get(peer)
+                seen[peer] = (sent, ended)
+                if then is None:
+                    continue        # new: measured from the next sample on
+                sent0, ended0 = then
+                peer.rate += RATE_STEP * ((sent - sent0) / span - peer.rate)
+                if peer.is_node:
+                    continue        # a node reports its providers' own (``latency``)
+                serving += peer.rate
+                if load:
+                    if ended == ended0:  # holding attempts, none ended: it may be stuck
+                        peer.lat += span
+                else:
+                    peer.lat *= LAT_IDLE
+            told = self._told
+            if abs(serving - told) > max(QUIET, told / 2):
+                self.rates_moved = True   # the other nodes weigh what they were told
         calls = self._calls
         for attempt in self._deadlines.expire(now):
             call = calls.get(attempt)
@@ -672,7 +743,7 @@ class Router:
                 msg = None
             del calls[attempt]
             if self.local_first and call.provider is not None:
-                call.provider.load -= 1
+                self._took(call.provider, call)
             if call.hrow is not None:
                 self._history_end(
                     call, Outcome.RESPONSE_TIMEOUTS if msg is not None else Outcome.ACK_TIMEOUTS)
@@ -735,11 +806,17 @@ class Router:
         tried = call.tried
         if self.local_first:
             if (len(local) == 1 and tried is None and self.weights is None
-                    and (not remote or local[0].rate < QUIET)):
-                provider: Peer | None = local[0]  # alone and quiet: nothing to weigh
+                    and (not remote or (local[0].rate < QUIET
+                                        and local[0].lat <= SLOWER * LAT_FLOOR))):
+                provider: Peer | None = local[0]  # alone, quiet, quick: nothing to weigh
+            elif not local and len(remote) == 1 and tried is None:
+                provider = remote[0][0] if remote[0][1] > 0 else None  # one target
             else:
                 provider = local_first(call.name, self._local_weights(call.name, local),
                                        remote, tried, self._rand)
+                if (provider is not None and provider.is_node
+                        and provider not in self._provider_peers):
+                    self._provider_peers.add(provider)  # its ``rate``: what is sent there
         elif remote and tried is None:  # a first attempt that may cross nodes
             if not local and len(remote) == 1:  # one target: nothing to draw or hold
                 provider = remote[0][0] if remote[0][1] > 0 else None
@@ -776,7 +853,17 @@ class Router:
         call.accepted = call.acked = False
         call.checked = 0.0
         self._calls[attempt] = call
-        if self.local_first:  # what its choice weighs (its outstanding; ends in _left)
+        if self.local_first:  # what its choice weighs (its outstanding; ends in _took)
+            if provider.load:  # its time measured for 1 attempt in LAT_SAMPLE
+                call.sent = 0.0 if attempt & _LAT_MASK else self.read_at
+                call.probe = False
+            else:  # idle: always measured; if its ``lat`` shrank since last measured,
+                # this attempt tries it again, alone (as slow as last seen until it
+                # ends, which measures it afresh)
+                call.sent = self.read_at
+                call.probe = provider.lat < provider.seen
+                if call.probe:
+                    provider.lat = provider.seen
             provider.load += 1
             provider.attempts += 1
         if tried is None and not call.local_only:
@@ -925,7 +1012,18 @@ class Router:
         """The current attempt leaves the call table (its deadline entry is ignored later)."""
         del self._calls[call.id]
         if self.local_first and call.provider is not None:
-            call.provider.load -= 1
+            self._took(call.provider, call)
+
+    def _took(self, peer: Peer, call: Call) -> None:
+        """``call``'s attempt at ``peer`` ended: one attempt less outstanding there, and
+        its time, when measured (``sent``), moves ``lat`` (peak EWMA: up at once, down
+        ``LAT_STEP`` of the way; a probe's time is taken as it is)."""
+        peer.load -= 1
+        if call.sent:
+            took = self.read_at - call.sent
+            lat = peer.lat
+            peer.lat = peer.seen = (took if took > lat or call.probe
+                                    else lat + LAT_STEP * (took - lat))
 
     def _provided(self, name: str, msg: list[Any]) -> bool:
         """``name`` is (or was, for this answer) provided here or on another node: junk
@@ -947,12 +1045,13 @@ class Router:
                 if stats is None:  # a row of its own only for a name somebody provides
                     stats = self.rpc_stats.get(call.name if self._provided(call.name, msg)
                                                else OTHER)
-                if answered:
+                took = self.read_at - call.started
+                if answered:  # RpcStats.answered, inlined (every call passes here)
                     stats.ok += 1
+                    stats.buckets[bisect_left(BOUNDS, took)] += 1
+                    stats.sum += took
                 else:
-                    stats.error(msg[2])
-                if call.started:
-                    stats.observe(self._clock() - call.started)
+                    stats.error(msg[2], took)
         caller = call.caller
         caller.inflight -= 1
         del caller.calls[call.cid]

@@ -16,6 +16,7 @@ half of them have finished.
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -209,6 +210,7 @@ class Session(FrameIO, ServerConnection, SessionRules):
 
     def frame_received(self, data: FrameData) -> None:
         now = self.loop.time()
+        self.node.router.read_at = perf_counter()  # its calls' start, for their latency
         try:
             msgs = decode(data, self._max_frame_messages)
         except ProtocolError as exc:

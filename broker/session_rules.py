@@ -106,6 +106,8 @@ class SessionRules:
         self.load = 0                    # attempts the router sent here (a provider)
         self.attempts = 0                # attempts ever sent here
         self.rate = 0.0                  # attempts sent per second, smoothed
+        self.lat = 0.0                   # seconds an attempt takes here, smoothed
+        self.seen = 0.0                  # ``lat`` when an attempt here last ended
         self.calls: dict[int, Any] = {}    # its calls in flight by its ids (the router's)
         self.accepted_upto = 0           # ACCEPT_UPTO: attempts up to this one it took
         self.provides: set[str] = set()
@@ -398,6 +400,7 @@ class SessionRules:
             "max_inflight": limits.max_inflight_per_connection,
             "ack_timeout_ms": int(self.node.config.rpc.ack_timeout * 1000),
             "response_timeout_ms": int(self.node.config.rpc.response_timeout * 1000),
+            "max_timeout_ms": int(self.node.config.rpc.max_timeout * 1000),
             "accept_upto": True,   # it takes ACCEPT_UPTO
         }])
         if self.node.cut_off:  # the notice its peers had: move on if you know another node

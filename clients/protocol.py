@@ -49,7 +49,7 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (AUTH, "client → node"): ("{user?, password?, token?, name?, protocol: 1}",),
     (AUTH_OK, "node → client"): (
         "{node, session, user, protocol, max_frame, max_frame_messages, max_inflight, "
-        "ack_timeout_ms, response_timeout_ms, accept_upto}",),
+        "ack_timeout_ms, response_timeout_ms, max_timeout_ms, accept_upto}",),
     (AUTH_FAIL, "node → client"): ("code", "message"),
     (PROVIDE, "client → node"): ("ref", "[name, ...]"),
     (UNPROVIDE, "client → node"): ("ref", "[name, ...]"),

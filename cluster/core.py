@@ -59,6 +59,9 @@ from rpcbus.cluster.warnings import SparseWarnings
 log = structlog.get_logger(module="rpcbus.cluster")
 
 
+NEWS_GAP = 0.2  # s: a heartbeat early for news (``Routing.rates_moved``) comes at most so often
+
+
 class Publisher(Protocol):
     """Where the core's messages go (cluster/outbox.py ``Outbox`` is one)."""
 
@@ -220,7 +223,9 @@ class ClusterCore:
         self.acked.tick(now)
         self.refused.tick(now)
         interval = self.config.heartbeat_interval
-        if now >= self._next_beat:
+        if self.router.rates_moved and now >= self._next_beat - interval + NEWS_GAP:
+            self._beat(now)   # news for the other nodes' choice: told now, not in a second
+        elif now >= self._next_beat:
             self._beat(now)
             heard = max(self._heard_at, self._listening_since)
             if self.available and now - heard > interval * self.config.heartbeat_misses:
@@ -391,13 +396,13 @@ class ClusterCore:
         if node.retired:  # its origin process is gone: nobody waits for the answer
             self.stats["stale_invokes"] += 1
             return
-        if self.state == m.TERMINATING:  # the origin will try another node at once
-            node.publish([m.REJECT, attempt])
-            return
         key = (node.incarnation, attempt)
         acked, refused = self.acked, self.refused  # (``key in``, inlined: see RecentIds)
         if key in acked.new or key in acked.old:  # delivered twice (a replay): runs once
-            self.stats["duplicate_invokes"] += 1
+            self.stats["duplicate_invokes"] += 1  # (before the check below: a replay of
+            return                                # one taken before draining is no news)
+        if self.state == m.TERMINATING:  # the origin will try another node at once
+            node.publish([m.REJECT, attempt])
             return
         if (age * 1000 > ack_ms / 2 or left_ms - age * 1000 <= 0
                 or ((refused.new or refused.old) and key in refused)):  # rarely any
@@ -415,10 +420,8 @@ class ClusterCore:
     def _state(self, node: RemoteNode, msg: list[Any], sent_at: float, now: float) -> None:
         _, state, url, started, info = msg
         sender = node.name
-        served = info.get("served") if type(info) is dict else None
-        node.reported = {k: v for k, v in served.items()
-                         if type(v) in (int, float) and 0 <= v < 1e9} \
-            if type(served) is dict else {}
+        node.reported = _figures(info, "served")
+        node.latency = _figures(info, "latency")
         new = self.membership.on_state(sender, state, url, started, info, sent_at, now)
         if state == m.TERMINATING:
             if sender not in self._terminating:  # heartbeats repeat it while it drains
@@ -578,3 +581,11 @@ def _start_all(callers: list[RemoteCaller]) -> None:
     """Redis has taken the ACK naming these INVOKEs: start each (``RemoteCaller.start``)."""
     for caller in callers:
         caller.start()
+
+
+def _figures(info: Any, key: str) -> dict[str, float]:
+    """A heartbeat's ``key`` map of rpc name to a number (``served`` rates, ``latency``
+    seconds): what is not one is left out."""
+    got = info.get(key) if type(info) is dict else None
+    return {k: v for k, v in got.items() if type(k) is str and type(v) in (int, float)
+            and 0 <= v < 1e9} if type(got) is dict else {}

@@ -42,7 +42,12 @@ class ClusterLink:
         self.core = ClusterCore(router, config, me, url, info, outbox=self.bus.outbox,
                                 clock=time_now, stale=self.bus.stale,
                                 incarnation=incarnation, started=time.time())
-        self.bus.on_batch = self.core.on_batch  # straight in: one call per batch
+        on_batch = self.core.on_batch
+
+        def batch_in(batch: Any, now: float) -> None:  # one call per batch
+            router.read_at = time.perf_counter()  # the outcomes' time (per-rpc latency)
+            on_batch(batch, now)
+        self.bus.on_batch = batch_in
 
     # what the node reads
 

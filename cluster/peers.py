@@ -50,9 +50,12 @@ class RemoteNode:
         self.inflight = 0
         self.load = 0                    # attempts this node's router sent there
         self.attempts = 0
-        self.rate = 0.0                  # unused: a node reports its own (``reported``)
+        self.rate = 0.0                  # attempts per second this node sends there (local-first)
         # calls per second it said its own providers get, in its last heartbeat, by rpc
         self.reported: dict[str, float] = {}
+        # seconds an attempt takes at its fastest provider of the rpc, by rpc (same heartbeat)
+        self.latency: dict[str, float] = {}
+        self.lat = self.seen = 0.0       # unused: a node reports its own (``latency``)
         self.calls: dict[int, Any] = {}  # never added to: a provider, never a caller
         self.accepted_upto = 0           # a node acknowledges (ACK), never ACCEPT_UPTO
         self.provides: set[str] = set()
@@ -89,7 +92,7 @@ class RemoteCaller:
     hrows: dict[Any, Any] = {}  # never added to: a caller, never a provider
     accepted_upto = 0           # a caller, never a provider
     load = attempts = 0
-    rate = 0.0
+    rate = lat = seen = 0.0
 
     __slots__ = ("link", "node", "origin", "id", "key", "label", "user_name", "inflight",
                  "calls", "invoke", "late_at", "deadline")

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 class Routing(Protocol):
     ack_timeout: float
     count_changed: Callable[[str, float], None] | None
+    # the rates its providers serve moved far from what the last heartbeat told
+    # (``local-first``): the core sends the next heartbeat early
+    rates_moved: bool
+    # the router's clock when the shell read what it is handling (per-rpc latency)
+    read_at: float
 
     # the link hands itself to the router (which sees it as its view of the cluster)
     @property

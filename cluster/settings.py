@@ -17,7 +17,7 @@ class ClusterSection:
     query_timeout: float = 0.25
     handover_wait: float = 2.0      # s calls wait for the names of a node stopping as planned
     evacuate_after: float = 3.0     # s the bus may be down before clients are sent elsewhere
-    policy: str = "cluster"         # or "local-first": broker/choice.py, docs/cluster.md
+    policy: str = "local-first"     # or "cluster": broker/choice.py, docs/cluster.md
     prefer_local: bool = False
     affinity: int = 32              # a frame's calls of a name per draw of their target
     redis_tls_ca: str = ""

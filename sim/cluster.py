@@ -231,7 +231,7 @@ class SimNode:
         self.end = BusEnd(sim.redis, name, self._on_batch, self._on_up, self._on_down,
                           self.clock)
         self.core = ClusterCore(self.router, self.config.cluster, name, f"ws://{name}",
-                                lambda: {"served": self.router.provider_rates(64)},
+                                self._heartbeat_info,
                                 outbox=self.end.outbox, clock=self.clock,
                                 stale=self.end.stale,
                                 incarnation=generation * 100 + sim.node_index(name),
@@ -244,6 +244,11 @@ class SimNode:
         self.world.after(0.0, self.end.reconnect)
         self.world.after(self.config.rpc.timer_granularity, self._sweep)
 
+    def _heartbeat_info(self) -> dict[str, Any]:
+        """What a node's heartbeat tells the others' ``local-first`` choice (broker/node.py)."""
+        served = self.router.provider_rates(64)
+        return {"served": served, "latency": self.router.provider_latencies(served)}
+
     def clock(self) -> float:
         return self.world.now + self.offset
 
@@ -253,7 +258,8 @@ class SimNode:
     # the bus's events
     def _on_batch(self, batch: Any) -> None:
         if self.alive:
-            self.core.on_batch(batch, self.clock())
+            self.router.read_at = now = self.clock()  # as the node's shell sets it
+            self.core.on_batch(batch, now)
 
     def _on_up(self) -> None:
         self.core.on_up(self.clock())
@@ -273,6 +279,7 @@ class SimNode:
             self.core.stalled(now)
         self._last_sweep = now
         if now >= self._hold_until:
+            self.router.read_at = now
             self.router.tick(now)
             self.core.tick(now)
             if self.core.state == "starting" and self.core.joined(now):
@@ -352,10 +359,11 @@ class SimNode:
         if self.paused():
             self.world.at(self.sim.redis.paused[self.name], lambda: self._read(session, frame))
             return
+        self.router.read_at = now = self.clock()
         if frame is None:  # the client closed the connection (or died)
             self.close_session(session)
             return
-        session.handle(frame, self.clock())
+        session.handle(frame, now)
         session.flush()
 
     def close_session(self, session: SimSession) -> None:

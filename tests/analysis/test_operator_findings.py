@@ -102,3 +102,34 @@ def test_peaks_percentiles_noise_and_the_hours_read(spark, tmp_path):
     assert got["steady"]["p50_s"] == got["steady"]["p99_s"] == pytest.approx(0.0507)
     assert {w["provider"]: w["weight"] for w in weights if w["rpc"] == "c"} == {
         "quick": 1.0, "less-quick": 1.0}
+
+
+def test_local_first_shares_are_judged_within_each_node(spark, tmp_path):
+    history, out = tmp_path / "history", tmp_path / "out"
+    # seed 5, 2 nodes: svc1.call is served by p1, p3 (on n1) and p6 (n2); svc2.call by
+    # p1 (n1), p2 and p6 (n2). n2's callers make twice n1's calls, and each node's calls
+    # stay on its providers: p6 takes most of svc1 by the policy, not unfairly. p2 is
+    # slow, and the policy gives it a tenth of its share beside p6: by design, too.
+    generate(str(history), nodes=2, providers=6, rpcs=2, hours=0.5, window=30, seed=5,
+             hogs=("p3",), slow=("p2",), policy="local-first")
+    analysis.analyze(spark, str(history), str(out))
+    fairness, outliers = tables(spark, out, "fairness", "outliers")
+    got = {(f["rpc"], f["provider"]): f for f in fairness}
+
+    p6 = got[("svc1.call", "p6")]
+    assert p6["share"] > 0.5 and p6["among"] == "n2" and p6["took"] is None
+    hog, peer = got[("svc1.call", "p3")], got[("svc1.call", "p1")]
+    assert (hog["took"], hog["among"]) == ("more", "n1")
+    assert (peer["took"], peer["because_of"]) == ("less", "p3")
+    assert hog["expected_share"] == pytest.approx(0.5, abs=0.05)   # of n1's calls
+    assert {(o["rpc"], o["provider"], o["kind"]) for o in outliers} >= {
+        ("svc2.call", "p2", "slow")}
+    slow = got[("svc2.call", "p2")]
+    assert slow["calls"] < got[("svc2.call", "p6")]["calls"] / 5 and slow["among"] == "n2"
+    assert not [f for f in fairness if f["rpc"] == "svc2.call" and f["took"]]
+
+    report = (out / "report" / "report.html").read_text()
+    findings = report[report.index("<h2>Findings"):report.index("</ul>")]
+    assert ("<b>p3</b> took more than its share of <b>svc1.call</b> among the providers on "
+            "n1 (policy local-first)") in findings
+    assert "p6" not in findings and "took less than its share of <b>svc2" not in findings

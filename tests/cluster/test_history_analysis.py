@@ -1,7 +1,9 @@
 """End to end: load on a real 2-node cluster, the nodes write history, ``rpcbus analyze``
 (the real CLI, Spark local[2]) reads it; the calls it counts equal the calls made, a slow
 provider is flagged, and the weights file it writes, loaded by the nodes, moves the
-calls away from that provider as the weights say."""
+calls away from that provider as the weights say. Under ``cluster.policy = "cluster"``,
+the weighted draw the weights steer (``local-first`` leaves a slow provider by itself:
+tests/cluster/test_choice.py; its fairness: tests/analysis/test_operator_findings.py)."""
 
 import asyncio
 import json
@@ -72,7 +74,8 @@ def found(out, table):
 @pytest.mark.timeout(600)
 async def test_history_to_analysis_to_weights_and_back(make_cluster, tmp_path):
     history, out = tmp_path / "history", tmp_path / "out"
-    c = make_cluster(nodes=2, RPCBUS_HISTORY_DIR=str(history), RPCBUS_HISTORY_WINDOW="0.5")
+    c = make_cluster(nodes=2, RPCBUS_HISTORY_DIR=str(history), RPCBUS_HISTORY_WINDOW="0.5",
+                     RPCBUS_CLUSTER_POLICY="cluster")
     counted = Counter()
     made = await load(c, counted)
     assert made == CALLS
@@ -100,7 +103,8 @@ async def test_history_to_analysis_to_weights_and_back(make_cluster, tmp_path):
     assert weights["fast-1"] == weights["fast-2"] == 1.0 and weights["slow-1"] < 0.2
 
     # the nodes load the recommended weights: slow-1 gets what its weight says
-    c2 = make_cluster(nodes=2, RPCBUS_RPC_WEIGHTS_FILE=str(out / "weights.json"))
+    c2 = make_cluster(nodes=2, RPCBUS_RPC_WEIGHTS_FILE=str(out / "weights.json"),
+                      RPCBUS_CLUSTER_POLICY="cluster")
     counted.clear()
     assert await load(c2, counted) == CALLS
     total = sum(weights.values())

@@ -57,6 +57,8 @@ def test_a_thousand_seeds_hold() -> None:
           "read after a handler held the process, as fresh"),
     (36, "an idempotent call sent again after a lost connection answered NO_PROVIDER "
          "though it may have run"),
+    (160, "a replayed INVOKE that reached a draining node after it took the first was "
+          "refused, and its origin sent the call elsewhere"),
 ])
 def test_seeds_that_found_bugs_hold(seed: int, bug: str) -> None:
     result = run_seed(seed, ALL_FAULTS)

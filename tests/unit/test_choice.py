@@ -14,6 +14,7 @@ from tests.unit.test_router import Peer
 def node(label):
     n = Node(label)
     n.reported = {}
+    n.latency = {}
     return n
 
 
@@ -28,33 +29,51 @@ def calls_to(peers):
 
 
 def test_calls_stay_on_their_node_while_the_cluster_is_as_busy():
-    """Every node serving as many calls per second (as its heartbeats say): no call
-    crosses, however many are outstanding here."""
+    """Every node serving as many calls per second, as quickly (as its heartbeats say):
+    no call crosses, however many are outstanding here."""
     n2, n3 = node("n2"), node("n3")
     r = local_first(View({"f": [(n2, 1), (n3, 1)]}))
     here, caller = Peer("p"), Peer("c")
     r.provide(here, ["f"])
-    for i in range(40):
-        r.tick(i / 100)
+    due, sent = [], 0
+    for i in range(400):  # 4 s, 10 calls every 10 ms, each answered 50 ms later
+        now = i / 100
+        r.read_at = now
+        r.tick(now)
         n2.reported = n3.reported = {"f": here.rate}
-        r.request(caller, i, "f", None, None, now=i / 100)
-    sent = calls_to([here, n2, n3])
-    assert len(sent[here]) == 40 and not sent[n2] and not sent[n3]
-    assert (r.stats.local_calls, r.stats.remote_calls) == (40, 0)
+        n2.latency = n3.latency = {"f": 0.05}
+        for k in range(10):
+            r.request(caller, i * 10 + k, "f", None, None, now=now)
+        got = calls_to([here, n2, n3])
+        assert not got[n2] and not got[n3], (now, here.lat, here.rate)
+        sent += len(got[here])
+        due += [(now + 0.05, a) for a in got[here]]
+        while due and due[0][0] <= now:
+            r.respond(here, due.pop(0)[1], None)
+    assert sent == 4000 and here.load >= 40
+    assert (r.stats.local_calls, r.stats.remote_calls) == (4000, 0)
 
 
 def test_with_callers_on_one_node_calls_spill_evenly_once_it_serves_over_its_share():
-    """The other nodes idle (their heartbeats say so): calls stay here while the rate is
-    quiet, then spill, spread evenly by what is outstanding at each node."""
+    """The other nodes idle (their heartbeats say so) and as quick: calls stay here while
+    the rate is quiet, then spill, spread evenly by what is outstanding at each node."""
     n2, n3, n4 = node("n2"), node("n3"), node("n4")
     r = local_first(View({"f": [(n2, 1), (n3, 1), (n4, 1)]}))
     here, caller = Peer("p"), Peer("c")
     r.provide(here, ["f"])
-    for i in range(400):  # 100 calls a second, none answered; the tick measures rates
-        r.tick(i / 100)
-        r.request(caller, i, "f", None, None, now=i / 100)
+    due = []
+    for i in range(400):  # 100 calls a second; here answers in 10 ms, the others never
+        now = i / 100
+        r.read_at = now
+        r.tick(now)
+        n2.latency = n3.latency = n4.latency = {"f": 0.01}
+        r.request(caller, i, "f", None, None, now=now)
+        due += [(now + 0.01 - 1e-9, a) for a in calls_to([here])[here]]
+        while due and due[0][0] <= now:
+            r.respond(here, due.pop(0)[1], None)
     remote = [n2.load, n3.load, n4.load]
-    assert 0 < here.load < 300 and max(remote) - min(remote) <= 1, (here.load, remote)
+    assert r.stats.local_calls > 50 and sum(remote) > 50, (r.stats.local_calls, remote)
+    assert max(remote) - min(remote) <= 2, remote   # a draw by weight: about ± 8
     assert r.stats.local_calls + r.stats.remote_calls == 400
 
 
@@ -79,6 +98,42 @@ def test_a_slow_provider_loses_its_share():
             r.respond(p, pending[p].pop(0), None)
             served[p.label] += 1
     assert served["slow"] / sum(served.values()) < 0.1, served
+
+
+def test_a_node_whose_provider_turns_slow_sends_its_calls_away_and_tries_it_again():
+    """One provider here, two other nodes as busy whose providers take 10 ms (their
+    heartbeats say so). Ours takes 10 ms, then 100 ms for three seconds, then 10 ms
+    again: its node's calls leave it within a second, and come back once it is quick
+    (it is tried again when its latency, shrinking while idle, is under the bound)."""
+    n2, n3 = node("n2"), node("n3")
+    r = local_first(View({"f": [(n2, 1), (n3, 1)]}))
+    here, caller = Peer("p"), Peer("c")
+    r.provide(here, ["f"])
+    due = []                    # (when it ends, the peer, the attempt)
+    went = Counter()            # (second, to here) -> first attempts
+    cid = 0
+    for step in range(1000):    # 10 s in steps of 10 ms, 5 calls a step
+        now = step / 100
+        r.read_at = now         # as the node's shell sets it, per frame and tick
+        r.tick(now)
+        n2.reported = n3.reported = {"f": here.rate}
+        n2.latency = n3.latency = {"f": 0.01}
+        for _ in range(5):
+            cid += 1
+            r.request(caller, cid, "f", None, None, now=now)
+        delay = 0.1 if 1 <= now < 4 else 0.01
+        for p, ids in calls_to([here, n2, n3]).items():
+            due += [(now + (delay if p is here else 0.01) - 1e-9, p, a) for a in ids]
+            went[(int(now), p is here)] += len(ids)
+        for entry in [d for d in due if d[0] <= now]:
+            due.remove(entry)
+            r.respond(entry[1], entry[2], None)
+
+    def here_share(second):
+        return went[(second, True)] / (went[(second, True)] + went[(second, False)])
+    assert here_share(0) > 0.9                      # quick: its node's calls stay
+    assert here_share(2) < 0.05 and here_share(3) < 0.05, went   # slow: they leave
+    assert here_share(6) > 0.9, went                # quick again: they come back
 
 
 def test_weights_scale_the_draw_and_the_room():

@@ -21,6 +21,7 @@ class Peer:
         self.load = 0
         self.attempts = 0
         self.rate = 0.0
+        self.lat = self.seen = 0.0
         self.provides = set()
         self.is_node = False
         self.sent = []
@@ -360,16 +361,18 @@ def test_every_call_gets_exactly_one_outcome_and_tables_empty_afterwards(script)
     assert_empty(r, *callers)
 
 
-def test_the_busiest_rpcs_with_cumulative_counts_and_sampled_latency_buckets():
-    """What a heartbeat carries for the dashboard: exact counts, the buckets of the sample."""
+def test_the_busiest_rpcs_with_cumulative_counts_and_every_calls_latency():
+    """What a heartbeat carries for the dashboard: exact counts, every call's latency."""
     clock = [0.0]
     r, caller, prov = make(clock=lambda: clock[0]), Peer("c"), Peer("p")
     r.provide(prov, ["a", "b", "c"])
     for name, n, fail in (("a", 200, False), ("b", 24, True), ("c", 3, False)):
         for i in range(n):
+            r.read_at = clock[0]                       # as the shell sets it per frame
             r.request(caller, i, name, None, None, now=0.0)
             [req] = requests_to(prov)
             clock[0] += 0.003                          # 3 ms each: the 5 ms bucket
+            r.read_at = clock[0]
             if fail:
                 r.provider_error(prov, req[1], "no")
             else:
@@ -378,6 +381,8 @@ def test_the_busiest_rpcs_with_cumulative_counts_and_sampled_latency_buckets():
     assert list(busiest) == ["a", "b"]
     (a_ok, a_failed, *a_buckets), (b_ok, b_failed, *b_buckets) = busiest.values()
     assert (a_ok, a_failed, b_ok, b_failed) == (200, 0, 0, 24)
-    assert 0 < sum(a_buckets) < 200 and a_buckets[5] == sum(a_buckets)   # 1 in 8 on average
-    assert sum(b_buckets) < 24 and b_buckets[5] == sum(b_buckets)
+    assert a_buckets[5] == sum(a_buckets) == 200
+    assert b_buckets[5] == sum(b_buckets) == 24
+    histograms = r.rpc_stats.by_name["b"].histograms()
+    assert list(histograms) == ["PROVIDER_ERROR"] and histograms["PROVIDER_ERROR"][0][5] == 24
     assert_empty(r, caller)

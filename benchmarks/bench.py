@@ -18,8 +18,12 @@ instead. Calls/s count each call once, on its caller's node. Each run writes to 
                   the throughput series; the same for the baseline (a direct echo
                   server on the same I/O stack and shape) and rpcbus ÷ direct
   latency.png     latency by percentile
-  throughput.png  calls/s over the measured window
+  throughput.png  calls/s over the measured window, of rpcbus and each peer
   summary.md      a Markdown table of the above
+
+A run the rest of the machine disturbed (other processes using over a quarter of a
+core meanwhile, or calls/s under a quarter of its median for half a second) says so
+in a WARNING line and in summary.md: its figures read low (benchmarks/quiet.py).
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ def command(scenario: str, **opts: Any) -> dict[str, Any]:
                 f"{peer['rpcbus_ratio_p99']:.2f}  ({peer['calls_per_s']:,.0f} calls/s, p99 "
                 f"{peer['p99_us']:,.0f} µs)" if "skipped" not in peer
                 else f"skipped ({peer['skipped']})"))
+            if peer.get("disturbed"):
+                click.echo(f"WARNING ({NAMES[kind]}): {peer['disturbed']}")
     with open(os.path.join(out_dir, "result.json"), "w") as f:
         json.dump(load.jsonable(result), f, indent=2)
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
@@ -166,6 +172,10 @@ def markdown(result: dict[str, Any]) -> str:
                      f"**{peer['rpcbus_ratio_calls_per_s']:.2f}**, p99 latency "
                      f"**{peer['rpcbus_ratio_p99']:.2f}**."]
     rows += ["", "For peers, \"node CPU\" is the broker's: redis-server or nats-server."]
+    for key in ("baseline", "rpcbus", "redis", "nats"):
+        said = (result.get(key) or {}).get("disturbed")
+        if said:
+            rows += ["", f"**Warning ({NAMES[key]})**: {said}"]
     r = result.get("rpcbus", {})
     by_node, cpu = r.get("by_node") or [], r.get("cpu_us_per_call_by_node")
     if len(by_node) > 1:
@@ -216,10 +226,13 @@ def plot(result: dict[str, Any], out_dir: str) -> None:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    series = result.get("rpcbus", {}).get("throughput_series") or []
-    ax.plot([t for t, _ in series], [v for _, v in series], marker=".")
+    for key, label in NAMES.items():  # every run of the report, peers too
+        series = (result.get(key) or {}).get("throughput_series") or []
+        if series:
+            ax.plot([t for t, _ in series], [v for _, v in series], marker=".", label=label)
     ax.set_xlabel("seconds into the measured window")
-    ax.set_ylabel("calls/s (the nodes' count, each call once)")
+    ax.set_ylabel("calls/s (rpcbus: the nodes' count; peers: their callers')")
+    ax.legend()
     ax.set_ylim(bottom=0)
     ax.set_title(f"throughput — {result['scenario']}")
     ax.grid(True, alpha=0.3)

@@ -33,6 +33,7 @@ from typing import Any
 
 import click
 
+from rpcbus.benchmarks import quiet
 from rpcbus.broker.local import LocalCluster
 from rpcbus.broker.process import NodeProcess
 
@@ -88,12 +89,14 @@ def run_callers(urls: list[str], args: SimpleNamespace, cpu_of: Any = None,
                       "--rpc", args.rpc, module=module, program=program)
                for i in range(args.callers)]
     time.sleep(max(0.0, start_at + args.warmup - time.time()))
+    watch = _watch()
     cpu0 = cpu_of() if cpu_of else None      # per process
     rcpu0 = redis_cpu() if redis_cpu else None
     s0 = [_stats(u) for u in stats_urls]
     series = _measure(args.duration, stats_urls, s0)
     cpu1 = cpu_of() if cpu_of else None
     rcpu1 = redis_cpu() if redis_cpu else None
+    watched = watch.stop() if watch is not None else None
     s1 = [_stats(u) for u in stats_urls]
     results = [json.loads(c.communicate(timeout=args.duration + 60)[0].strip().splitlines()[-1])
                for c in callers]
@@ -102,6 +105,9 @@ def run_callers(urls: list[str], args: SimpleNamespace, cpu_of: Any = None,
     counted = (sum(_ended(_stats(u)) for u in stats_urls) - counted_before
                if stats_urls else None)
     measured = sum(r["measured"] for r in results)
+    if not series and all("bins" in r for r in results):  # callers that count per bin
+        bins = [sum(counts) for counts in zip(*(r["bins"] for r in results), strict=False)]
+        series = [[round((k + 1) * 0.5, 3), n / 0.5] for k, n in enumerate(bins)]
     latencies = [v for r in results for v in r["latencies_us"]]
     hist = _histogram(latencies)
     errors: dict[str, int] = {}
@@ -128,6 +134,10 @@ def run_callers(urls: list[str], args: SimpleNamespace, cpu_of: Any = None,
         "throughput_series": series,       # [seconds into the window, calls/s]
         "_histogram": hist,                # for plots; not written to JSON
     }
+    low = quiet.dips(series)
+    out["disturbance"] = {**(watched or {}), "dips": low}
+    if said := quiet.verdict(watched, low):
+        out["disturbed"] = said
     if counted is not None:
         out["calls_counted_by_nodes"] = counted
     if cpu0 is not None and measured:
@@ -161,6 +171,14 @@ def run_callers(urls: list[str], args: SimpleNamespace, cpu_of: Any = None,
         if local + remote:  # first attempts of callers' calls that stayed on their node
             out["stayed_local"] = local / (local + remote)
     return out
+
+
+def _watch() -> "quiet.Watch | None":
+    """The machine's CPU over the window, when psutil is there (``rpcbus[bench]``)."""
+    try:
+        return quiet.Watch()
+    except ImportError:
+        return None
 
 
 def _node_batching(before: dict[str, Any], after: dict[str, Any],
@@ -452,6 +470,10 @@ def _summary(result: dict[str, Any]) -> str:
     if "ratio_calls_per_s" in result:
         lines.append(f"rpcbus ÷ direct: throughput {result['ratio_calls_per_s']:.2f}, "
                      f"p99 {result['ratio_p99']:.2f}")
+    for key in ("baseline", "rpcbus"):
+        said = (result.get(key) or {}).get("disturbed")
+        if said:
+            lines.append(f"WARNING ({key}): {said}")
     return "\n".join(lines)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import msgpack
 
 REQ = "bench:req"
+BIN = 0.5  # s: the callers count answers per BIN of the window (throughput series)
 
 
 class _Tally:
@@ -45,6 +46,9 @@ class _Tally:
         self.last_measured = self.start
         self.errors: dict[str, int] = {}
         self.latencies_us: list[int] = []
+        # answers per half-second of the window (the peers' throughput series: they have
+        # no /stats to read it from)
+        self.bins = [0] * max(1, int(args.duration / BIN + 0.999))
 
     def ended(self, sent: float, now: float, error: str | None = None) -> None:
         self.total += 1
@@ -53,6 +57,7 @@ class _Tally:
         elif self.start <= now < self.end:
             self.measured += 1
             self.last_measured = now
+            self.bins[min(len(self.bins) - 1, int((now - self.start) / BIN))] += 1
             if self.measured % self.sample_every == 0:
                 self.latencies_us.append(int((now - sent) * 1e6))
 
@@ -65,7 +70,7 @@ class _Tally:
                           "span": (self.last_measured - self.start) if capped else duration,
                           "total": self.total, "errors": self.errors,
                           "unanswered": unanswered, "latencies_us": self.latencies_us,
-                          "sample_every": self.sample_every}), flush=True)
+                          "sample_every": self.sample_every, "bins": self.bins}), flush=True)
 
 
 async def _start_at(args: argparse.Namespace) -> float:

@@ -9,6 +9,7 @@ import asyncio
 import gc
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -165,7 +166,7 @@ def call(rpc: str, data: str, url: str, timeout: float | None, user: str | None,
         payload = json.loads(data)
     except ValueError as exc:
         raise click.UsageError(f"DATA is not JSON: {exc}") from None
-    if user and password is None:
+    if user and password is None and token is None:
         password = click.prompt("password", hide_input=True, err=True)
 
     async def run() -> Any:
@@ -213,7 +214,8 @@ def cluster() -> None:
 def cluster_up(nodes: int, base_port: int, redis_url: str | None, redis_shards: int,
                redis_replicas: int) -> None:
     """Run redis-server (or a Redis Cluster) and N nodes until Ctrl-C or SIGTERM, then
-    stop them all."""
+    stop them all. Each node's log goes to a file (its path is printed; the files stay
+    after the stop); a node that exits meanwhile is reported at once, with its reason."""
     import threading
 
     from rpcbus.broker.local import LocalCluster
@@ -230,9 +232,10 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None, redis_shards: 
         raise click.UsageError("--redis-shards: a Redis Cluster needs 3 masters or more")
     if redis_replicas and not redis_shards:
         raise click.UsageError("--redis-replicas goes with --redis-shards N")
+    logs = tempfile.mkdtemp(prefix="rpcbus-logs-")
     local = LocalCluster(nodes=nodes, base_port=base_port, redis_url=redis_url,
                          redis_shards=redis_shards, redis_replicas=redis_replicas,
-                         redis_node_timeout_ms=5000, seal=True)
+                         redis_node_timeout_ms=5000, seal=True, log_dir=logs)
     kind = ("given Redis" if redis_url else "embedded redis-server" if local.redis else
             f"embedded Redis Cluster: {redis_shards} masters, {redis_replicas} replicas each")
     click.echo(f"starting {nodes} node(s) on {local.redis_url} ({kind}) ...")
@@ -243,19 +246,30 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None, redis_shards: 
             raise click.ClickException(str(exc)) from None
         for node in local.nodes:
             click.echo(f"  {node.name:<4} {node.url}   (pid {node.pid})")
+        click.echo(f"logs: {logs}/n1.log ... (JSON lines; tail -f to follow)")
         if local.keys:
             keys_file = _write_bus_keys(local)
             click.echo(f"the bus is signed with a key made for this run ({keys_file})")
             click.echo(f"status: rpcbus status --config {keys_file}    stop: Ctrl-C")
         else:  # RPCBUS_CLUSTER_SEAL in the environment chose the bus's seal
             click.echo(f"status: rpcbus status --redis {local.redis_url}    stop: Ctrl-C")
-        stop.wait()
+        reported: set[str] = set()
+        while not stop.wait(0.5):
+            for node in local.nodes:
+                code = node.proc.poll() if node.proc is not None else None
+                if code is not None and node.name not in reported:
+                    reported.add(node.name)
+                    why = ("it stopped as asked (a signal, or rpcbus stop)" if code == 0
+                           else node.last_error())
+                    click.echo(f"{node.name} exited with code {code}: {why} "
+                               f"(log: {node.log_file})")
         click.echo("stopping: nodes drain their calls ...")
     finally:
         codes = local.stop()
         if keys_file:
             shutil.rmtree(os.path.dirname(keys_file), ignore_errors=True)
-    click.echo("stopped: " + ", ".join(f"{n} exit {c}" for n, c in codes.items()))
+    click.echo("stopped: " + ", ".join(f"{n} exit {c}" for n, c in codes.items())
+               + f"; logs kept in {logs}")
     sys.exit(0 if all(c == 0 for c in codes.values()) else 1)
 
 
@@ -331,11 +345,33 @@ def status(redis_url: str | None, namespace: str | None, listen: float,
 @main.command("config")
 @click.option("--defaults", is_flag=True, required=True,
               help="Print every option with its default and what it does (TOML).")
-def config_cmd(defaults: bool) -> None:
-    """Print the node's configuration file with every default (a starting point)."""
+@click.option("--user", "users", multiple=True, metavar="NAME",
+              help="Add a user NAME who may call and provide everything, with a new "
+              "token: its hash goes in the file, the token to stderr (repeat).")
+def config_cmd(defaults: bool, users: tuple[str, ...]) -> None:
+    """Print the node's configuration file with every default (a starting point).
+
+    \b
+        rpcbus config --defaults --user app > node.toml   # app's token on stderr
+        rpcbus node --config node.toml --redis redis://127.0.0.1:6379/0
+    """
     from importlib.resources import files
 
-    click.echo((files("rpcbus.conf") / "rpcbus.toml").read_text(encoding="utf-8"), nl=False)
+    from rpcbus.broker.auth import new_token as make
+    from rpcbus.broker.auth import token_digest
+
+    text = (files("rpcbus.conf") / "rpcbus.toml").read_text(encoding="utf-8")
+    for name in users:
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+            raise click.BadParameter(f"{name!r}: letters, digits, '-' and '_' only",
+                                     param_hint="--user")
+        token = make()
+        text += (f"\n[auth.users.{name}]                 # rpcbus config --user {name}\n"
+                 f'token_sha256 = "{token_digest(token)}"\n'
+                 'call = ["*"]\nprovide = ["*"]\n')
+        click.echo(f"token of user {name} (give it to its programs: connect(url, "
+                   f"token=...); only its hash is in the file): {token}", err=True)
+    click.echo(text, nl=False)
 
 
 @main.command("hash-password")

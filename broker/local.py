@@ -261,8 +261,10 @@ class LocalCluster:
                  redis_args: list[str] | None = None,
                  node_redis: dict[int, str] | None = None,
                  redis_shards: int = 0, redis_replicas: int = 0,
-                 redis_node_timeout_ms: int = 2000, seal: bool = False) -> None:
+                 redis_node_timeout_ms: int = 2000, seal: bool = False,
+                 log_dir: str | None = None) -> None:
         self.count = nodes
+        self.log_dir = log_dir  # each node's log lines also go to LOG_DIR/NAME.log
         self.base_port = base_port
         # the embedded Redis: one server, or a Redis Cluster of ``redis_shards`` masters
         self.redis_cluster: RedisCluster | None = None
@@ -300,7 +302,7 @@ class LocalCluster:
                     "--name", f"n{i + 1}", "--port", str(port),
                     "--redis", self.node_redis.get(i, self.redis_url),
                     env={**self.env, **(self.node_env[i] if i < len(self.node_env) else {})},
-                    echo=self.echo))
+                    echo=self.echo, log_file=self._log_of(f"n{i + 1}")))
             for node in self.nodes:
                 node.start()
             if self.count > 1:
@@ -310,6 +312,9 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    def _log_of(self, name: str) -> str | None:
+        return os.path.join(self.log_dir, f"{name}.log") if self.log_dir else None
 
     def restart(self, i: int, graceful: bool = False) -> NodeProcess:
         """SIGKILL node ``i`` (``graceful``: SIGTERM, and wait for it to drain and exit) and
@@ -322,7 +327,7 @@ class LocalCluster:
             old.stop()
         else:
             old.kill()
-        new = NodeProcess(*args, env=old.env, echo=self.echo)
+        new = NodeProcess(*args, env=old.env, echo=self.echo, log_file=old.log_file)
         self.nodes[i] = new
         return new.start()
 

@@ -1,7 +1,8 @@
 """Start and stop a node as a child process: for the demo, the benchmarks and the tests.
 
-The child logs JSON lines on stderr; a reader thread keeps the last lines and
-notices ``node_ready`` (which carries the URL, so ``--port 0`` works).
+The child logs JSON lines on stderr; a reader thread keeps the last lines (and appends
+every line to ``log_file``, when given) and notices ``node_ready`` (which carries the
+URL, so ``--port 0`` works).
 Without ``--config`` or ``RPCBUS_AUTH_MODE`` the child runs with auth mode
 ``none``, set explicitly: these are development nodes on loopback.
 """
@@ -27,13 +28,15 @@ class NodeProcess:
     """One ``rpcbus node`` child; ``start()`` returns once it serves, ``stop()`` drains it."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None,
-                 echo: bool = False, wrapper: list[str] | None = None) -> None:
+                 echo: bool = False, wrapper: list[str] | None = None,
+                 log_file: str | None = None) -> None:
         self.args = ["--port", "0", *args] if "--port" not in args else list(args)
         self.env = {**os.environ, "RPCBUS_LOG_FORMAT": "json", **(env or {})}
         if "--config" not in args and "RPCBUS_AUTH_MODE" not in self.env:
             self.env["RPCBUS_AUTH_MODE"] = "none"  # a development node: auth off, explicitly
         self.echo = echo
         self.wrapper = wrapper or []   # a command the node runs under (e.g. valgrind ...)
+        self.log_file = log_file       # every line the node logs is appended there too
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.name = ""
@@ -81,10 +84,20 @@ class NodeProcess:
         self._ready.set()  # exited: let start() report it
 
     def _read_lines(self, stream: Any) -> None:
+        log = open(self.log_file, "a", buffering=1) if self.log_file else None
+        try:
+            self._lines(stream, log)
+        finally:
+            if log is not None:
+                log.close()
+
+    def _lines(self, stream: Any, log: Any) -> None:
         for raw in stream:
             text = raw.decode(errors="replace").rstrip()
             if self.echo:
                 print(text, file=sys.stderr)
+            if log is not None:
+                log.write(text + "\n")
             try:
                 line = json.loads(text)
             except ValueError:

@@ -12,7 +12,7 @@ The node is ``rpcbus.broker``, its Redis side ``rpcbus.cluster``, the offline an
 
 import logging as _logging
 
-from rpcbus.client import CallContext, Client, connect
+from rpcbus.client import CallContext, Client, Options, connect
 from rpcbus.errors import (
     CODES,
     BusyError,
@@ -47,5 +47,6 @@ __all__ = [
     "ConnectFailedError", "ConnectionLostError", "InvalidMessageError", "LimitExceededError",
     "NoProviderError", "NotAuthenticatedError", "PayloadTooLargeError", "PermissionDeniedError",
     "ProviderError", "ProviderGoneError", "RateLimitedError", "Reject", "ResponseTimeoutError",
-    "RpcError", "ShuttingDownError", "SyncClient", "connect", "connect_sync", "error_from_code",
+    "Options", "RpcError", "ShuttingDownError", "SyncClient", "connect", "connect_sync",
+    "error_from_code",
 ]

@@ -53,7 +53,7 @@ import inspect
 import itertools
 import logging
 import ssl
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypedDict, Unpack
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
@@ -128,6 +128,26 @@ class _Wire(FrameIO, ClientConnection):
         return self.owner._oversized(msg, size, self.max_out_frame)
 
 
+class Options(TypedDict, total=False):
+    """The options of ``connect`` and ``connect_sync`` (``Client``'s keywords): a
+    misspelt one is a type error under mypy and a TypeError at run time."""
+
+    name: str | None
+    user: str | None
+    password: str | None
+    token: str | None
+    open_timeout: float
+    grace: float
+    max_size: int
+    ping_interval: float | None
+    reconnect: bool
+    backoff: Backoff | None
+    on_state: Callable[[str], None] | None
+    ca_file: str | None
+    ssl_context: ssl.SSLContext | None
+    handler_threads: int
+
+
 class Client:
     """Connections to one or several nodes. Build it with ``rpcbus.connect(...)``."""
 
@@ -176,6 +196,8 @@ class Client:
         self._closed = False
         self.session: dict[str, Any] = {}     # the current node's AUTH_OK fields
         self._default_timeout = 10.0
+        self._max_timeout = 0.0  # the node's longest timeout (AUTH_OK), 0 until told
+        self._last_url: str | None = None  # of the last connection used (logs)
         self._last_error = ""
         self._last_exc: Exception | None = None
         self.stale_requests = 0               # REQUESTs refused unrun: read too late
@@ -290,9 +312,11 @@ class Client:
     def _use(self, wire: _Wire) -> None:
         """Make ``wire`` the connection for new calls; send what waited for one."""
         self._wire = wire
+        self._last_url = wire.url
         self._wires.add(wire)
         self.session = wire.session
         self._default_timeout = self.session.get("response_timeout_ms", 10000) / 1000
+        self._max_timeout = self.session.get("max_timeout_ms", 0) / 1000  # 0: not told
         if self._handlers:  # provide again everything provided before
             wire.send([PROVIDE, next(self._ids), list(self._handlers)])
         self._send_queued(wire)
@@ -308,7 +332,9 @@ class Client:
     def _set_state(self, state: str) -> None:
         if state != self.state:
             self.state = state
-            log.info("client_%s url=%s", state, self._wire.url if self._wire else None)
+            # the node it is (or was last) connected to; never connected: the URLs it tried
+            url = self._wire.url if self._wire else self._last_url or ",".join(self.urls)
+            log.info("client_%s url=%s", state, url)
             if self._on_state is not None:
                 try:
                     self._on_state(state)
@@ -377,8 +403,10 @@ class Client:
         """Call ``name`` with ``data``; returns the provider's answer or raises RpcError.
 
         ``timeout`` (seconds) bounds the whole call; default: the node's
-        response timeout. Cancelling the call (``task.cancel()``, ``asyncio.timeout``,
-        ``wait_for``) tells the node, which cancels the provider's handler if it runs.
+        response timeout. One over the node's longest (``rpc.max_timeout``, 300 s by
+        default) raises ValueError, as does one not positive. Cancelling the call
+        (``task.cancel()``, ``asyncio.timeout``, ``wait_for``) tells the node, which
+        cancels the provider's handler if it runs.
         ``idempotent=True`` lets the client send the call again on a new connection if
         the one it went out on is lost.
         ``traceparent`` (W3C trace context, e.g. from OpenTelemetry) reaches the
@@ -386,8 +414,11 @@ class Client:
         """
         if self._closed:
             raise errors.ConnectionLostError(None, "the client is closed")
-        if timeout is not None and timeout <= 0:
-            raise ValueError("timeout must be positive")
+        if timeout is not None and (timeout <= 0 or 0 < self._max_timeout < timeout):
+            raise ValueError("timeout must be positive" if timeout <= 0 else
+                             f"timeout={timeout:g} s is over the node's longest, "
+                             f"{self._max_timeout:g} s (rpc.max_timeout): shorten it, or "
+                             "raise rpc.max_timeout on the nodes")
         loop = asyncio.get_running_loop()
         cid = next(self._ids)
         fut = loop.create_future()
@@ -742,12 +773,12 @@ class _Connector:
         await self._client.close()
 
 
-def connect(urls: str | Sequence[str], **options: Any) -> _Connector:
+def connect(urls: str | Sequence[str], **options: Unpack[Options]) -> _Connector:
     """Connect to the first reachable node of ``urls`` (``ws://host:port``, one or a list).
 
     ``async with rpcbus.connect(url) as c: ...`` or ``c = await rpcbus.connect(url)``.
-    See ``Client`` for the options (``reconnect``, ``on_state``, ``name``, ...).
-    Raises ConnectionLostError when no node can be reached, and a node's
-    AUTH_FAIL as an RpcError.
+    ``Options`` lists the options (``name``, ``reconnect``, ``on_state``, ...); an
+    unknown one raises TypeError. Raises ConnectFailedError when no node can be
+    reached (with each URL's reason), and a node's AUTH_FAIL as an RpcError.
     """
     return _Connector(Client(urls, **options))

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Coroutine, Sequence, TypeVar
+from typing import Any, Coroutine, Sequence, TypeVar, Unpack
 
-from rpcbus.client import Client, connect
+from rpcbus.client import Client, Options, connect
 from rpcbus.handlers import Handler
 
 T = TypeVar("T")
@@ -37,7 +37,7 @@ T = TypeVar("T")
 class SyncClient:
     """A ``Client`` driven from blocking code. Build it with ``rpcbus.connect_sync(...)``."""
 
-    def __init__(self, urls: str | Sequence[str], **options: Any) -> None:
+    def __init__(self, urls: str | Sequence[str], **options: Unpack[Options]) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rpcbus-sync",
                                         daemon=True)
@@ -128,12 +128,12 @@ class SyncClient:
         self._loop.close()  # worker threads still running a handler are not waited for
 
 
-async def _open(urls: str | Sequence[str], options: dict[str, Any]) -> Client:
+async def _open(urls: str | Sequence[str], options: Options) -> Client:
     client: Client = await connect(urls, **options)
     return client
 
 
-def connect_sync(urls: str | Sequence[str], **options: Any) -> SyncClient:
+def connect_sync(urls: str | Sequence[str], **options: Unpack[Options]) -> SyncClient:
     """Connect a blocking client to the first reachable node of ``urls``; the options are
     ``rpcbus.connect``'s. Use it with ``with``, or call ``close()``. Raises as
     ``connect`` does (``ConnectFailedError``, a node's AUTH_FAIL as an RpcError)."""

@@ -2,6 +2,7 @@
 DevTools protocol: it shows a running 2-node cluster and follows it live."""
 
 import asyncio
+import re
 
 import pytest
 
@@ -32,6 +33,13 @@ async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser)
 
         await p2.provide("dash.fails", fails)
         await browser.send("Page.navigate", url=n1.url.replace("ws://", "http://") + "/dashboard")
+        # the first paint has data: the nodes and their rates (two polls 0.25 s apart),
+        # not "connecting…" and empty tables for two seconds
+        first = await browser.wait_for(f"(() => {{ const rows = {ROWS};"
+                                       " return rows.length == 2 && rows[0][6] !== '' &&"
+                                       " document.getElementById('status').textContent; })()",
+                                       timeout=1.5)
+        assert "connecting" not in first
         rows = await browser.wait_for(f"(() => {{ const rows = {ROWS};"
                                       " return rows.length == 2 && rows; })()")
         assert [r[0] for r in rows] == ["n1", "n2"] and {r[1] for r in rows} == {"ready"}
@@ -66,12 +74,24 @@ async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser)
                     f"(() => {{ const r = {ROWS}; return r.length == 2 && r[0][8] != '-'"
                     " && r[0][8]; })()")
                 assert stayed == "0 %"
-                # per rpc, over both nodes: rate, errors, latency percentiles
+                # per rpc, over both nodes: rate, errors (by code), latency percentiles
+                # read inside their buckets (a number, not a bucket's bound)
                 ok = await browser.wait_for(calls_row(
-                    "dash.before", "parseFloat(c[1]) > 0 && c[3] && c[4]"))
-                assert ok[2] == "0.0 %" and ok[3].startswith("≤ ") and ok[4].startswith("≤ ")
+                    "dash.before", "parseFloat(c[1]) > 0 && c[4] && c[5]"))
+                assert ok[2] == "0.0 %" and ok[3] == ""
+                for p in ok[4:6]:
+                    assert re.fullmatch(r"[\d.]+ (ms|s)", p), ok
+                assert float(ok[4].split()[0]) * (1 if ok[4].endswith(" ms") else 1000) <= \
+                    float(ok[5].split()[0]) * (1 if ok[5].endswith(" ms") else 1000)
                 failing = await browser.wait_for(calls_row("dash.fails", "parseFloat(c[1]) > 0"))
-                assert failing[2] == "100.0 %"
+                assert failing[2] == "100.0 %" and re.fullmatch(r"PROVIDER_ERROR \d+", failing[3])
+                # each provider, as its node measures it (local-first: rate, latency)
+                provider = await browser.wait_for(
+                    "(() => { const r = document.querySelector("
+                    "'#providers tr[data-rpc=\"dash.before\"]');"
+                    " return r && parseFloat(r.cells[3].textContent) > 0 &&"
+                    " Array.from(r.cells).map(c => c.textContent); })()")
+                assert provider[2] == "n2" and re.fullmatch(r"[\d.]+ (ms|s)", provider[4])
                 # the live chart: calls/s of the whole cluster, poll after poll
                 last = await browser.wait_for(
                     "(() => { const s = document.getElementById('chart');"
@@ -80,6 +100,12 @@ async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser)
                 assert float(last) > 0
                 assert await browser.value(
                     "document.querySelectorAll('#chart polyline').length") == 2
+                # its scale: calls/s at 0, half and the top, and the last minute to now
+                labels = await browser.value(
+                    "Array.from(document.querySelectorAll('#chart text')).map(t => t.textContent)")
+                top = await browser.value("document.getElementById('chart').dataset.top")
+                assert labels[0] == "0/s" and labels[2].endswith("/s") and float(top) > 0
+                assert labels[-2:] == ["−59 s", "now"]
             finally:
                 stop.set()
                 await task

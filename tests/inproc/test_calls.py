@@ -5,6 +5,7 @@ response_timeout 2 s (tests/inproc/conftest.FAST). What needs a node process of 
 """
 
 import asyncio
+import logging
 import time
 from collections import Counter
 
@@ -245,3 +246,12 @@ async def test_drain_finishes_the_calls_in_flight_and_sends_new_ones_elsewhere(n
         assert await asyncio.gather(*first) == [["draining", i] for i in range(3)]
         await drain
         assert leaving.state == "closed"
+
+
+async def test_the_clients_state_logs_name_its_node(node, caplog):
+    """client_connected and client_closed (what a reconnect loop prints) say which node."""
+    caplog.set_level(logging.INFO, logger="rpcbus.client")
+    async with rpcbus.connect(node.url, name="logged"):
+        pass
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("client_")]
+    assert said == [f"client_connected url={node.url}", f"client_closed url={node.url}"]

@@ -63,3 +63,24 @@ def test_rpcbus_bench_writes_its_report_and_compares_with_redis_and_nats(tmp_pat
         assert not os.environ.get("CI"), nats
     else:
         assert nats["calls_measured"] > 0 and nats["errors"] == {}
+    assert redis["throughput_series"]         # the peers' too (their callers count them)
+
+
+def test_a_run_on_a_busy_machine_says_so(tmp_path):
+    """Two processes spinning beside the run (on this 2-core kind: the whole machine): the
+    report says the run looks disturbed, and why."""
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "rpcbus.broker", "bench", "local", "--smoke",
+             "--no-baseline", "--out", str(tmp_path)], capture_output=True, text=True,
+            timeout=180)
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    assert run.returncode == 0, run.stderr
+    r = json.loads((tmp_path / "result.json").read_text())["rpcbus"]
+    assert r["disturbance"]["other_cores"] > 0.5, r["disturbance"]
+    assert "WARNING (rpcbus): this run looks disturbed: other processes used" in run.stdout
+    assert "**Warning (rpcbus)**" in (tmp_path / "summary.md").read_text()

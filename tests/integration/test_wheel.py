@@ -28,6 +28,15 @@ def readme_quickstart() -> tuple[list[list[str]], str]:
     return commands, program.group(1)
 
 
+def readme_own_node() -> list[list[str]]:
+    """The README's "node of your own" commands (comments cut)."""
+    text = (ROOT / "README.md").read_text()
+    quick = text[text.index("A node of your own"):]
+    shell = re.search(r"```sh\n(.*?)```", quick, re.S)
+    assert shell
+    return [shlex.split(line.split("  #")[0]) for line in shell.group(1).splitlines()]
+
+
 def as_here(argv: list[str], rpcbus_cmd: str, python: str, ports: dict[str, str]) -> list[str]:
     """A README command for this venv, its ws:// URLs moved to the ports used here."""
     exe = {".venv/bin/rpcbus": rpcbus_cmd, ".venv/bin/python": python}
@@ -69,6 +78,15 @@ def fresh_venv(tmp: Path, wheel: Path) -> Path:
                           check=True).stdout.strip()
     Path(site, "borrowed-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv
+
+
+def ready_url(node: subprocess.Popen[str]) -> str:
+    """The URL a node started with JSON logs on stderr gives in its node_ready line."""
+    for line in node.stderr:
+        event = json.loads(line)
+        if event.get("event") == "node_ready":
+            return event["url"]
+    raise AssertionError("the node exited before it was ready")
 
 
 def user_project(tmp: Path) -> Path:
@@ -134,6 +152,23 @@ def test_the_wheel_is_rpcbus_alone_and_its_readme_runs_beside_same_named_folders
                               capture_output=True, text=True, check=True).stdout
     assert defaults == (ROOT / "conf" / "rpcbus.toml").read_text()
 
+    # an application under mypy --strict learns of a misspelt option before it runs
+    (project / "app.py").write_text(
+        "import rpcbus\n\n\n"
+        "async def main() -> None:\n"
+        "    async with rpcbus.connect('ws://127.0.0.1:1', name='w', reconnect=False) as c:\n"
+        "        await c.call('f', None)\n"
+        "    await rpcbus.connect('ws://127.0.0.1:1', nmae='typo')\n\n\n"
+        "def blocking() -> None:\n"
+        "    rpcbus.connect_sync('ws://127.0.0.1:1', open_timeout='soon')\n")
+    typed = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+                            "--python-executable", python, "app.py"], cwd=project,
+                           capture_output=True, text=True)
+    errors = [line for line in typed.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 2, typed.stdout
+    assert 'app.py:7: error: Unexpected keyword argument "nmae"' in errors[0]
+    assert 'app.py:11: error: Argument "open_timeout"' in errors[1]
+
     # rpcbus bench, a user feature, from the wheel (its workers start as python -m)
     bench = subprocess.run([rpcbus_cmd, "bench", "local", "--smoke", "--out",
                             str(tmp_path / "bench")], cwd=project, capture_output=True,
@@ -147,17 +182,37 @@ def test_the_wheel_is_rpcbus_alone_and_its_readme_runs_beside_same_named_folders
                             cwd=project, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "RPCBUS_LOG_FORMAT": "json"})
     try:
-        for line in node.stderr:
-            event = json.loads(line)
-            if event.get("event") == "node_ready":
-                break
-        else:
-            raise AssertionError("the node exited before it was ready")
-        quickstart({"ws://127.0.0.1:6021": event["url"], "ws://127.0.0.1:6023": event["url"]})
+        url = ready_url(node)
+        quickstart({"ws://127.0.0.1:6021": url, "ws://127.0.0.1:6023": url})
     finally:
         node.send_signal(signal.SIGTERM)
         assert node.wait(30) == 0
         node.stderr.close()
+
+    # a node of one's own, as the README writes it: its config with a user, on a Redis
+    from rpcbus.broker.local import RedisServer
+
+    made, joined = readme_own_node()
+    assert made[:3] == [".venv/bin/rpcbus", "config", "--defaults"] and made[-1] == "node.toml"
+    config = subprocess.run(as_here(made[:-2], rpcbus_cmd, python, {}), cwd=project,
+                            capture_output=True, text=True, check=True)
+    (project / "node.toml").write_text(config.stdout)
+    token = config.stderr.strip().rsplit(": ", 1)[1]
+    redis = RedisServer().start()
+    argv = as_here(joined, rpcbus_cmd, python, {"redis://127.0.0.1:6379/0": redis.url})
+    argv[argv.index("--port") + 1] = "0"
+    node = subprocess.Popen(argv, cwd=project, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "RPCBUS_LOG_FORMAT": "json"})
+    try:
+        served = subprocess.run([rpcbus_cmd, "call", "nobody.here", "{}", "--url", ready_url(node),
+                                 "--token", token, "--timeout", "2"],
+                                cwd=project, capture_output=True, text=True, timeout=60)
+        assert "NO_PROVIDER" in served.stderr, served.stderr     # signed in, then refused
+    finally:
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(30) == 0
+        node.stderr.close()
+        redis.stop()
 
     # the Quickstart's cluster (free ports for 6021..6023): an embedded redis-server and
     # nodes started as python -m, from a directory whose broker/ would shadow a package

@@ -1,9 +1,15 @@
 """The JavaScript SDK in a real headless Chromium: a page imports it as an ES module
-(an import map, no bundler), calls an RPC a Python program provides on another node,
-and provides one that Python calls."""
+(the import map clients/js/README.md documents, no bundler) from the package as
+`npm pack` makes it, installed as npm lays it out, calls an RPC a Python program
+provides on another node, and provides one that Python calls."""
 
 import asyncio
 import http.server
+import json
+import re
+import shutil
+import subprocess
+import tarfile
 import threading
 from functools import partial
 
@@ -15,13 +21,19 @@ from rpcbus.broker.local import LocalCluster
 from ..cluster.conftest import FAST
 from .conftest import JS, node_exe
 
+
+def documented_import_map() -> str:
+    """The import map of clients/js/README.md's page, as written there."""
+    readme = (JS / "README.md").read_text()
+    found = re.search(r'<script type="importmap">(.*?)</script>', readme, re.S)
+    assert found, "clients/js/README.md documents no import map"
+    return found.group(1)
+
+
 PAGE = """<!doctype html>
 <meta charset="utf-8">
 <title>rpcbus in a page</title>
-<script type="importmap">
-{"imports": {"rpcbus": "/src/index.js",
-             "@msgpack/msgpack": "/node_modules/@msgpack/msgpack/dist.esm/index.mjs"}}
-</script>
+<script type="importmap">IMPORT_MAP</script>
 <script type="module">
 import { connect, RpcError } from 'rpcbus'
 const node = new URLSearchParams(location.search).get('node')
@@ -42,13 +54,13 @@ try {
 
 
 class _Files(http.server.SimpleHTTPRequestHandler):
-    """The page at /, the SDK and its msgpack package from clients/js."""
+    """The page at /, the rest from an app's folder where npm installed the SDK."""
 
     extensions_map = {".js": "text/javascript", ".mjs": "text/javascript", "": "text/plain"}
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         if self.path.split("?")[0] == "/":
-            body = PAGE.encode()
+            body = PAGE.replace("IMPORT_MAP", documented_import_map()).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
@@ -61,10 +73,29 @@ class _Files(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def installed(tmp_path):
+    """An app's folder with the SDK as ``npm install rpcbus-X.tgz`` lays it out: the
+    ``npm pack`` tarball unpacked in node_modules/rpcbus, its dependency beside it
+    (copied from clients/js's own install: no registry traffic)."""
+    subprocess.run(["npm", "pack", "--silent", "--pack-destination", str(tmp_path)], cwd=JS,
+                   check=True, capture_output=True)
+    [tgz] = tmp_path.glob("rpcbus-*.tgz")
+    modules = tmp_path / "app" / "node_modules"
+    modules.mkdir(parents=True)
+    with tarfile.open(tgz) as packed:
+        packed.extractall(tmp_path / "unpacked", filter="data")
+    (tmp_path / "unpacked" / "package").rename(modules / "rpcbus")
+    shutil.copytree(JS / "node_modules" / "@msgpack", modules / "@msgpack")
+    version = json.loads((modules / "rpcbus" / "package.json").read_text())["version"]
+    assert version == rpcbus.__version__                # one version for both SDKs
+    return modules.parent
+
+
 @pytest.fixture
-def site():
+def site(tmp_path):
     node_exe()                                        # the SDK's packages are installed
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_Files, directory=JS))
+    app = installed(tmp_path)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_Files, directory=app))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()

@@ -102,6 +102,11 @@ async def test_deadlines_and_abort_signals_reach_the_provider_across_nodes(two, 
         assert err["name"] == "AbortError"                   # the signal's reason
         async with asyncio.timeout(5):
             assert await cancelled.get() == "aborted"
+        # a deadline over the node's longest (rpc.max_timeout, 300 s) is refused, not cut
+        err = await agent.error("call", name="py.hang", data="long", timeout=400_000)
+        assert err["name"] == "RangeError" and "rpc.max_timeout" in err["message"], err
+        with pytest.raises(ValueError, match=r"timeout=1000 s is over the node's longest, 300"):
+            await py.call("py.hang", "long", timeout=1000)
         # and the other way: a Python caller's deadline aborts the JS handler's ctx.signal
         async with asyncio.timeout(5):
             while True:

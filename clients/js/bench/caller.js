@@ -14,6 +14,12 @@ for (let i = 0; i < argv.length; i += 2) {
   args[key] = key === 'url' || key === 'rpc' ? argv[i + 1] : Number(argv[i + 1])
 }
 
+if (!args.url) {
+  console.error('usage: npm run bench -- --url ws://HOST:PORT [--conns 1 --inflight 50 ...] ' +
+    '(a node where bench.echo is provided; python -m rpcbus.benchmarks.sdks runs the whole ' +
+    'comparison with the Python SDK, starting what it needs)')
+  process.exit(2)
+}
 const clients = []
 for (let i = 0; i < args.conns; i++) clients.push(await connect(args.url, { name: 'bench-js-caller' }))
 const payload = new Uint8Array(args.payload).map(() => Math.floor(Math.random() * 256))

@@ -87,6 +87,7 @@ export class Client {
     this._draining = new Set() // wires of nodes shutting down (or cut off), until they close
     this._moving = false // moving off a node cut off from the cluster
     this._defaultTimeout = 10000
+    this._maxTimeout = 0
     this._deadlines = new Deadlines(SWEEP_MS, now())
     this._sweeper = null
     this._reconnecting = false
@@ -206,6 +207,7 @@ export class Client {
     this._wire = wire
     this.session = wire.session
     this._defaultTimeout = this.session.response_timeout_ms ?? 10000
+    this._maxTimeout = this.session.max_timeout_ms ?? 0 // the longest the node takes; 0: not told
     if (this._handlers.size) wire.send([p.PROVIDE, this._ids++, [...this._handlers.keys()]])
     this._sendQueued(wire)
     const waiting = this._waiting.splice(0)
@@ -299,7 +301,8 @@ export class Client {
 
   /**
    * Call `name` with `data`: the provider's answer, or a rejection with an RpcError.
-   * `timeout` (ms) bounds the whole call (default: the node's response timeout); `signal`
+   * `timeout` (ms) bounds the whole call (default: the node's response timeout; one over the
+   * node's longest, rpc.max_timeout, rejects with a RangeError before it is sent); `signal`
    * (AbortSignal) gives the call up and tells the node, which cancels the provider's
    * handler; `idempotent` lets the client send it again on a new connection if the one it
    * went out on is lost; `traceparent` reaches the provider's handler as ctx.traceparent.
@@ -309,6 +312,10 @@ export class Client {
     if (this.closed) return Promise.reject(new errors.ConnectionLostError('the client is closed'))
     if (timeout !== undefined && timeout !== null && !(timeout > 0)) {
       return Promise.reject(new RangeError('timeout must be a positive number of milliseconds'))
+    }
+    if (this._maxTimeout > 0 && timeout > this._maxTimeout) {
+      return Promise.reject(new RangeError(`timeout ${timeout} ms is over the node's longest, ` +
+        `${this._maxTimeout} ms (rpc.max_timeout): shorten it, or raise rpc.max_timeout on the nodes`))
     }
     if (signal && signal.aborted) return Promise.reject(signal.reason)
     const ref = this._ids++

@@ -10,12 +10,18 @@ export const CODES = Object.freeze([
 
 /** A call or request failed; `code` is stable, `message` is for people. */
 export class RpcError extends Error {
+  // `.code` is stable, `.message` is for people (the node's text, or the code when it sent
+  // none), as in the Python SDK; `String(err)` is "CODE: text", as Python's str(err)
   constructor (code, message = '') {
-    super(message ? `${code}: ${message}` : code)
+    super(message || code)
     this.name = this.constructor.name
     this.code = code
-    this.detail = message
   }
+
+  /** @deprecated the same as `.message` (before 0.2 `.message` began with the code) */
+  get detail () { return this.message === this.code ? '' : this.message }
+
+  toString () { return this.message === this.code ? this.code : `${this.code}: ${this.message}` }
 }
 
 const byCode = new Map()

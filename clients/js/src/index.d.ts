@@ -91,9 +91,14 @@ export declare const CODES: readonly string[]
 
 export declare class RpcError extends Error {
   constructor(code: string, message?: string)
+  /** Stable: what went wrong (docs/protocol.md lists the codes). */
   readonly code: string
-  /** The node's text, without the code. */
+  /** For people: the node's text, without the code (the code when there is none). */
+  readonly message: string
+  /** @deprecated The same text as `message`; before 0.2, `message` began with the code. */
   readonly detail: string
+  /** "CODE: text", as the Python SDK's str(err). */
+  toString(): string
 }
 declare class CodedError extends RpcError { constructor(message?: string) }
 export declare class NoProviderError extends CodedError {}

@@ -52,8 +52,11 @@ test('errors carry their code, by class', () => {
   const e = errorFromCode('NO_PROVIDER', 'nobody')
   assert.ok(e instanceof NoProviderError && e instanceof RpcError && e instanceof Error)
   assert.equal(e.code, 'NO_PROVIDER')
+  assert.equal(e.message, 'nobody') // the node's text, as Python's .message
+  assert.equal(String(e), 'NO_PROVIDER: nobody') // as Python's str(err)
   assert.equal(e.detail, 'nobody')
   assert.equal(e.name, 'NoProviderError')
+  assert.equal(errorFromCode('NO_PROVIDER').message, 'NO_PROVIDER')
   const other = errorFromCode('SOMETHING_NEW', 'x')
   assert.ok(other.constructor === RpcError && other.code === 'SOMETHING_NEW')
   for (const code of CODES) assert.equal(errorFromCode(code).code, code)

@@ -259,7 +259,7 @@ def cluster_up(nodes: int, base_port: int, redis_url: str | None, redis_shards: 
                 code = node.proc.poll() if node.proc is not None else None
                 if code is not None and node.name not in reported:
                     reported.add(node.name)
-                    why = ("it stopped as asked (a signal, or rpcbus stop)" if code == 0
+                    why = ("it stopped as asked (SIGTERM or SIGINT: it drained)" if code == 0
                            else node.last_error())
                     click.echo(f"{node.name} exited with code {code}: {why} "
                                f"(log: {node.log_file})")

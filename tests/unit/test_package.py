@@ -77,3 +77,16 @@ def test_importing_the_sdk_imports_nothing_of_the_node(tmp_path):
                  "rpcbus.benchmarks"}
     assert "rpcbus.client" in loaded          # it did import the SDK
     assert not loaded & node_only, loaded & node_only
+
+
+def test_connects_options_are_the_clients_keywords():
+    """``rpcbus.Options`` (what mypy checks a ``connect`` call against) lists exactly the
+    keywords ``Client`` takes: a new option cannot be added to one and forgotten in the
+    other."""
+    import inspect
+
+    import rpcbus
+
+    keywords = {name for name, p in inspect.signature(rpcbus.Client).parameters.items()
+                if p.kind is p.KEYWORD_ONLY}
+    assert set(rpcbus.Options.__annotations__) == keywords

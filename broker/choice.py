@@ -36,8 +36,8 @@ spreads over the others. Rates, not loads, decide the room: a local provider ans
 sooner than a remote one, so it would take more than its share at an even load.
 A local provider that turned slow sends its node's calls elsewhere within about a
 second, whether or not it has local peers; idle, its ``lat`` shrinks, so one call tries
-it again about once a second (the router: ``probe``), and it takes its share back once
-it is quick again.
+it again every half second or so (the router: ``probe``), and it takes its share back
+once it is quick again.
 Weights (a weights file, or a node's advertised sum) scale the draws, the loads and the
 rates. ``tried`` (the targets a call already went to) are left out.
 """

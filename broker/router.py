@@ -598,8 +598,9 @@ class Router:
         self._conclude(call, [RESPONSE, call.cid, data])
 
     def provider_error(self, peer: Peer, attempt: int, message: str,
-                       code: str = errors.PROVIDER_ERROR) -> None:
-        """The provider's handler failed (or, from a node, the call failed there)."""
+                       code: str = errors.PROVIDER_ERROR, detail: Any = None) -> None:
+        """The provider's handler failed (or, from a node, the call failed there);
+        ``detail`` is an application error's ``[app_code, data]`` (code APP_ERROR)."""
         call = self._attempt_of(peer, attempt)
         if call is None:
             return
@@ -607,7 +608,9 @@ class Router:
         if call.hrow is not None:
             self._history_end(call, Outcome.ERRORS)  # errors
         self.stats.provider_errors += 1
-        self._conclude(call, [ERROR, call.cid, code, message[:MAX_ERROR_MESSAGE]])
+        self._conclude(call, [ERROR, call.cid, code, message[:MAX_ERROR_MESSAGE]]
+                       if detail is None else
+                       [ERROR, call.cid, code, message[:MAX_ERROR_MESSAGE], detail])
 
     def refuse_attempt(self, peer: Peer, attempt: int, code: str, message: str) -> None:
         """The attempt could not be handed to ``peer`` (its data cannot be encoded): the

@@ -188,6 +188,9 @@ class Session(FrameIO, ServerConnection, SessionRules):
                     call_id=msg[1] if len(msg) > 1 else None)
         if kind == RESPONSE:  # a provider's answer to this client
             return [ERROR, msg[1], errors.PROVIDER_ERROR, "the response could not be encoded"]
+        if kind == ERROR and len(msg) > 4:  # an application error's data, nested too deep
+            return [ERROR, msg[1], errors.PROVIDER_ERROR,
+                    "the application error's data could not be encoded"]
         if kind == REQUEST:  # a call for this provider: the caller is told, nothing ran
             self.router.refuse_attempt(self, msg[1], errors.INVALID_MESSAGE,
                                        "the call's data could not be encoded (nested too "

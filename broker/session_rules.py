@@ -209,10 +209,14 @@ class SessionRules:
             router.accept(self, msg[1], now)
         elif kind == REJECT:
             router.reject(self, msg[1], now)
-        elif kind == ERROR:  # a provider's failure: PROVIDER_ERROR, or its answer too large
-            router.provider_error(self, msg[1], msg[3],
-                                  msg[2] if msg[2] == errors.PAYLOAD_TOO_LARGE
-                                  else errors.PROVIDER_ERROR)
+        elif kind == ERROR:  # a provider's failure: PROVIDER_ERROR, its answer too large,
+            code = msg[2]    # or the application's own error (code and data beside)
+            if code == errors.APP_ERROR and len(msg) == 5:
+                router.provider_error(self, msg[1], msg[3], code, msg[4])
+            else:
+                router.provider_error(self, msg[1], msg[3],
+                                      code if code == errors.PAYLOAD_TOO_LARGE
+                                      else errors.PROVIDER_ERROR)
         elif kind == PROVIDE:
             if self._gated and not self._admit_provide(msg[1], msg[2], now):
                 return

@@ -15,6 +15,7 @@ import logging as _logging
 from rpcbus.client import CallContext, Client, Options, connect
 from rpcbus.errors import (
     CODES,
+    AppError,
     BusyError,
     ClusterUnavailableError,
     ConnectFailedError,
@@ -43,7 +44,8 @@ __version__ = "0.2.0"  # the one place: setup.cfg and ``rpcbus --version`` read 
 _logging.getLogger("rpcbus").addHandler(_logging.NullHandler())
 
 __all__ = [
-    "__version__", "BusyError", "CODES", "CallContext", "Client", "ClusterUnavailableError",
+    "__version__", "AppError", "BusyError", "CODES", "CallContext", "Client",
+    "ClusterUnavailableError",
     "ConnectFailedError", "ConnectionLostError", "InvalidMessageError", "LimitExceededError",
     "NoProviderError", "NotAuthenticatedError", "PayloadTooLargeError", "PermissionDeniedError",
     "ProviderError", "ProviderGoneError", "RateLimitedError", "Reject", "ResponseTimeoutError",

@@ -108,15 +108,17 @@ class Calls(Generic[W]):
         self._queued.append(cid)
         return True
 
-    def error(self, cid: int, code: str, message: str) -> errors.RpcError:
-        """The error that ends call ``cid``, answered ERROR ``code``: that code's, except
-        for a "did not run" code to a call that may have run on a connection lost since
+    def error(self, cid: int, code: str, message: str,
+              detail: Any = None) -> errors.RpcError:
+        """The error that ends call ``cid``, answered ERROR ``code`` (``detail``: an
+        application error's ``[app_code, data]``): that code's, except for a "did not
+        run" code to a call that may have run on a connection lost since
         (``CONNECTION_LOST``)."""
         if cid in self._maybe_ran and code in errors.DID_NOT_RUN:
             return errors.ConnectionLostError(
                 None, f"sent again after its connection was lost, where it may have run, "
                       f"then answered {code}: {message}")
-        return errors.error_from_code(code, message)
+        return errors.error_from_code(code, message, detail)
 
     def waiting(self, cid: int) -> bool:
         """The call waits for a connection (not sent, or to be sent again)."""

@@ -35,10 +35,11 @@ runs, and a REQUEST read after half the node's ack timeout is refused unrun
 (REJECT), judged per REQUEST: so however long a handler blocks — a thread, or
 an ``async def`` that holds the loop — the node never moves a call that started
 here, and never runs one twice. ``Reject`` hands the call to another
-provider; any other exception answers PROVIDER_ERROR with its message, never a
-traceback. A CANCEL from the node (it gave the attempt up) cancels the Task; a
-plain function not yet started in its thread never starts, one running cannot
-be stopped (its answer is dropped).
+provider; ``AppError`` reaches the caller whole (code, message, data); any other
+exception answers PROVIDER_ERROR "Type: text", never a traceback (logged here,
+with the rpc's name and the call id). A CANCEL from the node (it gave the attempt
+up) cancels the Task; a plain function not yet started in its thread never
+starts, one running cannot be stopped (its answer is dropped).
 
 Cancelling ``call()`` is safe: the call is forgotten here and a late answer is
 dropped. Cancelling ``provide()`` may leave the name provided on the node.
@@ -539,7 +540,8 @@ class Client:
                 log.warning("node_error url=%s code=%s error=%s ref=%s", wire.url, code,
                             message, ref)
             else:
-                self._settle(ref, None, self._calls.error(ref, code, message))
+                self._settle(ref, None, self._calls.error(
+                    ref, code, message, msg[4] if len(msg) > 4 else None))
         elif kind == CANCEL:
             task = wire.serving.cancel(msg[1])
             if task is not None:
@@ -614,6 +616,9 @@ class Client:
         kind = msg[0]
         if kind == RESPONSE:
             return [ERROR, msg[1], errors.PROVIDER_ERROR, f"result is not serializable: {exc}"]
+        if kind == ERROR and len(msg) > 4:  # an AppError whose data msgpack cannot carry
+            return [ERROR, msg[1], errors.PROVIDER_ERROR,
+                    f"AppError {msg[4][0]}: its data is not serializable: {exc}"]
         fut = self._pending.pop(msg[1], None) if kind == REQUEST else None
         if fut is not None and not fut.done():
             fut.set_exception(TypeError(f"call data is not serializable: {exc}"))

@@ -20,17 +20,28 @@ The tree::
     ├── BusyError                 BUSY               the node cannot check a login now: retry
     ├── ConnectFailedError        CONNECT_FAILED     no URL could be connected to (the SDK;
     │                                                also a ConnectionError)
-    └── ConnectionLostError       CONNECTION_LOST    the connection dropped or the client was
-                                                     closed (the SDK; also a ConnectionError)
+    ├── ConnectionLostError       CONNECTION_LOST    the connection dropped or the client was
+    │                                                closed (the SDK; also a ConnectionError)
+    └── AppError                  the application's  a provider's handler raised it: its own
+                                  own code           ``code``, ``message`` and ``data``
 
 So ``except TimeoutError`` and ``except ConnectionError`` catch what they would for any
 other network library.
+
+Application codes never collide with rpcbus's: an ``AppError`` travels under the
+wire code ``APP_ERROR`` with the application's code beside it (docs/protocol.md),
+so neither nodes nor SDKs ever act on it (it is never taken for "did not run"),
+and ``AppError`` refuses a code that is one of rpcbus's own. Any other exception
+a handler raises answers ``PROVIDER_ERROR``, even an ``RpcError`` from a call the
+handler made itself: the outer call ran.
 
 ``Reject`` is not an error a caller sees: a provider's handler raises it to hand
 the call to another provider.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 NO_PROVIDER = "NO_PROVIDER"
 RESPONSE_TIMEOUT = "RESPONSE_TIMEOUT"
@@ -47,6 +58,8 @@ CONNECT_FAILED = "CONNECT_FAILED"
 PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
 BUSY = "BUSY"
+APP_ERROR = "APP_ERROR"  # on the wire only: the application's code travels beside it
+MAX_APP_CODE = 128       # characters of an application's error code
 
 #: Codes a node answers only for a call that did not run (docs/protocol.md): sending
 #: it again cannot make it run twice.
@@ -148,12 +161,45 @@ _BY_CODE: dict[str, type[RpcError]] = {
     )
 }
 
-#: Every code a caller may see, in the order docs/protocol.md lists them.
+#: Every code of rpcbus's own a caller may see, in the order docs/protocol.md lists them.
 CODES = tuple(_BY_CODE)
 
 
-def error_from_code(code: str, message: str = "") -> RpcError:
-    """The most specific error for a wire code; unknown codes give a plain RpcError."""
+class AppError(RpcError):
+    """An application's error: raise it in a handler and the caller gets an ``AppError``
+    with the same ``code``, ``message`` and ``data`` (anything msgpack carries), on
+    any node and from either SDK.
+
+    ``code`` is the application's: a non-empty string of at most 128 characters that
+    is not one of rpcbus's own codes (``CODES``, ``APP_ERROR``); ValueError otherwise.
+    """
+
+    def __init__(self, code: str, message: str = "", data: Any = None) -> None:
+        if type(code) is not str or not 0 < len(code) <= MAX_APP_CODE:
+            raise ValueError(f"an AppError code is a string of 1-{MAX_APP_CODE} characters")
+        if code in _BY_CODE or code == APP_ERROR:
+            raise ValueError(f"{code} is one of rpcbus's own codes; choose an application "
+                             f"code of your own")
+        super().__init__(code, message)
+        self.data = data
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles (and copies) with its data
+        return (type(self), (self.code, self.message, self.data))
+
+
+def app_error_detail(exc: AppError) -> list[Any]:
+    """The wire's detail for an AppError: ``[code, data]``."""
+    return [exc.code, exc.data]
+
+
+def error_from_code(code: str, message: str = "", detail: Any = None) -> RpcError:
+    """The most specific error for a wire code; unknown codes give a plain RpcError.
+    ``APP_ERROR`` with its ``detail`` ``[code, data]`` gives that ``AppError``."""
+    if code == APP_ERROR and type(detail) is list and len(detail) == 2:
+        app = AppError.__new__(AppError)  # the code was checked where it was raised
+        RpcError.__init__(app, str(detail[0]), message)
+        app.data = detail[1]
+        return app
     cls = _BY_CODE.get(code)
     if cls is None:
         return RpcError(code, message)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from rpcbus import errors
-from rpcbus.protocol import ERROR, REJECT, RESPONSE
+from rpcbus.protocol import ERROR, MAX_ERROR_MESSAGE, REJECT, RESPONSE
 
 log = logging.getLogger("rpcbus.handlers")
 
@@ -53,16 +53,24 @@ async def awaited(awaitable: Awaitable[Any]) -> Any:
 
 
 def failure(attempt: int, name: str, exc: BaseException) -> list[Any]:
-    """The message for a handler that raised: REJECT for ``Reject``, else PROVIDER_ERROR."""
+    """The message for a handler that raised: REJECT for ``Reject``, the application's
+    error for ``AppError``, else PROVIDER_ERROR with the exception's type and text (its
+    traceback logged with the rpc's name and the call's id)."""
     if isinstance(exc, errors.Reject):
         return [REJECT, attempt]
+    if isinstance(exc, errors.AppError):
+        return [ERROR, attempt, errors.APP_ERROR, exc.message[:MAX_ERROR_MESSAGE],
+                errors.app_error_detail(exc)]
     if isinstance(exc, asyncio.CancelledError):
         return [ERROR, attempt, errors.PROVIDER_ERROR, "the handler was cancelled"]
-    log.warning("handler_failed rpc=%s error=%s: %s", name, type(exc).__name__, exc)
-    return [ERROR, attempt, errors.PROVIDER_ERROR, str(exc) or type(exc).__name__]
+    log.error("handler_failed rpc=%s call_id=%s", name, attempt, exc_info=exc)
+    text = str(exc)
+    kind = type(exc).__name__
+    return [ERROR, attempt, errors.PROVIDER_ERROR,
+            (f"{kind}: {text}" if text else kind)[:MAX_ERROR_MESSAGE]]
 
 
-def outcome(attempt: int, task: asyncio.Task[Any], name: str = "") -> list[Any]:
+def outcome(attempt: int, task: asyncio.Task[Any], name: str) -> list[Any]:
     """The message for a finished handler task."""
     if task.cancelled():
         return [ERROR, attempt, errors.PROVIDER_ERROR, "the handler was cancelled"]

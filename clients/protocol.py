@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import msgpack
 
+from rpcbus.errors import APP_ERROR, MAX_APP_CODE
+
 PROTOCOL_VERSION = 1
 
 AUTH = 1
@@ -63,8 +65,8 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (RESPONSE, "provider → node"): ("id", "data"),
     (RESPONSE, "node → caller"): ("cid", "data"),
     (REJECT, "provider → node"): ("id",),
-    (ERROR, "provider → node"): ("id", "code", "message"),
-    (ERROR, "node → client"): ("ref or nil", "code", "message"),
+    (ERROR, "provider → node"): ("id", "code", "message", "[app_code, data]?"),
+    (ERROR, "node → client"): ("ref or nil", "code", "message", "[app_code, data]?"),
     (CANCEL, "node → provider"): ("id",),
     (CANCEL, "caller → node"): ("cid",),
     (PING, "either way"): ("payload?",),
@@ -100,6 +102,7 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]*")
 DEFAULT_MAX_NAME = 128
 #: Longest error message a peer may send; longer ones are cut, not refused.
 MAX_ERROR_MESSAGE = 4096
+
 #: The payload of the PING a draining node sends after its SHUTTING_DOWN notice: the
 #: client's PONG tells it that everything the client sent before is read.
 DRAIN_PING = "rpcbus-draining"
@@ -251,8 +254,16 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
             return f"{KIND_NAMES[kind]} takes [{kind}, id]"
         return None
     if kind == ERROR:
-        if n != 4 or not is_id(msg[1]) or type(msg[2]) is not str or type(msg[3]) is not str:
-            return "ERROR takes [20, id, code, message]"
+        if not 4 <= n <= 5 or not is_id(msg[1]) or type(msg[2]) is not str \
+                or type(msg[3]) is not str:
+            return "ERROR takes [20, id, code, message] or [20, id, \"APP_ERROR\", " \
+                   "message, [app_code, data]]"
+        if n == 5:
+            detail = msg[4]
+            if msg[2] != APP_ERROR or type(detail) is not list or len(detail) != 2 \
+                    or type(detail[0]) is not str or not 0 < len(detail[0]) <= MAX_APP_CODE:
+                return "ERROR's fifth field is [app_code, data], only with code APP_ERROR; " \
+                       f"app_code a string of 1-{MAX_APP_CODE} characters"
         return None
     if kind == PROVIDE or kind == UNPROVIDE:
         if n != 3 or not is_id(msg[1]):

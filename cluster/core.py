@@ -360,7 +360,8 @@ class ClusterCore:
         elif kind == m.REJECT:
             router.reject(node, msg[1], now)
         elif kind == m.ERROR:
-            router.provider_error(node, msg[1], msg[3], msg[2])
+            router.provider_error(node, msg[1], msg[3], msg[2],
+                                  msg[4] if len(msg) > 4 else None)
         elif kind == m.CANCEL:
             caller = self.invoked.pop((node.incarnation, msg[1]), None)
             if caller is not None:

@@ -27,7 +27,8 @@ where they are made, never rewritten in place::
     ACK              [121, id, id, ...] these INVOKEs arrived; the node works on them
                                       (one ACK for the INVOKEs of one batch)
     RESPONSE         [123, id, data]
-    ERROR            [124, id, code, message]
+    ERROR            [124, id, code, message, detail?]  detail: [app_code, data] with
+                                      code APP_ERROR (an application's error)
     REJECT           [125, id]        none of its providers took it: try another node
     CANCEL           [126, id]        the origin gave this attempt up
     CHECK            [127, id]        no ACK reached the origin: did you start it?
@@ -69,7 +70,7 @@ FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
                         "traceparent?", "user?")),
     ACK: ("ACK", ("id", "id", "...")),
     RESPONSE: ("RESPONSE", ("id", "data")),
-    ERROR: ("ERROR", ("id", "code", "message")),
+    ERROR: ("ERROR", ("id", "code", "message", "detail?")),
     REJECT: ("REJECT", ("id",)),
     CANCEL: ("CANCEL", ("id",)),
     CHECK: ("CHECK", ("id",)),
@@ -162,13 +163,14 @@ def _well_formed(msg: Any) -> bool:
                 and (n < 9 or type(msg[8]) is str))
     if kind == ACK:
         return n > 1 and all(type(i) is int and i >= 0 for i in msg[1:])
+    if kind == ERROR:  # [124, id, code, message, detail?]
+        return (4 <= n <= 5 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is str
+                and type(msg[3]) is str and (n == 4 or type(msg[4]) is list))
     fields = _SHAPES.get(kind)
     if fields is None or n != fields + 1:
         return False
     if INVOKE <= kind <= CHECK and (type(msg[1]) is not int or msg[1] < 0):
         return False
-    if kind == ERROR:
-        return type(msg[2]) is str and type(msg[3]) is str
     if kind == RPC_QUERY:
         return type(msg[1]) is str
     if kind == PROVIDER_UPDATE:

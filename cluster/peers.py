@@ -152,7 +152,7 @@ class RemoteCaller:
         elif kind == C_ERROR and msg[2] == errors.NO_PROVIDER:
             node.publish([m.REJECT, self.id], hold_until=self.deadline)
         elif kind == C_ERROR:
-            node.publish([m.ERROR, self.id, msg[2], msg[3]], hold_until=self.deadline)
+            node.publish([m.ERROR, self.id, *msg[2:]], hold_until=self.deadline)
         self.link.invoked.pop(self.key, None)
 
 

@@ -49,10 +49,11 @@ NOTICE_WAIT = 2.0      # broker/node.py: how long a draining node waits for its 
 DRAIN_TIMEOUT = 3.0    # server.drain_timeout here
 STALL = 0.25           # broker/node.py: a sweep this late means the process was stopped
 STALL_HOLD = 0.2
+APP_CODE = "SIM_SAID_NO"  # the application error every 16th call of a caller answers
 DID_NOT_RUN = errors.DID_NOT_RUN
 DOCUMENTED = DID_NOT_RUN | {errors.RESPONSE_TIMEOUT, errors.PROVIDER_GONE,
                             errors.CONNECTION_LOST, errors.CLUSTER_UNAVAILABLE,
-                            errors.PROVIDER_ERROR}
+                            errors.PROVIDER_ERROR, APP_CODE}
 
 
 def node_config(ack_timeout: float, policy: str) -> Config:
@@ -104,6 +105,9 @@ class Ledger:
         self.outcomes[code] += 1
         if len(call["outcomes"]) > 1:
             self.violations.append(f"{key}: a second outcome {code} at {now:.3f}")
+        if code == APP_CODE and (data != f"{key[0]}:{key[1]}" or not call["runs"]):
+            self.violations.append(f"{key}: an application error not its own ({data!r}), "
+                                   f"or from a handler that never ran")
         if code == "OK" and data != f"{key[0]}:{key[1]}":
             self.violations.append(f"{key}: given another call's answer {data!r}")
         if code != "OK" and code not in DOCUMENTED:
@@ -547,7 +551,8 @@ class Provider(Client):
 
         def done() -> None:
             if self.alive and serving.finished(attempt):  # not cancelled, connection kept
-                conn.pipe.send([RESPONSE, attempt, request[3]])
+                conn.pipe.send([RESPONSE, attempt, request[3]] if key[1] % 16 else
+                               [ERROR, attempt, errors.APP_ERROR, "no", [APP_CODE, request[3]]])
         self.world.after(took, done)
 
     def lost(self, conn: Conn) -> None:
@@ -624,7 +629,8 @@ class Caller(Client):
                 if msg[2] == errors.SHUTTING_DOWN and self.calls.refused_unrun(msg[1], conn):
                     self._send_queued()  # it never ran: elsewhere, now or when connected
                 else:
-                    self._end(msg[1], self.calls.error(msg[1], msg[2], msg[3]).code)
+                    exc = self.calls.error(msg[1], msg[2], msg[3], msg[4] if len(msg) > 4 else None)
+                    self._end(msg[1], exc.code, getattr(exc, "data", None))
 
     def kill(self) -> None:
         """Its calls under way get no outcome: nobody is left to see one."""

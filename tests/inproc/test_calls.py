@@ -52,22 +52,81 @@ async def test_unknown_rpc_is_no_provider_and_errors_carry_stable_codes(node):
             await c.call("bad name", 1)
 
 
-async def test_handler_exception_answers_provider_error_with_the_message_only(node):
-    def broken(data):
-        raise KeyError("missing field 'x'")
+async def test_app_errors_arrive_whole_and_other_exceptions_name_their_type(node, caplog):
+    """AppError keeps its code, message and data (async and sync callers, async and
+    thread handlers, an RpcError from a nested call re-raised); any other exception is
+    PROVIDER_ERROR "Type: text", its traceback logged with the rpc and the call id."""
+    def lookup(data):
+        return {"a": 1}[data]
 
-    async def broken_later(data):
-        await asyncio.sleep(0)
-        raise RuntimeError("database down")
+    async def out_of_stock(data):
+        raise rpcbus.AppError("OUT_OF_STOCK", "none left", {"sku": data, "left": [0, None]})
+
+    def in_thread(data):
+        raise rpcbus.AppError("LOCKED", data=b"\x00raw")
 
     async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as c:
-        await prov.provide("broken", broken)
-        await prov.provide("broken.later", broken_later)
-        with pytest.raises(rpcbus.ProviderError) as err:
-            await c.call("broken")
-        assert err.value.message == "\"missing field 'x'\"" and "Traceback" not in str(err.value)
-        with pytest.raises(rpcbus.ProviderError, match="database down"):
-            await c.call("broken.later")
+        async def nested(data):
+            return await c.call("nobody.here", data)  # NO_PROVIDER here: the outer call ran
+
+        await prov.provide("lookup", lookup)
+        await prov.provide("stock", out_of_stock)
+        await prov.provide("thread", in_thread)
+        await prov.provide("nested", nested)
+        with caplog.at_level(logging.ERROR, logger="rpcbus"):
+            with pytest.raises(rpcbus.ProviderError) as err:
+                await c.call("lookup", "b")
+        assert err.value.message == "KeyError: 'b'"
+        failed = [r for r in caplog.records if r.getMessage().startswith("handler_failed")]
+        assert len(failed) == 1 and "rpc=lookup call_id=" in failed[0].getMessage()
+        assert failed[0].exc_info and failed[0].exc_info[0] is KeyError
+        with pytest.raises(rpcbus.AppError) as app:
+            await c.call("stock", "sku-9")
+        assert (app.value.code, app.value.message, app.value.data) == (
+            "OUT_OF_STOCK", "none left", {"sku": "sku-9", "left": [0, None]})
+        assert str(app.value) == "OUT_OF_STOCK: none left"
+        assert isinstance(app.value, rpcbus.RpcError)
+        with pytest.raises(rpcbus.AppError) as app:
+            await c.call("thread", None)
+        assert (app.value.code, app.value.message, app.value.data) == ("LOCKED", "", b"\x00raw")
+        with pytest.raises(rpcbus.ProviderError, match="NoProviderError: NO_PROVIDER"):
+            await c.call("nested", 1)
+        sync = await asyncio.to_thread(rpcbus.connect_sync, node.url)
+        try:
+            with pytest.raises(rpcbus.AppError) as app:
+                await asyncio.to_thread(sync.call, "stock", "s")
+            assert app.value.data == {"sku": "s", "left": [0, None]}
+        finally:
+            await asyncio.to_thread(sync.close)
+    for taken in ("NO_PROVIDER", "APP_ERROR", "", "x" * 129):
+        with pytest.raises(ValueError):
+            rpcbus.AppError(taken)
+
+
+async def test_a_provider_cannot_pass_off_its_error_as_one_of_rpcbus(node):
+    """Application codes live beside the wire code APP_ERROR: a provider answering
+    "NO_PROVIDER" itself is a PROVIDER_ERROR (not "did not run"), an application code
+    that reads NO_PROVIDER is an AppError, and a malformed one is refused (the provider
+    is told, the caller's call times out)."""
+    raw = await RawPeer.open(node.url)
+    await raw.provide("liar")
+    answers = {"plain": ["NO_PROVIDER", "nobody, honest"],
+               "app": ["APP_ERROR", "said no", ["NO_PROVIDER", [1, 2]]],
+               "bad": ["APP_ERROR", "said no", ["", 1]]}
+    results = {}
+    async with rpcbus.connect(node.url) as c:
+        for case, answer in answers.items():
+            call = asyncio.ensure_future(c.call("liar", case, timeout=0.8))
+            req = await raw.expect(p.REQUEST)
+            await raw.send([p.ACCEPT, req[1]], [p.ERROR, req[1], *answer])
+            results[case] = (await asyncio.gather(call, return_exceptions=True))[0]
+    await raw.ws.close()
+    assert type(results["plain"]) is rpcbus.ProviderError
+    app = results["app"]
+    assert type(app) is rpcbus.AppError and app.code == "NO_PROVIDER" and app.data == [1, 2]
+    assert type(results["bad"]) is rpcbus.ResponseTimeoutError
+    refused = await raw.expect(p.ERROR)
+    assert refused[2] == "INVALID_MESSAGE" and "app_code" in refused[3]
 
 
 async def test_values_msgpack_cannot_carry_fail_that_call_only(node):

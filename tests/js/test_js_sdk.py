@@ -36,7 +36,11 @@ async def test_js_and_python_call_each_other_with_the_same_outcomes(two, js, acr
         def fails(d):
             raise ValueError("py handler failed")
         await py.provide(f"py.fail{suffix}", fails)
-        for kind in ("echo", "throw", "reject"):
+
+        async def says_no(d):
+            raise rpcbus.AppError("OUT_OF_STOCK", "none left", {"sku": d, "left": [0, 1.5]})
+        await py.provide(f"py.no{suffix}", says_no)
+        for kind in ("echo", "throw", "reject", "apperror"):
             await agent.ok("provide", name=f"js.{kind}{suffix}", kind=kind)
         if across:  # the other node hears of the names with the providers' next news
             await wait_routable(py, f"js.echo{suffix}")
@@ -48,7 +52,11 @@ async def test_js_and_python_call_each_other_with_the_same_outcomes(two, js, acr
         assert many == [i + 1 for i in range(50)]
         err = await agent.error("call", name=f"py.fail{suffix}", timeout=3000)
         assert (err["code"], err["name"]) == ("PROVIDER_ERROR", "ProviderError")
-        assert "py handler failed" in err["message"]
+        assert err["message"] == "ValueError: py handler failed"
+        err = await agent.error("call", name=f"py.no{suffix}", data="a-1", timeout=3000)
+        assert (err["code"], err["name"], err["message"]) == ("OUT_OF_STOCK", "AppError",
+                                                              "none left")
+        assert err["data"] == {"sku": "a-1", "left": [0, 1.5]}
         err = await agent.error("call", name=f"nobody.{suffix}", timeout=3000)
         assert (err["code"], err["name"]) == ("NO_PROVIDER", "NoProviderError")
 
@@ -58,8 +66,13 @@ async def test_js_and_python_call_each_other_with_the_same_outcomes(two, js, acr
         assert got["data"] == {"x": [1, "two", None, 2.5]}
         assert got["rpc"] == f"js.echo{suffix}" and got["caller"].startswith("py@")
         assert 0 < got["timeLeft"] <= 3000 and got["traceparent"].startswith("00-111")
-        with pytest.raises(rpcbus.ProviderError, match="js handler failed"):
+        with pytest.raises(rpcbus.ProviderError, match="^PROVIDER_ERROR: Error: js handler "
+                                                       "failed$"):
             await py.call(f"js.throw{suffix}", timeout=3)
+        with pytest.raises(rpcbus.AppError) as app:
+            await py.call(f"js.apperror{suffix}", "b-2", timeout=3)
+        assert (app.value.code, app.value.message, app.value.data) == (
+            "OUT_OF_STOCK", "none left", {"sku": "b-2", "left": 0})
         with pytest.raises(rpcbus.NoProviderError):   # the only provider handed it on
             await py.call(f"js.reject{suffix}", timeout=3)
         results = await asyncio.gather(*(py.call(f"js.echo{suffix}", i, timeout=5)

@@ -42,12 +42,21 @@ function isThenable (value) {
     typeof value.then === 'function'
 }
 
+// A handler's throw as its answer: REJECT for Reject, the application's error for AppError,
+// else PROVIDER_ERROR "Type: text" (the logger, when the application gave one, gets the stack)
 function failure (id, err, log, name) {
   if (err instanceof errors.Reject) return [p.REJECT, id]
-  log.warn(`handler_failed rpc=${name} error=${err && err.name}: ${err && err.message}`)
-  const text = err instanceof Error ? (err.message || err.name) : String(err)
-  return [p.ERROR, id, 'PROVIDER_ERROR', text || 'Error']
+  if (err instanceof errors.AppError) {
+    return [p.ERROR, id, errors.APP_ERROR, String(err.message === err.code ? '' : err.message).slice(0, MAX_ERROR_MESSAGE),
+      [err.code, err.data === undefined ? null : err.data]]
+  }
+  log.warn(`handler_failed rpc=${name} call_id=${id}: ${err instanceof Error ? (err.stack || err) : String(err)}`)
+  const kind = err instanceof Error ? err.name : typeof err
+  const text = err instanceof Error ? err.message : String(err)
+  return [p.ERROR, id, 'PROVIDER_ERROR', (text ? `${kind}: ${text}` : kind).slice(0, MAX_ERROR_MESSAGE)]
 }
+
+const MAX_ERROR_MESSAGE = 4096
 
 export class Client {
   constructor (urls, options = {}) {
@@ -455,8 +464,8 @@ export class Client {
       }
       this._take(wire, msg[1], msg[2], msg[3], msg[4], msg[5], msg[7] ?? null, msg[8] ?? null)
     } else if (kind === p.ERROR) {
-      const [, ref, code, message] = msg
-      if (msg.length !== 4 || typeof code !== 'string' || typeof message !== 'string') {
+      const [, ref, code, message, detail] = msg
+      if (msg.length < 4 || msg.length > 5 || typeof code !== 'string' || typeof message !== 'string') {
         throw new Error('ERROR with the wrong fields')
       }
       if (ref == null && code === 'CLUSTER_UNAVAILABLE') {
@@ -483,7 +492,7 @@ export class Client {
         this._finish(ref, call.maybeRan && errors.DID_NOT_RUN.has(code)
           ? new errors.ConnectionLostError('sent again after its connection was lost, ' +
             `where it may have run, then answered ${code}: ${message}`)
-          : errors.errorFromCode(code, message))
+          : errors.errorFromCode(code, message, detail))
       }
     } else if (kind === p.CANCEL) {
       const task = wire.running.get(msg[1])
@@ -552,6 +561,9 @@ export class Client {
   _unencodable (msg, err) {
     if (msg[0] === p.RESPONSE) {
       return [p.ERROR, msg[1], 'PROVIDER_ERROR', `result is not serializable: ${err.message}`]
+    }
+    if (msg[0] === p.ERROR && msg.length > 4) { // an AppError whose data msgpack cannot carry
+      return [p.ERROR, msg[1], 'PROVIDER_ERROR', `AppError ${msg[4][0]}: its data is not serializable: ${err.message}`]
     }
     if (msg[0] === p.REQUEST) {
       this._finish(msg[1], new TypeError(`call data is not serializable: ${err.message}`))

@@ -52,8 +52,37 @@ export const PayloadTooLargeError = kind('PayloadTooLargeError', 'PAYLOAD_TOO_LA
 export const LimitExceededError = kind('LimitExceededError', 'LIMIT_EXCEEDED')
 export const BusyError = kind('BusyError', 'BUSY')
 
-/** The most specific error for a wire code; an unknown code gives a plain RpcError. */
-export function errorFromCode (code, message = '') {
+export const APP_ERROR = 'APP_ERROR' // on the wire only: the application's code rides beside
+export const MAX_APP_CODE = 128
+
+/**
+ * An application's error: throw it in a handler and the caller gets an AppError with the
+ * same `code`, `message` and `data`, on any node and from either SDK. The code is the
+ * application's own (1-128 characters, not one of rpcbus's CODES); it travels under the
+ * wire code APP_ERROR, so no node or SDK ever acts on it (docs/protocol.md).
+ */
+const fromWire = Symbol('fromWire') // its code was checked where it was thrown
+
+export class AppError extends RpcError {
+  constructor (code, message = '', data = null, _from = undefined) {
+    if (_from === fromWire) {
+      // as received: another SDK's checks applied where it was thrown
+    } else if (typeof code !== 'string' || code.length === 0 || code.length > MAX_APP_CODE) {
+      throw new RangeError(`an AppError code is a string of 1-${MAX_APP_CODE} characters`)
+    } else if (CODES.includes(code) || code === APP_ERROR) {
+      throw new RangeError(`${code} is one of rpcbus's own codes; choose an application code of your own`)
+    }
+    super(code, message)
+    this.data = data === undefined ? null : data
+  }
+}
+
+/** The most specific error for a wire code (`detail`: an application error's
+ * [code, data]); an unknown code gives a plain RpcError. */
+export function errorFromCode (code, message = '', detail = undefined) {
+  if (code === APP_ERROR && Array.isArray(detail) && detail.length === 2) {
+    return new AppError(String(detail[0]), message, detail[1], fromWire)
+  }
   const cls = byCode.get(code)
   return cls ? new cls(message) : new RpcError(String(code), message)
 }

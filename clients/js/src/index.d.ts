@@ -116,7 +116,18 @@ export declare class ConnectFailedError extends CodedError {}
 export declare class PayloadTooLargeError extends CodedError {}
 export declare class LimitExceededError extends CodedError {}
 export declare class BusyError extends CodedError {}
-export declare function errorFromCode(code: string, message?: string): RpcError
+/**
+ * An application's error: throw it in a handler; the caller gets an AppError with the same
+ * code, message and data. The code is the application's (1-128 characters, not one of
+ * rpcbus's CODES: RangeError otherwise).
+ */
+export declare class AppError extends RpcError {
+  constructor(code: string, message?: string, data?: unknown)
+  readonly data: unknown
+}
+export declare const APP_ERROR: 'APP_ERROR'
+export declare const MAX_APP_CODE: number
+export declare function errorFromCode(code: string, message?: string, detail?: unknown): RpcError
 
 /** Throw it from a handler to hand the call to another provider. */
 export declare class Reject extends Error {

@@ -2,13 +2,13 @@
 // come as JSON lines on stdin, results and events go as JSON lines on stdout.
 //   {"id": 1, "op": "connect", "urls": [...], "options": {...}}
 //   {"id": 2, "op": "call", "name": "x", "data": ..., "timeout": ms, "abortAfter": ms}
-//   {"id": 3, "op": "provide", "name": "js.echo", "kind": "echo" | "hang" | "throw" | "reject"}
+//   {"id": 3, "op": "provide", "name": "js.echo", "kind": "echo" | "hang" | "throw" | "reject" | "apperror"}
 //   {"id": 4, "op": "close" | "drain"}
-// Answers: {"id": 1, "ok": value} or {"id": 1, "error": {"code", "name", "message"}};
+// Answers: {"id": 1, "ok": value} or {"id": 1, "error": {"code", "name", "message", "data"}};
 // events: {"event": "state", "state": ...}, {"event": "aborted", "rpc": ...}.
 
 import { createInterface } from 'node:readline'
-import { connect, RpcError, Reject } from '../src/index.js'
+import { AppError, connect, RpcError, Reject } from '../src/index.js'
 
 let client = null
 const out = (obj) => process.stdout.write(JSON.stringify(obj) + '\n')
@@ -21,6 +21,7 @@ const handlers = {
   }),
   throw: () => { throw new Error('js handler failed') },
   reject: () => { throw new Reject() },
+  apperror: (data) => { throw new AppError('OUT_OF_STOCK', 'none left', { sku: data, left: 0 }) },
 }
 
 async function run (cmd) {
@@ -51,6 +52,6 @@ lines.on('line', (line) => {
   const cmd = JSON.parse(line)
   run(cmd).then(
     (ok) => out({ id: cmd.id, ok: ok ?? null }),
-    (err) => out({ id: cmd.id, error: { code: err instanceof RpcError ? err.code : null, name: err.name, message: err.message } }))
+    (err) => out({ id: cmd.id, error: { code: err instanceof RpcError ? err.code : null, name: err.name, message: err.message, data: err.data ?? null } }))
 })
 lines.on('close', () => { if (client) client.close() })

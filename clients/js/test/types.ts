@@ -1,11 +1,12 @@
 // Compiled by `npm test` (tsc, no output): the shipped types fit the README's example,
 // and misuse is a type error.
-import { connect, RpcError, Reject, NoProviderError, type CallContext, type Client } from '../src/index.js'
+import { AppError, connect, RpcError, Reject, NoProviderError, type CallContext, type Client } from '../src/index.js'
 
 export async function example (signal: AbortSignal): Promise<number> {
   const c: Client = await connect(['ws://127.0.0.1:6021', 'ws://127.0.0.1:6022'], { name: 'web', user: 'u', password: 'p', onState: (s) => { if (s === 'closed') return } })
   await c.provide('math.add', async (data: { a: number, b: number }, ctx: CallContext) => {
     if (ctx.timeLeft < 10 || ctx.signal.aborted) throw new Reject()
+    if (data.a < 0) throw new AppError('NEGATIVE', 'a must be >= 0', { a: data.a })
     return data.a + data.b
   })
   const r = await c.call<number>('math.add', { a: 1, b: 2 }, { timeout: 5000, signal })
@@ -13,6 +14,7 @@ export async function example (signal: AbortSignal): Promise<number> {
     await c.call('nobody', null)
   } catch (e) {
     if (e instanceof RpcError && e.code === 'NO_PROVIDER' && e instanceof NoProviderError) return -1
+    if (e instanceof AppError) return e.data === null ? -2 : -3
   }
   // @ts-expect-error: a timeout is a number of milliseconds
   await c.call('math.add', {}, { timeout: '5s' })

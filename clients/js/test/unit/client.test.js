@@ -205,7 +205,7 @@ test('handlers: every call ACCEPTed before its handler runs; CANCEL aborts and d
   const [accepted] = s.frames.slice(-1)
   assert.deepEqual(accepted, [[17, 1], [17, 2], [17, 3], [17, 4], [19, 5]])
   await tick()
-  assert.deepEqual(s.frames.at(-1), [[18, 1, 2], [20, 4, 'PROVIDER_ERROR', 'bad input'], [18, 2, 3]])
+  assert.deepEqual(s.frames.at(-1), [[18, 1, 2], [20, 4, 'PROVIDER_ERROR', 'TypeError: bad input'], [18, 2, 3]])
   s.deliver([21, 3]) // the node gave it up
   release('too late')
   await tick()

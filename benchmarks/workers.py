@@ -1,5 +1,5 @@
 """Load-generator processes: a lean caller, an SDK caller, an SDK provider, and a direct
-echo server.
+echo server (on rpcbus's WebSocket stack, or on picows' for comparison).
 
 Each runs as ``python -m rpcbus.benchmarks.workers ROLE ...`` in its own process, so
 the load generator never competes with the node inside one interpreter. A
@@ -22,18 +22,14 @@ import sys
 import time
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection
-from websockets.asyncio.client import connect as ws_connect
-from websockets.asyncio.server import ServerConnection, serve
-
 import rpcbus
 from rpcbus import protocol as p
 from rpcbus.broker.cli import use_uvloop
 from rpcbus.broker.logs import configure
-from rpcbus.transport import FrameIO
+from rpcbus.websocket import ClientConnection, ServerConnection, dial
 
 
-class _CallerWire(FrameIO, ClientConnection):
+class _CallerWire(ClientConnection):
     run: "CallerRun | _AuthWaiter"
 
     def frame_received(self, data: bytes) -> None:
@@ -91,8 +87,8 @@ class CallerRun:
 async def run_caller(args: argparse.Namespace) -> None:
     wires = []
     for _ in range(args.conns):
-        wire = await ws_connect(args.url, create_connection=_CallerWire, compression=None,
-                                max_size=None, ping_interval=None)
+        wire = await dial(_CallerWire, args.url)
+        wire.max_size = None
         wires.append(wire)
     loop = asyncio.get_running_loop()
     for wire in wires:  # AUTH, then wait for AUTH_OK through the plain path below
@@ -225,8 +221,10 @@ async def run_provider(args: argparse.Namespace) -> None:
     print(json.dumps({"served": served[0]}), flush=True)
 
 
-class _EchoSession(FrameIO, ServerConnection):
+class _EchoSession(ServerConnection):
     """The baseline: answers every REQUEST itself, on the same I/O stack, with no routing."""
+
+    max_size = None
 
     def frame_received(self, data: bytes) -> None:
         for msg in p.decode(data):
@@ -236,15 +234,48 @@ class _EchoSession(FrameIO, ServerConnection):
                 self.send([p.AUTH_OK, {"node": "echo", "session": "e"}])
 
 
-async def run_echo(args: argparse.Namespace) -> None:
-    async def handler(conn: Any) -> None:
-        await conn.wait_closed()
+def _picows_echo() -> Any:
+    """The same echo on picows (a Cython WebSocket library), for benchmarks/ws_stack.py:
+    what the I/O stack alone costs when it is compiled."""
+    from picows import WSListener, WSMsgType
 
-    async with serve(handler, "127.0.0.1", 0, create_connection=_EchoSession, compression=None,
-                     max_size=None, ping_interval=None) as server:
-        port = server.sockets[0].getsockname()[1]
-        print(json.dumps({"url": f"ws://127.0.0.1:{port}"}), flush=True)
-        await asyncio.Event().wait()
+    class Echo(WSListener):  # type: ignore[misc]
+        def on_ws_connected(self, transport: Any) -> None:
+            self.transport = transport
+            self.out: list[Any] = []
+
+        def on_ws_frame(self, transport: Any, frame: Any) -> None:
+            if frame.msg_type == WSMsgType.BINARY:
+                for msg in p.decode(frame.get_payload_as_bytes()):
+                    if msg[0] == p.REQUEST:
+                        self.send([p.RESPONSE, msg[1], msg[3]])
+                    elif msg[0] == p.AUTH:
+                        self.send([p.AUTH_OK, {"node": "echo", "session": "e"}])
+            elif frame.msg_type == WSMsgType.CLOSE:
+                transport.send_close(frame.get_close_code())
+                transport.disconnect()
+
+        def send(self, msg: list[Any]) -> None:
+            self.out.append(msg)
+            if len(self.out) == 1:
+                asyncio.get_running_loop().call_soon(self.flush)
+
+        def flush(self) -> None:
+            out, self.out = self.out, []
+            self.transport.send(WSMsgType.BINARY, p.encode(out))
+    return Echo
+
+
+async def run_echo(args: argparse.Namespace) -> None:
+    if args.stack == "picows":
+        from picows import ws_create_server
+        server = await ws_create_server(lambda _request: _picows_echo()(), "127.0.0.1", 0,
+                                        max_frame_size=1 << 30)
+    else:
+        server = await asyncio.get_running_loop().create_server(_EchoSession, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    print(json.dumps({"url": f"ws://127.0.0.1:{port}"}), flush=True)
+    await asyncio.Event().wait()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -262,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--start-at", type=float, default=0.0)
     ap.add_argument("--record", default="", help="provider: append each call's data here")
     ap.add_argument("--work", type=float, default=0.0, help="provider: seconds per call")
+    ap.add_argument("--stack", choices=["rpcbus", "picows"], default="rpcbus",
+                    help="echo: the WebSocket stack it runs on")
     ap.add_argument("--handler", choices=["async", "def", "spin"], default="async",
                     help="provider: how the handler spends --work (see run_provider)")
     args = ap.parse_args(argv)

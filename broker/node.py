@@ -1,4 +1,4 @@
-"""One broker node: the websockets server, its sessions, the router, the deadline sweep.
+"""One broker node: its listening socket, its sessions, the router, the deadline sweep.
 
 ``Node.run()`` serves until ``stop()`` (SIGTERM/SIGINT in ``rpcbus node``), then
 shuts down in bounded steps, like uvicorn: refuse new connections (HTTP 503;
@@ -13,7 +13,7 @@ them to another node) and abandon the rest; close every connection with 1001 (go
 Cancelling ``run()``
 skips the drain and closes at once.
 
-The same port answers plain HTTP through websockets' ``process_request``:
+The same port answers plain HTTP (``Node.http``):
 ``GET /healthz`` (liveness: 200 when serving, 503 otherwise), ``GET /readyz``
 (readiness: also 503 while the cluster bus is down or not yet joined, with
 the reason), ``GET /stats`` (JSON counters: the router's outcomes and drops,
@@ -36,8 +36,6 @@ from collections import Counter
 from typing import Any
 
 import structlog
-from websockets.asyncio.server import serve
-from websockets.frames import CloseCode
 
 from rpcbus import errors
 from rpcbus.broker.auth import token_digest
@@ -48,7 +46,10 @@ from rpcbus.broker.router import Router
 from rpcbus.broker.session import CUT_OFF_NOTICE, Session
 from rpcbus.broker.weights import WeightsError, WeightsFile
 from rpcbus.cluster.warnings import SparseWarnings
+from rpcbus.handshake import HttpRequest
 from rpcbus.protocol import DRAIN_PING, ERROR, PING
+from rpcbus.transport import CloseCode
+from rpcbus.websocket import HttpAnswer
 
 log = structlog.get_logger(module="rpcbus.node")
 ADMIN_PATHS = frozenset({"/metrics", "/stats", "/cluster", "/dashboard"})
@@ -93,7 +94,8 @@ class Node:
                 raise ConfigError(f"rpc.weights_file: {e}") from None
             self.router.weights = self.weights_file.weights
         self.gate = Gate(config)
-        self.sessions: set[Session] = set()
+        self.sessions: set[Session] = set()     # connections upgraded to WebSocket
+        self.connections: set[Session] = set()  # every TCP connection, HTTP ones too
         self.stats: Counter[str] = Counter()
         self.warnings = SparseWarnings(log)   # what a flood repeats: once a second at most
         self.ready = False
@@ -130,20 +132,8 @@ class Node:
         if cfg.server.tls_cert:
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             tls.load_cert_chain(cfg.server.tls_cert, cfg.server.tls_key)
-        server = await serve(
-            self._handler,  # type: ignore[arg-type]  # it is handed our Sessions (below)
-            cfg.node.host, cfg.node.port,
-            process_request=self._http,
-            # a factory of Session connections, where websockets' hints say "the class"
-            create_connection=self._new_session,  # type: ignore[arg-type]
-            compression=None,
-            max_size=cfg.limits.max_frame_bytes,
-            ping_interval=cfg.server.ping_interval or None,
-            ping_timeout=cfg.server.ping_timeout or None,
-            close_timeout=cfg.server.close_timeout,
-            server_header=None,
-            ssl=tls,
-        )
+        server = await asyncio.get_running_loop().create_server(
+            lambda: Session(self), cfg.node.host, cfg.node.port, ssl=tls)
         self.port = server.sockets[0].getsockname()[1]
         host = cfg.node.host if ":" not in cfg.node.host else f"[{cfg.node.host}]"
         self.url = f"{'wss' if tls else 'ws'}://{host}:{self.port}"
@@ -178,7 +168,9 @@ class Node:
             if bus is not None:  # its Redis links closed before this returns
                 bus.cancel()
                 await asyncio.wait((bus,), timeout=5.0)
-            server.close(close_connections=True)
+            server.close()
+            for connection in list(self.connections):  # what is left: closed at once
+                connection.transport.abort()
             await server.wait_closed()
             self.gate.close()
             if self.history is not None:  # the last (partial) window, then the file
@@ -380,24 +372,20 @@ class Node:
 
     # -- sessions ------------------------------------------------------------------------
 
-    def _new_session(self, protocol: Any, server: Any, **kwargs: Any) -> Session:
-        return Session(protocol, server, node=self, **kwargs)
-
-    async def _handler(self, session: Session) -> None:
-        """websockets' per-connection coroutine: the session works from callbacks, so wait."""
+    def session_opened(self, session: Session) -> None:
+        """A connection upgraded to WebSocket: a session (``sessions``) until it closes."""
         self.sessions.add(session)
         self.stats["connections"] += 1
-        try:
-            await session.wait_closed()
-        finally:
-            self.sessions.discard(session)
-            self.notice_heard(session)
 
     def new_session_id(self) -> str:
         self._session_seq += 1
         return f"s{self._session_seq}"
 
     def session_closed(self, session: Session) -> None:
+        self.connections.discard(session)
+        if session in self.sessions:
+            self.sessions.discard(session)
+            self.notice_heard(session)
         self.router.read_at = time.perf_counter()
         self.router.drop_peer(session, asyncio.get_running_loop().time())
         self._closed_totals.update(_session_counters(session))
@@ -410,58 +398,49 @@ class Node:
 
     # -- HTTP ----------------------------------------------------------------------------
 
-    def _http(self, connection: Any, request: Any) -> Any:
+    def http(self, request: HttpRequest) -> HttpAnswer | None:
+        """The answer to a plain HTTP request on the client port, or None to take it as
+        a WebSocket client."""
         path = request.path.split("?", 1)[0]
         if path == "/healthz":
             if self.ready:
-                return connection.respond(200, "ok\n")
-            return connection.respond(503, "draining\n" if self.draining else "starting\n")
+                return _text(200, "ok")
+            return _text(503, "draining" if self.draining else "starting")
         if path in ADMIN_PATHS and not self._admin(request):
-            return connection.respond(401, "this endpoint needs the admin token: "
-                                           "Authorization: Bearer <token> or ?token=<token>\n")
+            return _text(401, "this endpoint needs the admin token: "
+                              "Authorization: Bearer <token> or ?token=<token>")
         if path == "/cluster":
-            response = connection.respond(200, json.dumps(self.cluster_view()) + "\n")
-            response.headers["Content-Type"] = "application/json"
-            return response
+            return _json(self.cluster_view())
         if path == "/dashboard":
             from rpcbus.broker.dashboard import PAGE
 
-            response = connection.respond(200, PAGE)
-            response.headers["Content-Type"] = "text/html; charset=utf-8"
-            return response
+            return 200, PAGE.encode(), {"Content-Type": "text/html; charset=utf-8"}
         if path == "/readyz":
             why = self.not_ready()
-            return connection.respond(503 if why else 200, (why or "ready") + "\n")
+            return _text(503 if why else 200, why or "ready")
         if path == "/stats":
-            response = connection.respond(200, json.dumps(self.snapshot()) + "\n")
-            response.headers["Content-Type"] = "application/json"
-            return response
+            return _json(self.snapshot())
         if path == "/metrics":
             from rpcbus.broker.metrics import CONTENT_TYPE, render
 
-            response = connection.respond(200, render(self).decode())
-            response.headers["Content-Type"] = CONTENT_TYPE
-            return response
-        if "websocket" not in request.headers.get("Upgrade", "").lower():  # a browser, curl
+            return 200, render(self), {"Content-Type": CONTENT_TYPE}
+        if not request.wants_websocket:  # a browser, curl
             if path == "/":
-                response = connection.respond(302, "see /dashboard\n")
-                response.headers["Location"] = "/dashboard"
-                return response
-            return connection.respond(404, "not found: this port serves WebSocket clients "
-                                           "and /healthz /readyz /metrics /stats /cluster "
-                                           "/dashboard\n")
+                return 302, b"see /dashboard\n", {"Location": "/dashboard"}
+            return _text(404, "not found: this port serves WebSocket clients and /healthz "
+                              "/readyz /metrics /stats /cluster /dashboard")
         if self.draining:  # still listening, so that /readyz can say so; no new clients
-            return connection.respond(503, "draining: connect to another node\n")
+            return _text(503, "draining: connect to another node")
         if not self.ready:  # waiting for the cluster bus (the SDK tries again)
-            return connection.respond(503, "starting: try again shortly\n")
+            return _text(503, "starting: try again shortly")
         return None  # everything else: the WebSocket handshake
 
-    def _admin(self, request: Any) -> bool:
+    def _admin(self, request: HttpRequest) -> bool:
         """The request may read the admin endpoints (no token configured: anyone may)."""
         digest = self.config.server.admin_token_sha256
         if not digest:
             return True
-        header = request.headers.get("Authorization", "")
+        header = request.headers.get("authorization", "")
         token = header[7:] if header.startswith("Bearer ") else ""
         if not token and "?" in request.path:
             query = urllib.parse.parse_qs(request.path.split("?", 1)[1])
@@ -561,7 +540,15 @@ class Node:
         }
 
 
-_SESSION_COUNTERS = ("frames_in", "fast_frames_in", "frames_out", "messages_out", "dropped_out")
+_SESSION_COUNTERS = ("frames_in", "frames_out", "messages_out", "dropped_out")
+
+
+def _text(status: int, text: str) -> HttpAnswer:
+    return status, text.encode() + b"\n", {}
+
+
+def _json(value: Any) -> HttpAnswer:
+    return 200, json.dumps(value).encode() + b"\n", {"Content-Type": "application/json"}
 
 
 def _session_counters(session: Session) -> dict[str, int]:

@@ -1,9 +1,10 @@
 """One client connection to the node: the socket side of a session (the shell).
 
-A ``Session`` is the websockets ``ServerConnection`` for that client (the node
-passes it as ``create_connection``), with ``FrameIO`` taking data frames as
-they arrive. Each frame is decoded once and its messages handed to the
-session's rules (broker/session_rules.py ``SessionRules``: AUTH, checks,
+A ``Session`` is the server end of that client's WebSocket connection
+(``rpcbus.websocket.ServerConnection``: the node's listening socket makes one per
+TCP connection); its plain HTTP requests go to the node (``Node.http``), and
+``FrameIO`` hands it data frames as they arrive. Each frame is decoded once and
+its messages handed to the session's rules (broker/session_rules.py ``SessionRules``: AUTH, checks,
 limits, the router); nothing here creates a Task.
 
 What lives here is about the socket: connection counts per address and the
@@ -20,14 +21,13 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from websockets.asyncio.server import ServerConnection
-from websockets.frames import CloseCode
-from websockets.protocol import CONNECTING, OPEN
 
 from rpcbus import errors
 from rpcbus.broker.session_rules import CUT_OFF_NOTICE, SessionRules
+from rpcbus.handshake import HttpRequest
 from rpcbus.protocol import ERROR, PONG, REQUEST, RESPONSE, ProtocolError, decode
-from rpcbus.transport import FrameData, FrameIO
+from rpcbus.transport import CONNECTING, OPEN, CloseCode, FrameData
+from rpcbus.websocket import HttpAnswer, ServerConnection
 
 if TYPE_CHECKING:
     from rpcbus.broker.node import Node
@@ -35,21 +35,21 @@ if TYPE_CHECKING:
 log = structlog.get_logger(module="rpcbus.session")
 
 
-_REASONS = {429: b"Too Many Requests", 431: b"Request Header Fields Too Large",
-            503: b"Service Unavailable"}
-
 __all__ = ["CUT_OFF_NOTICE", "Session"]
 
 
-class Session(FrameIO, ServerConnection, SessionRules):
+class Session(ServerConnection, SessionRules):
     """A client of this node (its rules, and the router's ``Peer``, are ``SessionRules``)."""
 
     node: Node
 
-    def __init__(self, protocol: Any, server: Any, *, node: "Node", **kwargs: Any) -> None:
-        super().__init__(protocol, server, **kwargs)  # the connection's (FrameIO's) init
-        SessionRules.__init__(self, node, node.new_session_id())
+    def __init__(self, node: "Node") -> None:
         limits = node.config.limits
+        self.max_head = limits.max_handshake_bytes
+        super().__init__()  # the connection's (ServerConnection's) init
+        SessionRules.__init__(self, node, node.new_session_id())
+        self.max_size = limits.max_frame_bytes
+        self.close_timeout = node.config.server.close_timeout
         self.max_out_frame = limits.max_frame_bytes
         self.max_write_buffer = limits.max_write_buffer_bytes
         self._max_inflight = limits.max_inflight_per_connection
@@ -62,12 +62,13 @@ class Session(FrameIO, ServerConnection, SessionRules):
         self._control_frames = 0         # pings and pongs in this window
         self._control_window_end = 0.0
 
-    # -- websockets hooks --------------------------------------------------------------
+    # -- the connection's hooks --------------------------------------------------------
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         self.address = peer[0] if peer else ""
+        self.node.connections.add(self)
         self._counted = True
         refusal = self.node.gate.opened(self.address)
         if refusal is not None:
@@ -78,16 +79,18 @@ class Session(FrameIO, ServerConnection, SessionRules):
                                                 self._auth_timeout)
 
     def _refuse_handshake(self, status: int, text: str) -> None:
-        """Answer the HTTP upgrade request with ``status`` and close, before websockets has
-        read it."""
+        """Answer with HTTP ``status`` and close, whatever of the request has arrived."""
         self.node.warnings.warn("connection_refused", address=self.address, status=status,
                                  reason=text)
-        body = text.encode() + b"\n"
-        self.transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\n"
-                             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
-                             % (status, _REASONS[status], len(body), body))
-        self.transport.close()
-        self.loop.call_later(1.0, self.transport.abort)
+        self.answer_and_close(status, text.encode() + b"\n")
+
+    def http_request(self, request: HttpRequest) -> HttpAnswer | None:
+        return self.node.http(request)
+
+    def upgraded(self) -> None:
+        self.node.session_opened(self)
+        server = self.node.config.server
+        self.start_keepalive(server.ping_interval or None, server.ping_timeout or None)
 
     def data_received(self, data: bytes) -> None:
         if not self.authenticated and not self._within_budget(len(data)):
@@ -100,7 +103,7 @@ class Session(FrameIO, ServerConnection, SessionRules):
         if self.transport.is_closing():
             return False
         limits = self.node.config.limits
-        if self.protocol.state is CONNECTING:
+        if self.state is CONNECTING:
             self._handshake_bytes += n
             if self._handshake_bytes > limits.max_handshake_bytes:
                 self.node.stats["handshakes_too_large"] += 1
@@ -154,7 +157,7 @@ class Session(FrameIO, ServerConnection, SessionRules):
     # -- what the rules need -----------------------------------------------------------
 
     def is_open(self) -> bool:
-        return not self.closed and self.protocol.state is OPEN
+        return not self.closed and self.state is OPEN
 
     def close_for_policy(self, reason: str) -> None:
         self.fail_now(CloseCode.POLICY_VIOLATION, reason)

@@ -56,11 +56,6 @@ import logging
 import ssl
 from typing import Any, Callable, Sequence, TypedDict, Unpack
 
-from websockets.asyncio.client import ClientConnection
-from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import InvalidStatus, WebSocketException
-from websockets.protocol import OPEN
-
 from rpcbus import errors
 from rpcbus.backoff import Backoff
 from rpcbus.calling import Calls
@@ -88,7 +83,8 @@ from rpcbus.protocol import (
     valid_name,
 )
 from rpcbus.provider import Held, Serving
-from rpcbus.transport import FrameData, FrameIO
+from rpcbus.transport import OPEN, FrameData
+from rpcbus.websocket import ClientConnection, HandshakeError, HandshakeRefused, dial
 
 __all__ = ["CallContext", "Client", "connect"]
 
@@ -103,8 +99,8 @@ SOON = (b"starting", b"busy", b"full")
 SWEEP = 0.05  # s between sweeps of the calls' deadlines (and ticks of ``Held``)
 
 
-class _Wire(FrameIO, ClientConnection):
-    """One websockets connection of a Client; frames go to the Client as they arrive."""
+class _Wire(ClientConnection):
+    """One WebSocket connection of a Client; frames go to the Client as they arrive."""
 
     owner: Client
     url: str
@@ -257,12 +253,11 @@ class Client:
             self._next_url = (self.urls.index(url) + 1) % len(self.urls)
             try:
                 return await self._handshake(url)
-            except (OSError, TimeoutError, WebSocketException, errors.RpcError) as exc:
+            except (OSError, TimeoutError, HandshakeError, errors.RpcError) as exc:
                 self._last_error, self._last_exc = f"{url}: {exc}", exc
-                if isinstance(exc, InvalidStatus) and (
-                        exc.response.status_code == 429 or (
-                            exc.response.status_code == 503
-                            and exc.response.body.startswith(SOON))):
+                if isinstance(exc, HandshakeRefused) and (
+                        exc.status == 429 or (exc.status == 503
+                                              and exc.body.startswith(SOON))):
                     self._starting_seen = True  # starting, or too many connecting: soon
         return None
 
@@ -271,15 +266,9 @@ class Client:
         wire: _Wire | None = None
         try:
             async with asyncio.timeout(self._open_timeout):
-                tls: ssl.SSLContext | bool | None = None
-                if url.startswith("wss:"):
-                    tls = self._ssl or True
-                connection = await ws_connect(url, create_connection=_Wire, compression=None,
-                                              ssl=tls, max_size=self._max_size,
-                                              ping_interval=self._ping_interval,
-                                              open_timeout=self._open_timeout)
-                assert isinstance(connection, _Wire)  # create_connection made it
-                wire = connection
+                wire = await dial(_Wire, url, self._ssl)
+                wire.max_size = self._max_size
+                wire.start_keepalive(self._ping_interval, self._ping_interval)
                 wire.owner, wire.url = self, url
                 wire.serving = Serving(wire.send, self._handlers.get)
                 params: dict[str, Any] = {"protocol": PROTOCOL_VERSION, **self._credentials}
@@ -356,7 +345,7 @@ class Client:
         if self._reconnecting is not None:
             self._reconnecting.cancel()
         for sent_on, cancel in self._calls.cancels():  # nobody waits for these answers now
-            if sent_on.protocol.state is OPEN:
+            if sent_on.state is OPEN:
                 sent_on.send(cancel)
         wires = self._calls.wires() | ({self._wire} if self._wire else set())
         for wire in wires:
@@ -439,7 +428,7 @@ class Client:
             # which cancels the provider's handler, on this node or another.
             # (Cancelling this task cancelled ``fut``; one with an outcome set has ended.)
             sent_on = self._calls.give_up(cid, answered=fut.done() and not fut.cancelled())
-            if sent_on is not None and sent_on.protocol.state is OPEN:
+            if sent_on is not None and sent_on.state is OPEN:
                 sent_on.send([CANCEL, cid])
             raise
         finally:
@@ -516,7 +505,7 @@ class Client:
         elif kind == REQUEST:  # taken (started at the frame's end) or refused unrun
             now = wire.loop.time()
             if not wire.serving.request(msg, now,
-                                        not self._closed and wire.protocol.state is OPEN,
+                                        not self._closed and wire.state is OPEN,
                                         self._held.late_by(now)):
                 self.stale_requests += 1
                 if self.stale_requests & (self.stale_requests - 1) == 0:  # 1, 2, 4, 8, ...
@@ -688,7 +677,7 @@ class Client:
             return
         wire.draining = True
         self._use(new)  # provides here what it provided, sends what waited
-        if self._handlers and wire.protocol.state is OPEN:  # nothing new for it there
+        if self._handlers and wire.state is OPEN:  # nothing new for it there
             wire.send([UNPROVIDE, next(self._ids), list(self._handlers)])
         retiring = wire.loop.create_task(self._close_when_idle(wire))
         self._retiring.add(retiring)

@@ -87,6 +87,7 @@ export class Client {
     this.messagesDropped = 0 // from the node, undecodable (logged)
     this._nextUrl = 0
     this._wire = null // the connection new calls go to
+    this._lastUrl = null // the URL of the last connection used (for logs)
     this._waiting = [] // resolvers of those waiting for a connection
     this._ids = 1
     this._pending = new Map() // ref -> {resolve, reject, wire, msg?, until?, idempotent?}
@@ -213,6 +214,7 @@ export class Client {
 
   /** Make `wire` the connection for new calls; send what waited for one. */
   _use (wire) {
+    this._lastUrl = wire.url
     this._wire = wire
     this.session = wire.session
     this._defaultTimeout = this.session.response_timeout_ms ?? 10000
@@ -245,7 +247,9 @@ export class Client {
   _setState (state) {
     if (state === this.state) return
     this.state = state
-    this.log.info(`client_${state} url=${this._wire ? this._wire.url : null}`)
+    // the node it is (or was last) connected to; never connected: the URLs it tries
+    const url = this._wire ? this._wire.url : (this._lastUrl ?? this.urls.join(','))
+    this.log.info(`client_${state} url=${url}`)
     if (this.onState) {
       try { this.onState(state) } catch (err) { this.log.warn(`onState failed: ${err}`) }
     }

@@ -76,7 +76,8 @@ test('calls made in one tick leave in one frame; answers find their calls in any
 test('a lost connection: sent calls fail, idempotent ones go again, names are provided again on the next URL', async () => {
   const net = network()
   const states = []
-  const c = await net.client(['ws://a', 'ws://b'], { onState: (s) => states.push(s) })
+  const lines = []
+  const c = await net.client(['ws://a', 'ws://b'], { onState: (s) => states.push(s), logger: { info: (m) => lines.push(m), warn: (m) => lines.push(m) } })
   const [a] = net.sockets
   const provided = c.provide('js.echo', (d) => d)
   await tick()
@@ -99,6 +100,9 @@ test('a lost connection: sent calls fail, idempotent ones go again, names are pr
   assert.deepEqual(await Promise.all([again, waited]), [4, 6])
   assert.deepEqual(states, ['connected', 'reconnecting', 'connected'])
   await c.close()
+  // every state line names a node: the one it is on, or was on last
+  assert.deepEqual(lines.filter((m) => m.startsWith('client_')),
+    ['client_connected url=ws://a', 'client_reconnecting url=ws://a', 'client_connected url=ws://b', 'client_closed url=ws://b'])
 })
 
 test('a node shutting down: new calls go to another node, refused ones are sent again, the rest finish there', async () => {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 import time
 import zipfile
 from datetime import datetime
@@ -59,7 +60,9 @@ def analyze(history: str, out: str, since: str | None, until: str | None, master
     On a Spark cluster: rpcbus analyze-bundle prints the spark-submit line.
 
     Exit status: 0 analysed; 1 Spark failed (the reason in one line); 2 a usage
-    mistake (no history at the path, say); 3 no usable row in the history or span.
+    mistake, found before Spark starts (no history at the path, a history file that
+    cannot be read, an output that cannot be written); 3 no usable row in the
+    history or span.
     """
     try:
         import pyspark  # noqa: F401  (only to say what is missing, in one line)
@@ -77,6 +80,8 @@ def analyze(history: str, out: str, since: str | None, until: str | None, master
         raise click.ClickException(
             "rpcbus analyze needs Java for Spark (17 or newer): install a JRE (Debian/Ubuntu: "
             "apt install default-jre-headless) or set JAVA_HOME")
+    _check_local_paths(history, out, None if no_report else
+                       report_dir or os.path.join(out, "report"))
     from rpcbus.analytics.analysis import Failed, NothingToAnalyse, run
 
     try:
@@ -86,6 +91,50 @@ def analyze(history: str, out: str, since: str | None, until: str | None, master
     except NothingToAnalyse as exc:
         click.echo(f"rpcbus analyze: {exc}: nothing written", err=True)
         sys.exit(NOTHING_TO_ANALYSE)
+
+
+def _local(path: str) -> str | None:
+    """The local path of ``path`` (plain or file://), None for another file system."""
+    if "://" not in path:
+        return path
+    return path.removeprefix("file://") if path.startswith("file://") else None
+
+
+def _check_local_paths(history: str, out: str, report_dir: str | None) -> None:
+    """Before Spark starts, one line (exit status 2) for what could only fail later:
+    a history file or folder that cannot be read, an output that cannot be written."""
+    root = _local(history)
+    if root is not None:
+        for folder, _dirs, files in os.walk(root, onerror=_unreadable):
+            for name in files:
+                path = os.path.join(folder, name)
+                try:
+                    with open(path, "rb") as f:
+                        f.read(1)
+                except OSError as exc:
+                    _unreadable(exc, path)
+        if os.path.isfile(root):
+            try:
+                with open(root, "rb") as f:
+                    f.read(1)
+            except OSError as exc:
+                _unreadable(exc, root)
+    for target in (out, report_dir):
+        local = _local(target) if target else None
+        if local is None:
+            continue
+        try:
+            os.makedirs(local, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=local, prefix=".rpcbus-write-check"):
+                pass
+        except OSError as exc:
+            raise _Mistake(f"cannot write to {target}: {exc.strerror or exc}: give an output "
+                           "directory this user can write") from None
+
+
+def _unreadable(exc: OSError, path: str | None = None) -> None:
+    raise _Mistake(f"cannot read {path or exc.filename}: {exc.strerror or exc}: every "
+                   "history file must be readable (or moved out of the history folder)")
 
 
 class _Mistake(click.ClickException):
@@ -161,7 +210,10 @@ def history_gen(out: str, nodes: int, providers: int, rpcs: int, hours: float, w
         if when and not all(x.replace(".", "", 1).isdigit() for x in when.split("-", 1)):
             raise click.BadParameter(f"{item!r}: give NAME or NAME@A-B (minutes: p2@30-40)")
     t0 = time.monotonic()
-    rows = generate(out, nodes=nodes, providers=providers, rpcs=rpcs, hours=hours,
-                    window=window, slow=slow, failing=failing, hogs=hog, seed=seed, rate=rate,
-                    starved=starved, skew=offsets, policy=policy)
+    try:
+        rows = generate(out, nodes=nodes, providers=providers, rpcs=rpcs, hours=hours,
+                        window=window, slow=slow, failing=failing, hogs=hog, seed=seed,
+                        rate=rate, starved=starved, skew=offsets, policy=policy)
+    except ValueError as exc:
+        raise _Mistake(str(exc)) from None
     click.echo(f"{rows:,} rows under {out} in {time.monotonic() - t0:.1f} s")

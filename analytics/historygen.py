@@ -46,6 +46,14 @@ def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours:
     rpc_names = [f"svc{i + 1}.call" for i in range(rpcs)]
     serving = {r: rng.sample(provider_names, min(len(provider_names), rng.randint(2, 3)))
                for r in rpc_names}
+    named = [n.partition("@")[0] for n in (*slow, *failing)] + [*hogs, *starved]
+    unknown = sorted(set(named) - set(provider_names))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: no such provider (this history has "
+                         f"p1 to p{providers})")
+    for name in dict.fromkeys(named):  # a provider named for a fault serves: it shows
+        if not any(name in provs for provs in serving.values()):
+            serving[rpc_names[provider_names.index(name) % len(rpc_names)]].append(name)
     files: dict[str, Any] = {}
     rows = 0
     burst = 1.0

@@ -136,7 +136,7 @@ def _rows(history: dict[str, int] | None) -> str:
     text = f" {history['rows_read']:,} history rows read."
     left = [f"{history[k]:,} {why}" for k, why in (
         ("rows_skipped", "skipped (another schema version, or unreadable)"),
-        ("rows_duplicate", "left out as exact copies of another row (a file copied twice?)"))
+        ("rows_duplicate", "exact copies of another row (a file copied twice?)"))
         if history.get(k)]
     if left:
         text += " <b>Left out: " + "; ".join(left) + ".</b>"

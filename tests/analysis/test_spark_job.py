@@ -429,7 +429,7 @@ def test_histories_at_the_edges_run_and_say_what_they_hold(spark, tmp_path):
     hot = {rpc: r["hot"] for (rpc, _), r in table("hot_rpcs").items()}
     assert hot == {"busy": True, "rare": False, "idle": False}
     report = (tmp_path / "out" / "report" / "report.html").read_text()
-    assert "30 left out as exact copies" in report and "<b>busy</b> is hot" in report
+    assert "30 exact copies of another row (a file" in report and "<b>busy</b> is hot" in report
 
     junk = tmp_path / "junk"
     write_rows(junk / "part.jsonl", [{"schema_version": 99, "rpc": "x"}])

@@ -118,6 +118,19 @@ def test_a_missing_part_or_a_bad_value_is_one_line_saying_what_to_do(tmp_path):
     nowhere = _one_line_error(run_cli("analyze", "--history", str(tmp_path / "nowhere"),
                                       "--out", str(tmp_path / "out")), code=2)
     assert nowhere.endswith("give the nodes' history directory (their history.dir)")
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "n1.jsonl").write_text("{}\n")
+    (tmp_path / "h" / "n2.jsonl").symlink_to(tmp_path / "gone.jsonl")  # listed, unreadable
+    unreadable = _one_line_error(run_cli("analyze", "--history", str(tmp_path / "h"),
+                                         "--out", str(tmp_path / "out")), code=2)
+    assert unreadable.startswith(f"Error: cannot read {tmp_path / 'h' / 'n2.jsonl'}: ")
+    (tmp_path / "h" / "n2.jsonl").unlink()
+    unwritable = _one_line_error(run_cli("analyze", "--history", str(tmp_path / "h"),
+                                         "--out", str(tmp_path / "h" / "n1.jsonl" / "out")),
+                                 code=2)
+    assert unwritable.startswith(f"Error: cannot write to {tmp_path / 'h' / 'n1.jsonl'}")
+    gen = ("history-gen", "--out", str(tmp_path / "g"), "--providers", "3", "--hours", "0.01")
+    assert "p9: no such provider" in _one_line_error(run_cli(*gen, "--failing", "p9"), code=2)
     for args in (("bench", "--duration", "0"), ("bench", "nowhere"),
                  ("analyze", "--history", "h", "--out", "o", "--since", "yesterday")):
         wrong = run_cli(*args)

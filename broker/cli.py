@@ -113,16 +113,19 @@ def use_uvloop(wanted: bool) -> str:
               "do anything (for a laptop; logged as a warning).")
 def node(host: str | None, port: int | None, name: str | None, redis_url: str | None,
          config_file: str | None, auth_mode: str | None) -> None:
-    """Run one broker node until SIGTERM or Ctrl-C (then drain and exit 0)."""
+    """Run one broker node until SIGTERM or Ctrl-C (then drain and exit 0); SIGHUP reads
+    the configuration again (users, permissions, limits, weights: docs/operations.md)."""
     from rpcbus.broker.node import Node
 
+    overrides: dict[str, dict[str, Any]] = {
+        "node": {"host": host, "port": port, "name": name},
+        "cluster": {"redis_url": redis_url}, "auth": {"mode": auth_mode}}
     try:
-        cfg = config_mod.load(config_file, overrides={
-            "node": {"host": host, "port": port, "name": name},
-            "cluster": {"redis_url": redis_url}, "auth": {"mode": auth_mode}})
+        cfg = config_mod.load(config_file, overrides=overrides)
         node_ = Node(cfg)
     except config_mod.ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    node_.config_source = lambda: config_mod.load(config_file, overrides=overrides)
     logs.configure(cfg.log.level, cfg.log.format, cfg.log.levels, node=node_.name)
     loop_kind = use_uvloop(cfg.server.uvloop)
 
@@ -130,6 +133,7 @@ def node(host: str | None, port: int | None, name: str | None, redis_url: str | 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, node_.stop)
+        loop.add_signal_handler(signal.SIGHUP, node_.reload)
         import structlog
         structlog.get_logger(module="rpcbus.cli").info("node_starting", loop=loop_kind,
                                                  host=cfg.node.host, port=cfg.node.port)
@@ -143,6 +147,34 @@ def node(host: str | None, port: int | None, name: str | None, redis_url: str | 
             f"cannot listen on {cfg.node.host}:{cfg.node.port}: {exc}") from None
     if node_.failed:
         raise click.ClickException(node_.failed)
+
+
+@main.command("reload")
+@click.option("--node", "url", default="ws://127.0.0.1:6020", show_default=True,
+              envvar="RPCBUS_URL", show_envvar=True, help="The node (its client URL).")
+@click.option("--admin-token", required=True, envvar="RPCBUS_ADMIN_TOKEN", show_envvar=True,
+              help="The token whose digest is the node's server.admin_token_sha256.")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="CA certificate to verify a wss:// node with.")
+def reload_command(url: str, admin_token: str, ca_file: str | None) -> None:
+    """Make a node read its configuration again, as SIGHUP does (users, permissions,
+    limits, weights); prints what changed. Exit status 1 when the node refused it."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    http = re.sub(r"^ws", "http", url.rstrip("/")) + "/reload"
+    request = urllib.request.Request(http, data=b"", method="POST",
+                                     headers={"Authorization": f"Bearer {admin_token}"})
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as answer:
+            click.echo(answer.read().decode().strip())
+    except urllib.error.HTTPError as exc:
+        raise click.ClickException(f"{url}: {exc.read().decode().strip()}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise click.ClickException(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") \
+            from None
 
 
 @main.command()

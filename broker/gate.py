@@ -96,6 +96,16 @@ class Gate:
         self.waiting_by_address: Counter[str] = Counter()
         self.max_connections = self._limits.max_connections or _open_file_room()
 
+    def reload(self, config: Config) -> None:
+        """Users, roles and limits as ``config`` has them now (a reload): logins from
+        now on check the new table; rate limits start afresh, with the new values (each
+        session takes its limiter again: SessionRules.rights_changed)."""
+        self.users = Users(config.auth.users, config.auth.roles)
+        self.max_failures = config.auth.max_failures
+        self._limits = config.limits
+        self._limiters.clear()
+        self.max_connections = self._limits.max_connections or _open_file_room()
+
     # -- connections -------------------------------------------------------------------
 
     def opened(self, address: str) -> tuple[int, str] | None:

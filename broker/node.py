@@ -33,7 +33,7 @@ import ssl
 import time
 import urllib.parse
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import structlog
 
@@ -42,6 +42,7 @@ from rpcbus.broker.auth import token_digest
 from rpcbus.broker.config import Config, ConfigError
 from rpcbus.broker.gate import Gate
 from rpcbus.broker.history import SCAN_INTERVAL
+from rpcbus.broker.notify import Notifier
 from rpcbus.broker.router import Router
 from rpcbus.broker.session import CUT_OFF_NOTICE, Session
 from rpcbus.broker.weights import WeightsError, WeightsFile
@@ -52,7 +53,7 @@ from rpcbus.transport import CloseCode
 from rpcbus.websocket import HttpAnswer
 
 log = structlog.get_logger(module="rpcbus.node")
-ADMIN_PATHS = frozenset({"/metrics", "/stats", "/cluster", "/dashboard"})
+ADMIN_PATHS = frozenset({"/metrics", "/stats", "/cluster", "/dashboard", "/reload"})
 HEARTBEAT_RPCS = 100  # rpcs whose provider counts a heartbeat carries
 HEARTBEAT_RPC_CALLS = 20  # rpcs whose call counts and latency buckets it carries
 BUS_WAIT_S = 5.0  # how long a starting node waits for Redis before taking clients
@@ -112,6 +113,9 @@ class Node:
         self._unheard: set[Session] = set()  # draining: clients yet to answer the notice
         self._heard = asyncio.Event()
         self._closed_totals: Counter[str] = Counter()
+        self.notifier = Notifier()
+        # re-reads the configuration for a reload (SIGHUP, POST /reload): set by the CLI
+        self.config_source: Callable[[], Config] | None = None
 
     # -- life ----------------------------------------------------------------------------
 
@@ -123,6 +127,8 @@ class Node:
         if self._stop.is_set() and not self._drained.is_set():
             log.warning("drain_skipped", node=self.name, abandoned=self.router.pending)
             self._drained.set()
+        if not self._stop.is_set():
+            self.notifier.stopping("draining: calls in flight finish, new ones go elsewhere")
         self._stop.set()
 
     async def run(self) -> None:
@@ -159,6 +165,7 @@ class Node:
             self.ready = True
             if self.link is not None:
                 self.link.set_state("ready")
+            self.notifier.ready(f"serving on {self.url}")
             log.info("node_ready", node=self.name, url=self.url, port=self.port,
                      cluster=bool(self.link))
             await self._stop.wait()
@@ -173,6 +180,7 @@ class Node:
                 connection.transport.abort()
             await server.wait_closed()
             self.gate.close()
+            self.notifier.close()
             if self.history is not None:  # the last (partial) window, then the file
                 self.history.roll(time.time(), self.router.history_pending(), force=True,
                                   weights=self.router.weights,
@@ -372,6 +380,48 @@ class Node:
 
     # -- sessions ------------------------------------------------------------------------
 
+    # -- reload --------------------------------------------------------------------------
+
+    def reload(self) -> tuple[bool, str]:
+        """Read the configuration again (``config_source``) and apply what may change
+        while running (broker/reload.py): users and permissions (sessions whose rights
+        shrank lose them now; their calls in flight finish), limits (new connections and
+        every rate check), the weights file, the admin token. What needs a restart is
+        kept and named. A configuration that does not load is refused whole and the
+        running one kept. Returns (applied, one line saying what happened)."""
+        from rpcbus.broker import reload as reloading
+
+        if self.config_source is None:
+            return False, "this node has no configuration source to read again"
+        self.notifier.reloading()
+        try:
+            config = self.config_source()
+            weights_file = self.weights_file
+            if config.rpc.weights_file != self.config.rpc.weights_file:
+                weights_file = (WeightsFile(config.rpc.weights_file)
+                                if config.rpc.weights_file else None)
+        except (ConfigError, WeightsError, OSError) as exc:
+            log.error("config_reload_refused", node=self.name, error=str(exc))
+            self.notifier.ready(f"serving on {self.url} (the last reload was refused)")
+            return False, f"refused, the running configuration kept: {exc}"
+        said = reloading.summary(self.config, config)
+        self.config = reloading.merged(self.config, config)
+        self.gate.reload(self.config)
+        if weights_file is not self.weights_file:
+            self.weights_file = weights_file
+            self.router.set_weights(weights_file.weights if weights_file else None)
+        for session in list(self.sessions):
+            session.rights_changed()
+        log.info("config_reloaded", node=self.name, **said)
+        if said["needs_restart"]:
+            log.warning("config_reload_needs_restart", node=self.name,
+                        keys=said["needs_restart"])
+        self.notifier.ready(f"serving on {self.url}")
+        line = "reloaded: " + (", ".join(said["applied"]) or "nothing changed")
+        if said["needs_restart"]:
+            line += "; kept until a restart: " + ", ".join(said["needs_restart"])
+        return True, line
+
     def session_opened(self, session: Session) -> None:
         """A connection upgraded to WebSocket: a session (``sessions``) until it closes."""
         self.sessions.add(session)
@@ -424,6 +474,14 @@ class Node:
             from rpcbus.broker.metrics import CONTENT_TYPE, render
 
             return 200, render(self), {"Content-Type": CONTENT_TYPE}
+        if path == "/reload":
+            if request.method != "POST":
+                return _text(405, "POST /reload, with the admin token")
+            if not self.config.server.admin_token_sha256:
+                return _text(403, "set server.admin_token_sha256 to reload over HTTP (or "
+                                  "send the node SIGHUP)")
+            applied, line = self.reload()
+            return _text(200 if applied else 400, line)
         if not request.wants_websocket:  # a browser, curl
             if path == "/":
                 return 302, b"see /dashboard\n", {"Location": "/dashboard"}

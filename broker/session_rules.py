@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import structlog
 
 from rpcbus import errors
-from rpcbus.broker.auth import BUSY
+from rpcbus.broker.auth import BUSY, Permissions, token_digest
 from rpcbus.protocol import (
     ACCEPT,
     ACCEPT_UPTO,
@@ -55,7 +55,7 @@ from rpcbus.protocol import (
 )
 
 if TYPE_CHECKING:
-    from rpcbus.broker.auth import Permissions, User
+    from rpcbus.broker.auth import User
     from rpcbus.broker.config import Config
     from rpcbus.broker.gate import Gate
     from rpcbus.broker.limits import WindowLimiter
@@ -119,6 +119,7 @@ class SessionRules:
         self._strike_window_end = 0.0
         self.user: User | None = None
         self._perms: Permissions | None = None      # None: everything allowed
+        self._login_token: str | None = None        # the digest of the token it logged in with
         self._limiter: WindowLimiter | None = None  # None: no rate limit
         self._gated = False                         # either of the two is set
         self._logging_in = False
@@ -330,6 +331,8 @@ class SessionRules:
             self._authenticated(None, name)
             return
         self._logging_in = True
+        token = params.get("token")
+        self._login_token = token_digest(token) if isinstance(token, str) else None
         gate.login(params, lambda user, reason: self._checked(user, reason, name),
                    self.address, lambda: not self.closed)
 
@@ -367,6 +370,37 @@ class SessionRules:
         self.user = user
         self._perms = user.permissions
         self._authenticated(user, name)
+
+    def rights_changed(self) -> None:
+        """The node reloaded its users: from now on this session has the rights its user
+        has now. A user (or the token it logged in with) no longer there keeps none.
+        Names it may no longer provide are withdrawn (it is told, once); its calls in
+        flight, both ways, finish."""
+        old = self.user
+        if old is None or not self.authenticated:
+            return  # auth none, or still logging in (that checks the new table)
+        users = self.node.gate.users
+        new = (users.by_token.get(self._login_token) if self._login_token is not None
+               else users.by_name.get(old.name))
+        if new is not None and new.name != old.name:
+            new = None
+        perms = new.permissions if new is not None else Permissions((), ())
+        if new is not None:
+            self.user = new
+        self._perms = perms
+        self._limiter = self.node.gate.limiter_for(self.user)
+        self._gated = True
+        denied = sorted(n for n in self.provides if not perms.may_provide(n))
+        if denied:
+            before = len(self.provides)
+            self.router.unprovide(self, denied)
+            self.node.gate.provided[old.name] -= before - len(self.provides)
+            self.send([ERROR, None, errors.PERMISSION_DENIED,
+                       f"{self._who()} may no longer provide {', '.join(denied[:20])}"
+                       + (f" and {len(denied) - 20} more" if len(denied) > 20 else "")])
+        if new is None or denied:
+            log.info("session_rights_changed", session=self.sid, user=old.name,
+                     revoked=new is None, withdrawn=len(denied))
 
     def _busy(self) -> None:
         self._logging_in = False

@@ -179,7 +179,7 @@ def _latency(per_provider: list[dict[str, Any]], flagged: set[tuple[str, str]]) 
     ax.yaxis.set_minor_formatter(_plain_numbers(minor=True))
     ax.set_ylabel("ms (log scale)")
     _provider_ticks(ax, rows, flagged)
-    ax.legend(fontsize="small", title="red names: flagged", title_fontsize="small")
+    _legend_above(ax, "red names: flagged")
     return fig
 
 
@@ -199,8 +199,15 @@ def _fairness(fairness: list[dict[str, Any]], flagged: set[tuple[str, str]]) -> 
     ax.set_ylabel("% of the rpc's calls")
     ax.yaxis.set_major_formatter(_plain_numbers())
     _provider_ticks(ax, rows, flagged)
-    ax.legend(fontsize="small", title="red: flagged", title_fontsize="small")
+    _legend_above(ax, "red: flagged")
     return fig
+
+
+def _legend_above(ax: Any, title: str) -> None:
+    """The legend in a row above the plot, where it hides no bar (inside, "best" still
+    covered the last providers' bars when every place was taken)."""
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize="small",
+              title=title, title_fontsize="small", frameon=False)
 
 
 def _plain_numbers(minor: bool = False) -> Any:

@@ -26,19 +26,16 @@ probes stay open.
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import secrets
 import ssl
 import time
-import urllib.parse
 from collections import Counter
 from typing import Any, Callable
 
 import structlog
 
 from rpcbus import errors
-from rpcbus.broker.auth import token_digest
+from rpcbus.broker import endpoints
 from rpcbus.broker.config import Config, ConfigError
 from rpcbus.broker.gate import Gate
 from rpcbus.broker.history import SCAN_INTERVAL
@@ -53,7 +50,6 @@ from rpcbus.transport import CloseCode
 from rpcbus.websocket import HttpAnswer
 
 log = structlog.get_logger(module="rpcbus.node")
-ADMIN_PATHS = frozenset({"/metrics", "/stats", "/cluster", "/dashboard", "/reload"})
 HEARTBEAT_RPCS = 100  # rpcs whose provider counts a heartbeat carries
 HEARTBEAT_RPC_CALLS = 20  # rpcs whose call counts and latency buckets it carries
 BUS_WAIT_S = 5.0  # how long a starting node waits for Redis before taking clients
@@ -378,8 +374,6 @@ class Node:
             log.info("weights_reloaded", node=self.name, path=self.weights_file.path,
                      rpcs=len(weights.rpcs))
 
-    # -- sessions ------------------------------------------------------------------------
-
     # -- reload --------------------------------------------------------------------------
 
     def reload(self) -> tuple[bool, str]:
@@ -422,6 +416,8 @@ class Node:
             line += "; kept until a restart: " + ", ".join(said["needs_restart"])
         return True, line
 
+    # -- sessions ------------------------------------------------------------------------
+
     def session_opened(self, session: Session) -> None:
         """A connection upgraded to WebSocket: a session (``sessions``) until it closes."""
         self.sessions.add(session)
@@ -432,7 +428,6 @@ class Node:
         return f"s{self._session_seq}"
 
     def session_closed(self, session: Session) -> None:
-        self.connections.discard(session)
         if session in self.sessions:
             self.sessions.discard(session)
             self.notice_heard(session)
@@ -449,61 +444,9 @@ class Node:
     # -- HTTP ----------------------------------------------------------------------------
 
     def http(self, request: HttpRequest) -> HttpAnswer | None:
-        """The answer to a plain HTTP request on the client port, or None to take it as
-        a WebSocket client."""
-        path = request.path.split("?", 1)[0]
-        if path == "/healthz":
-            if self.ready:
-                return _text(200, "ok")
-            return _text(503, "draining" if self.draining else "starting")
-        if path in ADMIN_PATHS and not self._admin(request):
-            return _text(401, "this endpoint needs the admin token: "
-                              "Authorization: Bearer <token> or ?token=<token>")
-        if path == "/cluster":
-            return _json(self.cluster_view())
-        if path == "/dashboard":
-            from rpcbus.broker.dashboard import PAGE
-
-            return 200, PAGE.encode(), {"Content-Type": "text/html; charset=utf-8"}
-        if path == "/readyz":
-            why = self.not_ready()
-            return _text(503 if why else 200, why or "ready")
-        if path == "/stats":
-            return _json(self.snapshot())
-        if path == "/metrics":
-            from rpcbus.broker.metrics import CONTENT_TYPE, render
-
-            return 200, render(self), {"Content-Type": CONTENT_TYPE}
-        if path == "/reload":
-            if request.method != "POST":
-                return _text(405, "POST /reload, with the admin token")
-            if not self.config.server.admin_token_sha256:
-                return _text(403, "set server.admin_token_sha256 to reload over HTTP (or "
-                                  "send the node SIGHUP)")
-            applied, line = self.reload()
-            return _text(200 if applied else 400, line)
-        if not request.wants_websocket:  # a browser, curl
-            if path == "/":
-                return 302, b"see /dashboard\n", {"Location": "/dashboard"}
-            return _text(404, "not found: this port serves WebSocket clients and /healthz "
-                              "/readyz /metrics /stats /cluster /dashboard")
-        if self.draining:  # still listening, so that /readyz can say so; no new clients
-            return _text(503, "draining: connect to another node")
-        if not self.ready:  # waiting for the cluster bus (the SDK tries again)
-            return _text(503, "starting: try again shortly")
-        return None  # everything else: the WebSocket handshake
-
-    def _admin(self, request: HttpRequest) -> bool:
-        """The request may read the admin endpoints (no token configured: anyone may)."""
-        digest = self.config.server.admin_token_sha256
-        if not digest:
-            return True
-        header = request.headers.get("authorization", "")
-        token = header[7:] if header.startswith("Bearer ") else ""
-        if not token and "?" in request.path:
-            query = urllib.parse.parse_qs(request.path.split("?", 1)[1])
-            token = query.get("token", [""])[0]
-        return hmac.compare_digest(token_digest(token), digest)
+        """The answer to a plain HTTP request on the client port (broker/endpoints.py),
+        or None to take it as a WebSocket client."""
+        return endpoints.answer(self, request)
 
     def not_ready(self) -> str | None:
         """Why this node should get no traffic now (``/readyz``), or None when ready."""
@@ -599,14 +542,6 @@ class Node:
 
 
 _SESSION_COUNTERS = ("frames_in", "frames_out", "messages_out", "dropped_out")
-
-
-def _text(status: int, text: str) -> HttpAnswer:
-    return status, text.encode() + b"\n", {}
-
-
-def _json(value: Any) -> HttpAnswer:
-    return 200, json.dumps(value).encode() + b"\n", {"Content-Type": "application/json"}
 
 
 def _session_counters(session: Session) -> dict[str, int]:

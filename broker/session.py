@@ -100,7 +100,7 @@ class Session(ServerConnection, SessionRules):
     def _within_budget(self, n: int) -> bool:
         """Bytes from a connection not logged in: the handshake within
         ``limits.max_handshake_bytes``, then within ``limits.max_bytes_before_auth``."""
-        if self.transport.is_closing():
+        if self._failed or self.transport.is_closing():
             return False
         limits = self.node.config.limits
         if self.state is CONNECTING:
@@ -139,6 +139,21 @@ class Session(ServerConnection, SessionRules):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self.node.connections.discard(self)
+        self._ended()
+
+    def fail_now(self, code: int, reason: str) -> None:
+        """The connection is failed (see FrameIO.fail_now): the session ends on the next
+        loop turn, as it would on the connection's loss (its calls, its address's room,
+        its counts), while the socket drops what the peer still sends for a moment."""
+        if not self._failed:
+            self.loop.call_soon(self._ended)
+        super().fail_now(code, reason)
+
+    def _ended(self) -> None:
+        """The session is over (failed, or its connection lost); once."""
+        if self.closed:
+            return
         self.closed = True
         if self._auth_timer is not None:
             self._auth_timer.cancel()

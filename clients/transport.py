@@ -191,6 +191,7 @@ class FrameIO(asyncio.Protocol):
         self._keepalive: tuple[float, float] | None = None
         self._pinged = False
         self._ka_timer: asyncio.TimerHandle | None = None
+        self._failed = False                  # fail_now: what arrives is dropped unread
         self.close_code: int | None = None    # the code of the close frame received
         self.close_reason = ""
         self.frames_in = 0
@@ -238,15 +239,25 @@ class FrameIO(asyncio.Protocol):
                 await asyncio.shield(self._lost)
 
     def fail_now(self, code: int, reason: str) -> None:
-        """Send a close frame with ``code`` and close the TCP connection; safe to repeat.
-        What is still buffered gets ``CLOSE_GRACE`` seconds to leave, then the connection
-        is aborted: a peer that does not read cannot hold it open."""
+        """Send a close frame with ``code`` and end the connection; safe to repeat. A
+        server over plain TCP follows the close frame with a FIN and reads and drops,
+        unparsed, what the peer still sends until it closes, for at most ``CLOSE_GRACE``
+        seconds (closing on unread bytes would reset the connection, and a peer still
+        sending would lose the close frame); otherwise the connection closes at once,
+        its buffered bytes given ``CLOSE_GRACE`` seconds. Either way a peer that does
+        not read or close cannot hold it open past the grace."""
         if self.state is OPEN:
             self._send_close(code, reason)
         if self.state is not CLOSED:
             self.state = CLOSING
         transport = self.transport
-        if transport.is_closing():
+        if transport.is_closing() or self._failed:
+            return
+        self._failed = True
+        self._inbuf = b""
+        if self.is_server and transport.can_write_eof():
+            transport.write_eof()
+            self.loop.call_later(CLOSE_GRACE, transport.abort)
             return
         transport.close()
         if transport.get_write_buffer_size():
@@ -275,17 +286,19 @@ class FrameIO(asyncio.Protocol):
         if self._heard:
             self._heard = self._pinged = False
             self._ka_timer = self.loop.call_later(interval, self._keepalive_due)
-        elif self._pinged:
+        elif self._pinged and timeout != float("inf"):
             self.fail_now(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
-        else:
+        else:  # silent for ``interval``: a ping (again, when it waits for ever)
             self._pinged = True
             self.transport.write(frame(0x9, b"", not self.is_server))
-            if timeout != float("inf"):
-                self._ka_timer = self.loop.call_later(timeout, self._keepalive_due)
+            self._ka_timer = self.loop.call_later(
+                timeout if timeout != float("inf") else interval, self._keepalive_due)
 
     # -- in --------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._failed:
+            return
         self._heard = True
         state = self.state
         if state is OPEN or state is CLOSING:
@@ -342,7 +355,7 @@ class FrameIO(asyncio.Protocol):
                     payload = apply_mask(payload, buf[head - 4:head])
                 self._frame(b0, bool(masked), payload)
             pos = end
-            if self.state is not OPEN and (self.state is CLOSED
+            if self.state is not OPEN and (self.state is CLOSED or self._failed
                                            or self.transport.is_closing()):
                 self._inbuf = b""  # failed (or closed): nothing after that frame is read
                 return

@@ -21,7 +21,7 @@ LIMIT = 256 << 10
 @pytest.fixture(scope="module")
 def history(tmp_path_factory):
     path = tmp_path_factory.mktemp("big") / "history"
-    generate(str(path), nodes=3, providers=12, rpcs=12, hours=2, window=10, seed=3)
+    generate(str(path), nodes=3, providers=12, rpcs=12, hours=1.25, window=10, seed=3)
     return path
 
 

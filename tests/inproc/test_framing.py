@@ -125,3 +125,25 @@ async def test_an_unmasked_client_frame_closes_with_protocol_error(node):
         closes = [f for f in peer.frames if f.opcode is CLOSE]
     assert int.from_bytes(closes[0].data[:2], "big") == 1002
     peer.writer.close()
+
+
+async def test_a_silent_peer_is_pinged_then_closed_and_a_live_one_is_kept(start_node):
+    """Keepalive: after ``server.ping_interval`` without a byte, a ping; nothing within
+    ``ping_timeout`` more closes the connection (1011). A peer that answers stays."""
+    node = await start_node(RPCBUS_SERVER_PING_INTERVAL="0.2",
+                            RPCBUS_SERVER_PING_TIMEOUT="0.2")
+    live = await BytePeer.open(node.url)     # answers each ping as it reads it
+    silent = await BytePeer.open(node.url)   # reads nothing until the end
+    async with asyncio.timeout(10):
+        while sum(f.opcode is Opcode.PING for f in live.frames) < 4:
+            await live.read_events()
+    assert not [f for f in live.frames if f.opcode is CLOSE]
+    closes = []
+    async with asyncio.timeout(10):
+        while not closes:
+            await silent.read_events()
+            closes = [f for f in silent.frames if f.opcode is CLOSE]
+    assert int.from_bytes(closes[0].data[:2], "big") == 1011
+    assert [f.opcode for f in silent.frames][0] is Opcode.PING
+    live.writer.close()
+    silent.writer.close()

@@ -105,20 +105,15 @@ def _check_local_paths(history: str, out: str, report_dir: str | None) -> None:
     a history file or folder that cannot be read, an output that cannot be written."""
     root = _local(history)
     if root is not None:
-        for folder, _dirs, files in os.walk(root, onerror=_unreadable):
-            for name in files:
-                path = os.path.join(folder, name)
-                try:
-                    with open(path, "rb") as f:
-                        f.read(1)
-                except OSError as exc:
-                    _unreadable(exc, path)
-        if os.path.isfile(root):
+        files = [root] if os.path.isfile(root) else [
+            os.path.join(folder, name)
+            for folder, _dirs, names in os.walk(root, onerror=_unreadable) for name in names]
+        for path in files:
             try:
-                with open(root, "rb") as f:
+                with open(path, "rb") as f:
                     f.read(1)
             except OSError as exc:
-                _unreadable(exc, root)
+                _unreadable(exc, path)
     for target in (out, report_dir):
         local = _local(target) if target else None
         if local is None:

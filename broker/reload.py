@@ -4,7 +4,7 @@ Pure: two ``Config``s in, what to apply and what to ignore out. Users, roles and
 their permissions, the login failure limit, every ``[limits]`` value, the weights
 file and the admin token change live; anything else (ports, the Redis URL, the
 node's name, TLS files, timeouts, the history folder, logging) needs a restart and
-is kept as it was, said in one line (``restart_only``).
+is kept as it was, said in one line (``summary``).
 """
 
 from __future__ import annotations
@@ -36,11 +36,6 @@ def changes(old: Config, new: Config) -> list[tuple[str, str]]:
     return out
 
 
-def restart_only(old: Config, new: Config) -> list[str]:
-    """The changed keys a reload ignores ("node.port", ...)."""
-    return [f"{s}.{k}" for s, k in changes(old, new) if not _reloadable(s, k)]
-
-
 def merged(old: Config, new: Config) -> Config:
     """``new``'s reloadable values over ``old``'s (a new Config; neither is changed)."""
     out = copy.deepcopy(old)
@@ -53,5 +48,8 @@ def merged(old: Config, new: Config) -> Config:
 
 def summary(old: Config, new: Config) -> dict[str, Any]:
     """For the log line: the keys applied and the keys ignored."""
-    applied = [f"{s}.{k}" for s, k in changes(old, new) if _reloadable(s, k)]
-    return {"applied": applied, "needs_restart": restart_only(old, new)}
+    said: dict[str, list[str]] = {"applied": [], "needs_restart": []}
+    for section, key in changes(old, new):
+        said["applied" if _reloadable(section, key) else "needs_restart"].append(
+            f"{section}.{key}")
+    return said

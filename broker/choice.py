@@ -3,9 +3,10 @@
 The router (broker/router.py) keeps, for each provider peer, its ``load`` (the
 attempts it has sent there and not yet seen end) and, for each provider on this node,
 its ``rate`` (attempts sent per second, smoothed over about a second by the
-router's tick) and ``lat`` (the seconds an attempt takes there: one in 8 timed, peak
-EWMA). A local provider's load, rate and time are all of its work: every call to it
-passes this router, this node's callers' and other nodes' INVOKEs alike. A node's load
+router's tick), ``lat`` (the seconds an attempt takes there: one in 8 timed, peak
+EWMA) and ``steady`` (``lat`` smoothed over about a quarter second by the tick). A
+local provider's load, rate and time are all of its work: every call to it passes this
+router, this node's callers' and other nodes' INVOKEs alike. A node's load
 and ``rate`` are what this node has sent there; its ``reported`` rates and ``latency``
 are what that node said, in its last heartbeat, of its own providers, per rpc.
 
@@ -18,9 +19,10 @@ are what that node said, in its last heartbeat, of its own providers, per rpc.
    so a slow or stuck provider, whose attempts pile up and take long, loses its share
    within about a second;
 2. that provider, while this node has room (for a share of the calls): it is not
-   ``SLOWER`` times slower than the other nodes' providers of the name (its ``lat``
+   ``SLOWER`` times slower than the other nodes' providers of the name (its ``steady``
    against the median of their ``latency``, each at least ``LAT_FLOOR``; none
-   measured: not slow), and the local providers' rate per unit of weight is under
+   measured: not slow: a stall of a few ms on a busy machine, which lifts ``lat`` at
+   once, sends no call away), and the local providers' rate per unit of weight is under
    ``QUIET`` calls per second (light load stays local however the cluster is loaded)
    or not above ``SLACK`` times the cluster's (every candidate's rate over every
    candidate's weight, leaving out nodes that slow); above that, the share of its
@@ -71,7 +73,7 @@ def local_first(name: str, local: Sequence[tuple[Any, float]],
                            if (theirs := node.latency.get(name, 0.0)) > 0])
         # none measured yet (their providers idle): nothing to judge this one slow by
         slow = SLOWER * (typical if typical > LAT_FLOOR else LAT_FLOOR) if typical else INF
-        if best[0].lat <= slow:
+        if best[0].steady <= slow:
             keep = _room(name, local, remote, slow)
             if keep >= 1.0 or rand() < keep:
                 return best[0]

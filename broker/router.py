@@ -96,6 +96,9 @@ LAT_STEP = 0.1      # ``lat``: of the way down to each attempt's time (up: at on
 LAT_SAMPLE = 8      # attempts at a busy provider: 1 in this many is timed for ``lat``
 _LAT_MASK = LAT_SAMPLE - 1
 LAT_IDLE = 0.9      # an idle provider's ``lat`` per sample: a slow one is tried again
+# ``steady``: of the way to ``lat`` per sample, so over about a quarter second: a stall of
+# a few ms (a busy machine, a GC pause) that lifts ``lat`` at once barely moves it
+STEADY_STEP = 0.2
 
 
 class Peer(Protocol):
@@ -111,6 +114,7 @@ class Peer(Protocol):
     attempts: int           # attempts ever sent to it (kept here)
     rate: float             # attempts sent per second, over about a second (kept here)
     lat: float              # seconds an attempt takes there, smoothed (kept here)
+    steady: float           # ``lat`` smoothed over time: judges a local provider slow
     seen: float             # ``lat`` when an attempt there last ended (kept here)
 
     @property
@@ -662,7 +666,8 @@ class Router:
         sample; a local provider that ended no attempt while holding some gets the
         sample's span added to its ``lat`` (timed attempts move it as they end:
         ``_took``), an idle one's shrinks by ``LAT_IDLE``, so a slow provider left alone
-        is tried again (its ``seen`` stays: what other nodes are told). When the local
+        is tried again (its ``seen`` stays: what other nodes are told); its ``steady``
+        moves ``STEADY_STEP`` of the way to its ``lat``. When the local
         providers' rates moved by more than ``QUIET`` and half from what the last
         heartbeat told, ``rates_moved`` asks the cluster core for one early."""
         if now >= self._sampled + RATE_SAMPLE and self.local_first:
@@ -686,6 +691,7 @@ class Router:
                         peer.lat += span
                 else:
                     peer.lat *= LAT_IDLE
+                peer.steady += STEADY_STEP * (peer.lat - peer.steady)
             told = self._told
             if abs(serving - told) > max(QUIET, told / 2):
                 self.rates_moved = True   # the other nodes weigh what they were told
@@ -810,7 +816,7 @@ class Router:
         if self.local_first:
             if (len(local) == 1 and tried is None and self.weights is None
                     and (not remote or (local[0].rate < QUIET
-                                        and local[0].lat <= SLOWER * LAT_FLOOR))):
+                                        and local[0].steady <= SLOWER * LAT_FLOOR))):
                 provider: Peer | None = local[0]  # alone, quiet, quick: nothing to weigh
             elif not local and len(remote) == 1 and tried is None:
                 provider = remote[0][0] if remote[0][1] > 0 else None  # one target
@@ -867,6 +873,8 @@ class Router:
                 call.probe = provider.lat < provider.seen
                 if call.probe:
                     provider.lat = provider.seen
+                    if provider.steady < provider.seen:
+                        provider.steady = provider.seen
             provider.load += 1
             provider.attempts += 1
         if tried is None and not call.local_only:

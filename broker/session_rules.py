@@ -107,6 +107,7 @@ class SessionRules:
         self.attempts = 0                # attempts ever sent here
         self.rate = 0.0                  # attempts sent per second, smoothed
         self.lat = 0.0                   # seconds an attempt takes here, smoothed
+        self.steady = 0.0                # ``lat`` smoothed over time (router.tick)
         self.seen = 0.0                  # ``lat`` when an attempt here last ended
         self.calls: dict[int, Any] = {}    # its calls in flight by its ids (the router's)
         self.accepted_upto = 0           # ACCEPT_UPTO: attempts up to this one it took

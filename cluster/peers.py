@@ -55,7 +55,8 @@ class RemoteNode:
         self.reported: dict[str, float] = {}
         # seconds an attempt takes at its fastest provider of the rpc, by rpc (same heartbeat)
         self.latency: dict[str, float] = {}
-        self.lat = self.seen = 0.0       # unused: a node reports its own (``latency``)
+        # unused: a node reports its own (``latency``)
+        self.lat = self.seen = self.steady = 0.0
         self.calls: dict[int, Any] = {}  # never added to: a provider, never a caller
         self.accepted_upto = 0           # a node acknowledges (ACK), never ACCEPT_UPTO
         self.provides: set[str] = set()
@@ -92,7 +93,7 @@ class RemoteCaller:
     hrows: dict[Any, Any] = {}  # never added to: a caller, never a provider
     accepted_upto = 0           # a caller, never a provider
     load = attempts = 0
-    rate = lat = seen = 0.0
+    rate = lat = seen = steady = 0.0
 
     __slots__ = ("link", "node", "origin", "id", "key", "label", "user_name", "inflight",
                  "calls", "invoke", "late_at", "deadline")

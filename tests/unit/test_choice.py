@@ -136,6 +136,33 @@ def test_a_node_whose_provider_turns_slow_sends_its_calls_away_and_tries_it_agai
     assert here_share(6) > 0.9, went                # quick again: they come back
 
 
+def test_a_stall_of_a_few_ms_sends_no_call_away():
+    """One provider here and two other nodes, all answering in 10 ms (as their
+    heartbeats say); every half second ours stalls for 30 ms (a busy machine, a GC
+    pause), answering what fell due in it at its end. Its ``lat`` jumps past 2.5 times
+    the others' at each stall; its node's calls stay all the same."""
+    n2, n3 = node("n2"), node("n3")
+    r = local_first(View({"f": [(n2, 1), (n3, 1)]}))
+    here, caller = Peer("p"), Peer("c")
+    r.provide(here, ["f"])
+    due, peak = [], 0.0
+    for step in range(1000):    # 5 s in steps of 5 ms, 5 calls a step
+        now = step / 200
+        r.read_at = now
+        r.tick(now)
+        n2.reported = n3.reported = {"f": here.rate}
+        n2.latency = n3.latency = {"f": 0.01}
+        for k in range(5):
+            r.request(caller, step * 5 + k, "f", None, None, now=now)
+        due += [(now + 0.01 - 1e-9, a) for a in calls_to([here])[here]]
+        if now % 0.5 < 0.03 and now > 0.5:
+            continue            # stalled: nothing answered
+        while due and due[0][0] <= now:
+            r.respond(here, due.pop(0)[1], None)
+        peak = max(peak, here.lat)
+    assert peak > 0.025 and r.stats.remote_calls == 0, (peak, r.stats.remote_calls)
+
+
 def test_weights_scale_the_draw_and_the_room():
     """A local provider of weight 3 beside one of weight 1 gets about 3 in 4 calls."""
     class Weights:

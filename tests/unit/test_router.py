@@ -21,7 +21,7 @@ class Peer:
         self.load = 0
         self.attempts = 0
         self.rate = 0.0
-        self.lat = self.seen = 0.0
+        self.lat = self.seen = self.steady = 0.0
         self.provides = set()
         self.is_node = False
         self.sent = []

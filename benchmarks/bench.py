@@ -5,6 +5,9 @@ Scenarios:
   local    one node; providers and callers on it
   cross    two nodes; providers on n1, callers on n2 (every call crosses Redis)
   cluster  --nodes nodes (3); providers and callers spread over all
+  stream   two nodes as in cross, run twice: callers call, then read streams
+           (--inflight streams per connection, each a --window of 64 B parts by
+           default); the same run's figures per call and per part, and their ratios
 
 Everything runs in its own process (nodes, an embedded redis-server or, with
 --redis-shards N, Redis Cluster, provider and caller processes), on loopback,
@@ -41,11 +44,12 @@ import click
 from rpcbus.benchmarks import load
 
 NAMES = {"baseline": "direct echo", "rpcbus": "rpcbus", "redis": "raw Redis req/reply",
-         "nats": "NATS req/reply"}
+         "nats": "NATS req/reply", "calls": "rpcbus calls (same run)"}
 SCENARIOS = {
     "local": {"nodes": 1, "layout": "cross"},
     "cross": {"nodes": 2, "layout": "cross"},
     "cluster": {"nodes": 3, "layout": "spread"},
+    "stream": {"nodes": 2, "layout": "cross"},
 }
 
 
@@ -58,6 +62,8 @@ SCENARIOS = {
               help="cross = providers on n1, callers on the others; spread = both round-robin "
               "over all nodes; gather = callers on n1, providers round-robin over all "
               "[the scenario's: cluster spreads].")
+@click.option("--window", type=click.IntRange(1, 1024), default=64, show_default=True,
+              help="stream: each stream's credit window (parts ahead of the reading).")
 @click.option("--smoke", is_flag=True, help="A tiny run (the test suite's).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="The directory the report goes to [bench-results/SCENARIO-TIME].")
@@ -78,7 +84,10 @@ def command(scenario: str, **opts: Any) -> dict[str, Any]:
         "bench-results", f"{scenario}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(out_dir, exist_ok=True)
 
-    result = load.run(args)
+    if scenario == "stream":
+        result = streams(args)
+    else:
+        result = load.run(args)
     result["scenario"] = scenario
     if args.compare:
         for kind in ("redis", "nats"):
@@ -89,6 +98,12 @@ def command(scenario: str, **opts: Any) -> dict[str, Any]:
                                                     / peer["calls_per_s"])
                 peer["rpcbus_ratio_p99"] = result["rpcbus"]["p99_us"] / peer["p99_us"]
     click.echo(load._summary(result))
+    if "calls" in result:
+        c = result["calls"]
+        click.echo(f"the same run's calls: {c['calls_per_s']:,.0f} calls/s, node CPU "
+                   f"{c.get('node_cpu_us_per_call', float('nan')):.2f} µs/call; parts/s ÷ "
+                   f"calls/s {result['parts_per_call_throughput']:.2f}, node CPU per part ÷ "
+                   f"per call {result.get('part_cpu_per_call_cpu', float('nan')):.2f}")
     for kind in ("redis", "nats"):
         peer = result.get(kind)
         if peer is not None:
@@ -105,6 +120,26 @@ def command(scenario: str, **opts: Any) -> dict[str, Any]:
         f.write(markdown(result))
     plot(result, out_dir)
     click.echo(f"report: {out_dir}/ (result.json, summary.md, latency.png, throughput.png)")
+    return result
+
+
+def streams(args: SimpleNamespace) -> dict[str, Any]:
+    """The stream scenario: the cross shape called, then read as streams, in one run; the
+    second run's figures (per part) under "rpcbus", the first's (per call) under "calls"."""
+    args.no_baseline = True
+    if args.smoke:
+        args.inflight = 4
+    args.stream = 0
+    calls = load.run(args)
+    args.stream = args.window
+    result = load.run(args)
+    result["shape"] += f"; streams of window {args.window} (parts counted as calls)"
+    result["calls"] = calls["rpcbus"]
+    parts, per_call = result["rpcbus"], calls["rpcbus"]
+    result["parts_per_call_throughput"] = parts["calls_per_s"] / per_call["calls_per_s"]
+    if parts.get("node_cpu_us_per_call") and per_call.get("node_cpu_us_per_call"):
+        result["part_cpu_per_call_cpu"] = (parts["node_cpu_us_per_call"]
+                                           / per_call["node_cpu_us_per_call"])
     return result
 
 
@@ -143,7 +178,7 @@ def markdown(result: dict[str, Any]) -> str:
             "| run | calls/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | node CPU µs/call "
             "| Redis CPU µs/call | msgs/frame in/out | msgs/PUBLISH | node RSS MB | errors |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
-    for key in ("baseline", "rpcbus", "redis", "nats"):
+    for key in ("baseline", "calls", "rpcbus", "redis", "nats"):
         r = result.get(key)
         if r is None or "skipped" in r:
             continue
@@ -158,6 +193,11 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {frames} | {_num(r.get('msgs_per_publish'), 1)} "
             f"| {', '.join(map(str, r.get('rss_mb_by_node', []))) or '–'} "
             f"| {', '.join(f'{c} {n}' for c, n in r['errors'].items()) or 'none'} |")
+    if "parts_per_call_throughput" in result:
+        rows += ["", "The rpcbus row counts parts as calls (no latency: a part answers no "
+                 f"request). Parts/s ÷ calls/s **{result['parts_per_call_throughput']:.2f}**; "
+                 "node CPU per part ÷ per call "
+                 f"**{_num(result.get('part_cpu_per_call_cpu'))}** (the same run)."]
     if "ratio_calls_per_s" in result:
         rows += ["", f"rpcbus ÷ direct echo: throughput **{result['ratio_calls_per_s']:.2f}**, "
                  f"p99 latency **{result['ratio_p99']:.2f}** (measured in the same run)."]

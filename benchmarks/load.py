@@ -86,7 +86,9 @@ def run_callers(urls: list[str], args: SimpleNamespace, cpu_of: Any = None,
                       "--inflight", str(args.inflight), "--payload", str(args.payload),
                       "--duration", str(args.duration), "--warmup", str(args.warmup),
                       "--max-calls", str(per_caller), "--start-at", str(start_at),
-                      "--rpc", args.rpc, module=module, program=program)
+                      "--rpc", args.rpc,
+                      *(["--stream", str(args.stream)] if getattr(args, "stream", 0) else []),
+                      module=module, program=program)
                for i in range(args.callers)]
     time.sleep(max(0.0, start_at + args.warmup - time.time()))
     watch = _watch()

@@ -30,7 +30,7 @@ from rpcbus.websocket import ClientConnection, ServerConnection, dial
 
 
 class _CallerWire(ClientConnection):
-    run: "CallerRun | _AuthWaiter"
+    run: "CallerRun | StreamRun | _AuthWaiter"
 
     def frame_received(self, data: bytes) -> None:
         self.run.on_frame(self, data)
@@ -84,6 +84,73 @@ class CallerRun:
             self.send_one(wire, now)
 
 
+class StreamRun:
+    """``--stream W``: each of the W-window streams in flight reads the provider's endless
+    ``<rpc>.parts`` (its payload, again and again), telling the parts read (CREDIT) every
+    half window;
+    parts are counted as calls are (no latency: a part answers no request). At the end
+    every stream is cancelled."""
+
+    def __init__(self, rpc: str, payload: bytes, start: float, end: float, cap: int,
+                 window: int, timeout_ms: int) -> None:
+        self.rpc, self.payload = rpc.split(",")[0] + ".parts", payload
+        self.start, self.end, self.cap = start, end, cap
+        self.window, self.timeout_ms = window, timeout_ms
+        self.read: dict[int, int] = {}   # open streams: parts read
+        self.wires: dict[int, _CallerWire] = {}
+        self.next_id = 0
+        self.measured = self.total = 0
+        self.last_measured = start
+        self.errors: dict[str, int] = {}
+        self.latencies_us: list[int] = []
+        self.sample_every = 1
+        self.sent_at = self.read  # what is still open at the end ("unanswered")
+        self.done = asyncio.Event()
+
+    def send_one(self, wire: _CallerWire, now: float) -> None:
+        if now >= self.end or self.total >= self.cap:
+            self.finish()
+            return
+        self.next_id += 1
+        self.read[self.next_id] = 0
+        self.wires[self.next_id] = wire
+        wire.send([p.STREAM, self.next_id, self.rpc, self.payload, self.timeout_ms,
+                   {"window": self.window}])
+
+    def finish(self) -> None:
+        if self.done.is_set():
+            return
+        for sid, wire in self.wires.items():
+            wire.send([p.CANCEL, sid])
+        self.read.clear()
+        self.done.set()
+
+    def on_frame(self, wire: _CallerWire, data: bytes) -> None:
+        now = time.perf_counter()
+        read, half = self.read, (self.window + 1) // 2
+        for msg in p.decode(data):
+            kind = msg[0]
+            if kind == p.PART:
+                n = read.get(msg[1])
+                if n is None:
+                    continue
+                self.total += 1
+                if self.start <= now < self.end:
+                    self.measured += 1
+                    self.last_measured = now
+                n += 1
+                if n % half == 0:  # every half window: the parts read in all
+                    wire.send([p.CREDIT, msg[1], n])
+                read[msg[1]] = n
+            elif kind in (p.RESPONSE, p.ERROR) and read.pop(msg[1], None) is not None:
+                del self.wires[msg[1]]
+                if kind == p.ERROR:
+                    self.errors[msg[2]] = self.errors.get(msg[2], 0) + 1
+                self.send_one(wire, now)
+        if now >= self.end or self.total >= self.cap:
+            self.finish()
+
+
 async def run_caller(args: argparse.Namespace) -> None:
     wires = []
     for _ in range(args.conns):
@@ -99,8 +166,14 @@ async def run_caller(args: argparse.Namespace) -> None:
     # Wall clock to agree with the other processes on when to start; then perf_counter.
     await asyncio.sleep(max(0.0, args.start_at - time.time()))
     t0 = time.perf_counter()
-    run = CallerRun(args.rpc, os.urandom(args.payload), t0 + args.warmup,
-                    t0 + args.warmup + args.duration, args.max_calls, args.sample_every)
+    run: CallerRun | StreamRun
+    if args.stream:
+        run = StreamRun(args.rpc, os.urandom(args.payload), t0 + args.warmup,
+                        t0 + args.warmup + args.duration, args.max_calls, args.stream,
+                        int(min(300.0, args.warmup + args.duration + 15) * 1000))
+    else:
+        run = CallerRun(args.rpc, os.urandom(args.payload), t0 + args.warmup,
+                        t0 + args.warmup + args.duration, args.max_calls, args.sample_every)
     for wire in wires:
         wire.run = run
         for _ in range(args.inflight):
@@ -209,6 +282,10 @@ async def run_provider(args: argparse.Namespace) -> None:
             pass
         return data
 
+    async def parts(data: Any) -> Any:  # ``<rpc>.parts``: the data, again and again
+        while True:
+            yield data
+
     handler = {"async": echo, "def": blocking, "spin": spin}[args.handler]
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -216,6 +293,7 @@ async def run_provider(args: argparse.Namespace) -> None:
                                ping_interval=None) as c:
         for name in args.rpc.split(","):
             await c.provide(name, handler)
+            await c.provide(f"{name}.parts", parts)
         print(json.dumps({"ready": True}), flush=True)
         await stop.wait()  # until SIGTERM (then the calls it ran), or killed
     print(json.dumps({"served": served[0]}), flush=True)
@@ -295,6 +373,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", type=float, default=0.0, help="provider: seconds per call")
     ap.add_argument("--stack", choices=["rpcbus", "picows"], default="rpcbus",
                     help="echo: the WebSocket stack it runs on")
+    ap.add_argument("--stream", type=int, default=0,
+                    help="caller: read streams of this window instead of calling")
     ap.add_argument("--handler", choices=["async", "def", "spin"], default="async",
                     help="provider: how the handler spends --work (see run_provider)")
     args = ap.parse_args(argv)

@@ -72,11 +72,14 @@ from rpcbus.protocol import (
     ACCEPT,
     ACK_CHECK,
     CANCEL,
+    CREDIT,
     DEFAULT_MAX_NAME,
     ERROR,
     MAX_ERROR_MESSAGE,
+    PART,
     REQUEST,
     RESPONSE,
+    STREAM,
     valid_name,
 )
 from rpcbus.schema import BOUNDS, Outcome
@@ -175,7 +178,7 @@ class Call:
 
     __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
                  "accepted", "acked", "checked", "tried", "local_only", "started",
-                 "traceparent", "hrow", "hstart", "unsure", "sent", "probe")
+                 "traceparent", "hrow", "hstart", "unsure", "sent", "probe", "window")
     # set by each dispatch (see the end of __init__)
     id: int
     provider: Peer | None
@@ -198,9 +201,23 @@ class Call:
         self.unsure = False                  # a node it was sent to stayed silent
         self.sent = 0.0                      # ``read_at`` of its timed attempt, else 0
         self.probe = False                   # its attempt tries an idle provider again
+        self.window = 0                      # a stream's credit window (StreamCall); 0
         # id (the current attempt's), provider, accepted, acked and checked (when the
         # node was asked whether it started the attempt; 0.0: not) are set by each dispatch.
 
+
+class StreamCall(Call):
+    """A stream: a call answered in parts, at most ``window`` beyond what its caller has
+    ``read`` (``parts``: those passed to the caller; both start over with each attempt,
+    which none has reached before its first part)."""
+
+    __slots__ = ("parts", "read")
+
+    def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float,
+                 window: int) -> None:
+        super().__init__(caller, cid, name, data, deadline)
+        self.window = window
+        self.parts = self.read = 0
 
 
 
@@ -211,7 +228,7 @@ class RouterStats:
                  "ack_timeouts", "rejects", "provider_gone", "retries", "late", "foreign",
                  "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled",
                  "ack_checks", "calls_ok", "calls_failed", "duplicate_ids", "local_calls",
-                 "remote_calls")
+                 "remote_calls", "parts", "stream_overruns", "parts_lost")
     ok: int
     provider_errors: int
     no_provider: int
@@ -237,6 +254,9 @@ class RouterStats:
     # first attempts of this node's own callers' calls: to a provider here / another node
     local_calls: int
     remote_calls: int
+    parts: int            # stream parts passed on to their callers
+    stream_overruns: int  # streams ended: their provider sent a part past its credit
+    parts_lost: int       # streams ended: a part from another node never came (or twice)
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -516,12 +536,16 @@ class Router:
     # -- calls -----------------------------------------------------------------------
 
     def request(self, caller: Peer, cid: int, name: str, data: Any,
-                timeout_ms: int | None, now: float, traceparent: str | None = None) -> None:
+                timeout_ms: int | None, now: float, traceparent: str | None = None,
+                window: int = 0) -> None:
         """A REQUEST (or an INVOKE from another node): route it, or answer an error.
 
         ``traceparent`` (W3C trace context) travels with every attempt to the provider.
         A ``cid`` of one of the caller's calls in flight is refused (INVALID_MESSAGE):
-        every call is known by its caller's id alone."""
+        every call is known by its caller's id alone. A ``window`` makes it a stream
+        (STREAM): its provider answers in PARTs, at most ``window`` ahead of what the
+        caller has read (its CREDITs: ``part``, ``credit``), then RESPONSE or ERROR ends
+        it; a stream is routed, accepted, timed and cancelled as a call is."""
         calls = caller.calls
         if cid in calls:
             self.stats.duplicate_ids += 1
@@ -535,7 +559,8 @@ class Router:
             timeout = timeout_ms / 1000.0
             if timeout > self.max_timeout:
                 timeout = self.max_timeout
-        call = Call(caller, cid, name, data, now + timeout)
+        call = (Call(caller, cid, name, data, now + timeout) if not window else
+                StreamCall(caller, cid, name, data, now + timeout, window))
         calls[cid] = call
         if self._clock is not None:
             call.started = self.read_at
@@ -583,11 +608,19 @@ class Router:
             call.caller.send([ACCEPT, call.cid])  # tell the origin node
 
     def respond(self, peer: Peer, attempt: int, data: Any) -> None:
-        """The provider's answer (an implicit accept): pass it to the caller."""
+        """The provider's answer (an implicit accept): pass it to the caller. A stream's
+        RESPONSE ends it; from another node its data is the number of parts sent, and a
+        stream that got fewer ends with CLUSTER_UNAVAILABLE (parts lost on the bus)."""
         call = self._calls.pop(attempt, None)
         if call is None or call.provider is not peer:
             self._stray(peer, attempt, call)
             return
+        if call.window:  # a StreamCall (a slot read: cheaper than isinstance)
+            if peer.is_node and data != cast(StreamCall, call).parts:
+                self._calls[attempt] = call  # out of the tables as _lost_parts expects it
+                self._lost_parts(call)
+                return
+            data = None
         if self.local_first:  # _took, inlined (every answer passes here)
             peer.load -= 1
             if call.sent:
@@ -600,6 +633,74 @@ class Router:
             self.history.answered(call.hrow, call.hstart, data)
         self.stats.ok += 1
         self._conclude(call, [RESPONSE, call.cid, data])
+
+    def part(self, peer: Peer, attempt: int, data: Any, seq: int = -1) -> None:
+        """A part of a stream's answer (an implicit accept): pass it to the caller. One
+        past the window ahead of what the caller read, or for a call that is not a
+        stream, ends it with PROVIDER_ERROR and CANCELs the attempt: no node holds more
+        than the window. From another node, ``seq`` numbers it: one seen already (the
+        bus delivered it twice) is dropped, one after a gap ends the stream
+        CLUSTER_UNAVAILABLE (parts lost on the bus)."""
+        call = self._calls.get(attempt)
+        if call is None or call.provider is not peer:
+            self._stray(peer, attempt, None)
+            return
+        if isinstance(call, StreamCall) and seq >= 0 and seq != call.parts:
+            if seq < call.parts:
+                self.stats.late += 1  # a duplicate
+            else:
+                self._lost_parts(call)
+            return
+        if not isinstance(call, StreamCall) or call.parts - call.read >= call.window:
+            self.stats.stream_overruns += 1
+            self._end_attempt(call)
+            if call.hrow is not None:
+                self._history_end(call, Outcome.ERRORS)
+            if not peer.closed:
+                peer.send([CANCEL, attempt])
+            self.stats.provider_errors += 1
+            self._conclude(call, [ERROR, call.cid, errors.PROVIDER_ERROR,
+                                  f"the provider of {call.name!r} sent a part past its "
+                                  "credit" if call.window else
+                                  f"the provider of {call.name!r} answered a call in parts"])
+            return
+        call.parts += 1
+        call.accepted = True  # a part implies the accept: the stream is never moved now
+        self.stats.parts += 1
+        caller = call.caller
+        if caller.closed:
+            self.stats.discarded += 1
+        else:
+            caller.send([PART, call.cid, data])
+
+    def credit(self, caller: Peer, cid: int, read: int) -> None:
+        """The caller has read ``read`` parts of stream ``cid`` in all (never more than
+        were passed to it): its provider may send up to the window beyond. An older or
+        repeated count, an unknown id or a call are ignored."""
+        call = caller.calls.get(cid)
+        if not isinstance(call, StreamCall):
+            return
+        if read > call.parts:
+            read = call.parts
+        if read <= call.read:
+            return
+        call.read = read
+        provider = call.provider
+        if provider is not None and not provider.closed:
+            provider.send([CREDIT, call.id, read])
+
+    def _lost_parts(self, call: Call) -> None:
+        """A part of a stream from another node did not come (or its end counted more):
+        the stream ends CLUSTER_UNAVAILABLE, the node is told to stop it."""
+        self.stats.parts_lost += 1
+        self._end_attempt(call)
+        provider = call.provider
+        if provider is not None and not provider.closed:
+            provider.send([CANCEL, call.id])
+        self.stats.cluster_unavailable += 1
+        self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                              f"parts of the stream of {call.name!r} were lost on the "
+                              "cluster bus"])
 
     def provider_error(self, peer: Peer, attempt: int, message: str,
                        code: str = errors.PROVIDER_ERROR, detail: Any = None) -> None:
@@ -900,7 +1001,13 @@ class Router:
         else:
             self._deadlines.add(attempt, call.deadline)
         caller = call.caller
-        if call.traceparent is None and caller.user_name is None:
+        if call.window:  # a StreamCall: every field, its window last; no part sent yet
+            stream = cast(StreamCall, call)
+            stream.parts = stream.read = 0
+            provider.send([STREAM, attempt, call.name, call.data, int(left * 1000) or 1,
+                           caller.label, int(now * 1000), call.traceparent, caller.user_name,
+                           call.window])
+        elif call.traceparent is None and caller.user_name is None:
             provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
                            caller.label, int(now * 1000)])
         else:

@@ -25,7 +25,7 @@ import structlog
 from rpcbus import errors
 from rpcbus.broker.session_rules import CUT_OFF_NOTICE, SessionRules
 from rpcbus.handshake import HttpRequest
-from rpcbus.protocol import ERROR, PONG, REQUEST, RESPONSE, ProtocolError, decode
+from rpcbus.protocol import ERROR, PART, PONG, REQUEST, RESPONSE, STREAM, ProtocolError, decode
 from rpcbus.transport import CONNECTING, OPEN, CloseCode, FrameData
 from rpcbus.websocket import HttpAnswer, ServerConnection
 
@@ -209,7 +209,10 @@ class Session(ServerConnection, SessionRules):
         if kind == ERROR and len(msg) > 4:  # an application error's data, nested too deep
             return [ERROR, msg[1], errors.PROVIDER_ERROR,
                     "the application error's data could not be encoded"]
-        if kind == REQUEST:  # a call for this provider: the caller is told, nothing ran
+        if kind == PART:  # a part of a stream to this client: the stream ends here, its
+            self.router.cancel_from(self, msg[1])  # provider is cancelled
+            return [ERROR, msg[1], errors.PROVIDER_ERROR, "a part could not be encoded"]
+        if kind == REQUEST or kind == STREAM:  # for this provider: the caller is told, not run
             self.router.refuse_attempt(self, msg[1], errors.INVALID_MESSAGE,
                                        "the call's data could not be encoded (nested too "
                                        "deeply)")

@@ -38,9 +38,11 @@ from rpcbus.protocol import (
     AUTH_FAIL,
     AUTH_OK,
     CANCEL,
+    CREDIT,
     DRAIN_PING,
     ERROR,
     OK,
+    PART,
     PING,
     PONG,
     PROTOCOL_VERSION,
@@ -48,6 +50,7 @@ from rpcbus.protocol import (
     REJECT,
     REQUEST,
     RESPONSE,
+    STREAM,
     UNPROVIDE,
     check_from_client,
     is_id,
@@ -176,6 +179,10 @@ class SessionRules:
                     if not self._gated or self._admit(msg[1], msg[2], now):
                         router.request(self, msg[1], msg[2], msg[3], msg[4], now)
                     continue
+            elif kind == PART:  # a stream's parts: up to a window per CREDIT
+                if len(msg) == 3 and type(msg[1]) is int and serving:
+                    router.part(self, msg[1], msg[2])
+                    continue
             self._handle_other(msg, now)
             if not self.is_open():
                 return
@@ -199,14 +206,21 @@ class SessionRules:
                 self.send([ERROR, _ref_of(msg), errors.NOT_AUTHENTICATED,
                            "the first message must be AUTH"])
                 self._strike(now)
-        elif kind == REQUEST:  # draining, or with meta (the fast path takes plain ones)
-            if self.node.draining:
+        elif kind == REQUEST or kind == STREAM:  # draining, or with meta (the fast path
+            if self.node.draining:                 # takes plain REQUESTs)
                 self.send([ERROR, msg[1], errors.SHUTTING_DOWN, "the node is shutting down"])
             elif not self._gated or self._admit(msg[1], msg[2], now):
-                trace = msg[5].get("traceparent") if len(msg) == 6 else None
-                router.request(self, msg[1], msg[2], msg[3], msg[4], now, trace)
+                meta = msg[5] if len(msg) == 6 else None
+                router.request(self, msg[1], msg[2], msg[3], msg[4], now,
+                               None if meta is None else meta.get("traceparent"),
+                               0 if meta is None or kind == REQUEST else meta["window"])
         elif kind == RESPONSE:
             router.respond(self, msg[1], msg[2])
+        elif kind == PART:
+            router.part(self, msg[1], msg[2])
+        elif kind == CREDIT:  # flow control of its own streams: not a request
+            if self.inflight:
+                router.credit(self, msg[1], msg[2])
         elif kind == ACCEPT:
             router.accept(self, msg[1], now)
         elif kind == REJECT:

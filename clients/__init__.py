@@ -35,7 +35,8 @@ from rpcbus.errors import (
     ShuttingDownError,
     error_from_code,
 )
-from rpcbus.sync import SyncClient, connect_sync
+from rpcbus.streams import Stream
+from rpcbus.sync import SyncClient, SyncStream, connect_sync
 
 __version__ = "0.2.0"  # the one place: setup.cfg and ``rpcbus --version`` read it
 
@@ -49,6 +50,7 @@ __all__ = [
     "ConnectFailedError", "ConnectionLostError", "InvalidMessageError", "LimitExceededError",
     "NoProviderError", "NotAuthenticatedError", "PayloadTooLargeError", "PermissionDeniedError",
     "ProviderError", "ProviderGoneError", "RateLimitedError", "Reject", "ResponseTimeoutError",
-    "Options", "RpcError", "ShuttingDownError", "SyncClient", "connect", "connect_sync",
+    "Options", "RpcError", "ShuttingDownError", "Stream", "SyncClient", "SyncStream",
+    "connect", "connect_sync",
     "error_from_code",
 ]

@@ -21,6 +21,9 @@ The rules, as docs/protocol.md's table of codes states them:
   time is up, ``CONNECTION_LOST`` for a call never sent (no connection came in time),
   ``RESPONSE_TIMEOUT`` for one sent.
 
+A stream (``kind`` STREAM) is a call whose answer comes in parts: the same rules hold
+(it is never made idempotent: a stream lost with its connection fails).
+
 Control messages (PROVIDE, UNPROVIDE, PING) are tracked too (``control``): they end
 by their deadline, fail with the connection they went out on, and are never sent
 again. Each call leaves every table in ``forget``.
@@ -47,8 +50,8 @@ class Calls(Generic[W]):
     def __init__(self, now: float, grace: float, sweep: float = 0.05) -> None:
         self.grace = grace
         self.deadlines = Deadlines[int](sweep, now)
-        # every call: (name, data, timeout_ms, meta, until, idempotent); not controls
-        self._requests: dict[int, tuple[str, Any, int | None, Any, float, bool]] = {}
+        # every call: (name, data, timeout_ms, meta, until, idempotent, kind); not controls
+        self._requests: dict[int, tuple[str, Any, int | None, Any, float, bool, int]] = {}
         self._where: dict[int, W] = {}   # sent calls and controls: their connection
         self._queued: list[int] = []     # waiting for a connection, in order
         self._resend: set[int] = set()   # idempotent: sent again when their connection is lost
@@ -59,11 +62,13 @@ class Calls(Generic[W]):
         return len(self._requests) + sum(1 for ref in self._where if ref not in self._requests)
 
     def make(self, cid: int, name: str, data: Any, timeout_ms: int | None, meta: Any,
-             until: float, idempotent: bool, wire: W | None) -> list[Any] | None:
+             until: float, idempotent: bool, wire: W | None,
+             kind: int = REQUEST) -> list[Any] | None:
         """A new call, due at ``until`` (``timeout_ms`` is what the caller asked for,
-        None for the node's default). Returns the REQUEST to write on ``wire`` now, or
-        None: there is no connection, it waits for one."""
-        self._requests[cid] = (name, data, timeout_ms, meta, until, idempotent)
+        None for the node's default). Returns the REQUEST (or, ``kind`` STREAM, the
+        STREAM, ``meta`` holding its window) to write on ``wire`` now, or None: there is
+        no connection, it waits for one."""
+        self._requests[cid] = (name, data, timeout_ms, meta, until, idempotent, kind)
         self.deadlines.add(cid, until + self.grace)
         if idempotent:
             self._resend.add(cid)
@@ -71,7 +76,11 @@ class Calls(Generic[W]):
             self._queued.append(cid)
             return None
         self._where[cid] = wire
-        return _request(cid, name, data, timeout_ms, meta)
+        return _request(cid, name, data, timeout_ms, meta, kind)
+
+    def wire_of(self, cid: int) -> W | None:
+        """The connection call ``cid`` went out on (None: not sent, or ended)."""
+        return self._where.get(cid)
 
     def control(self, ref: int, wire: W, until: float) -> None:
         """A control message ``ref`` went out on ``wire``; it ends by ``until``."""
@@ -156,13 +165,13 @@ class Calls(Generic[W]):
             request = self._requests.get(cid)
             if request is None or cid in self._where:
                 continue
-            name, data, _, meta, until, _ = request
+            name, data, _, meta, until, _, kind = request
             left = until - now
             if left <= 0:
                 self._queued.append(cid)
                 continue
             self._where[cid] = wire
-            out.append(_request(cid, name, data, int(left * 1000) or 1, meta))
+            out.append(_request(cid, name, data, int(left * 1000) or 1, meta, kind))
         return out
 
     def expire(self, now: float) -> list[tuple[int, errors.RpcError]]:
@@ -193,6 +202,6 @@ class Calls(Generic[W]):
 
 
 def _request(cid: int, name: str, data: Any, timeout_ms: int | None,
-             meta: Any) -> list[Any]:
-    return [REQUEST, cid, name, data, timeout_ms] if meta is None else \
-        [REQUEST, cid, name, data, timeout_ms, meta]
+             meta: Any, kind: int) -> list[Any]:
+    return [kind, cid, name, data, timeout_ms] if meta is None else \
+        [kind, cid, name, data, timeout_ms, meta]

@@ -59,14 +59,26 @@ from typing import Any, Callable, Sequence, TypedDict, Unpack
 from rpcbus import errors
 from rpcbus.backoff import Backoff
 from rpcbus.calling import Calls
-from rpcbus.handlers import CallContext, Handler, awaited, describe, failure, outcome
+from rpcbus.handlers import (
+    ANSWERS,
+    ASYNC_PARTS,
+    CallContext,
+    Handler,
+    awaited,
+    describe,
+    failure,
+    outcome,
+)
 from rpcbus.protocol import (
     AUTH,
     AUTH_FAIL,
     AUTH_OK,
     CANCEL,
+    CREDIT,
     ERROR,
+    MAX_WINDOW,
     OK,
+    PART,
     PING,
     PONG,
     PROTOCOL_VERSION,
@@ -76,13 +88,17 @@ from rpcbus.protocol import (
     REQ_TIME_LEFT_MS,
     REQ_TRACEPARENT,
     REQ_USER,
+    REQ_WINDOW,
     REQUEST,
     RESPONSE,
+    STREAM,
     UNPROVIDE,
     decode_each,
     valid_name,
 )
 from rpcbus.provider import Held, Serving
+from rpcbus.streaming import DEFAULT_WINDOW
+from rpcbus.streams import Flow, Stream, Threaded, one_part, serve_parts
 from rpcbus.transport import OPEN, FrameData
 from rpcbus.websocket import ClientConnection, HandshakeError, HandshakeRefused, dial
 
@@ -91,7 +107,7 @@ __all__ = ["CallContext", "Client", "connect"]
 log = logging.getLogger("rpcbus.client")  # no handler of ours: the application decides
 
 
-_Entry = tuple[Handler, bool, bool]  # a provided name's handler, as ``describe`` gives it
+_Entry = tuple[Handler, bool, bool, int]  # a provided name's handler, as ``describe`` gives
 
 
 # how a node's HTTP 503 begins when it will take this client soon (not when it drains)
@@ -119,10 +135,21 @@ class _Wire(ClientConnection):
             owner._on_lost(self, exc)
 
     def unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
+        if msg[0] == PART:
+            self.stop_stream(msg[1])
         return self.owner._unencodable(msg, exc)
 
     def oversized(self, msg: list[Any], size: int) -> list[Any] | None:
+        if msg[0] == PART:
+            self.stop_stream(msg[1])
         return self.owner._oversized(msg, size, self.max_out_frame)
+
+    def stop_stream(self, attempt: int) -> None:
+        """A part of a stream served here could not be sent: its generator stops (the
+        node hears the error in the part's place)."""
+        task = self.serving.cancel(attempt)
+        if task is not None:
+            task.cancel()
 
 
 class Options(TypedDict, total=False):
@@ -182,6 +209,7 @@ class Client:
         self._connected = asyncio.Event()
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}  # calls and controls
+        self._streams: dict[int, Flow] = {}    # open streams (their ends are in _pending)
         self._handlers: dict[str, _Entry] = {}
         self._wires: set[_Wire] = set()        # open connections (new calls use _wire)
         self._handler_threads = handler_threads
@@ -402,13 +430,7 @@ class Client:
         ``traceparent`` (W3C trace context, e.g. from OpenTelemetry) reaches the
         provider's handler as ``CallContext.traceparent``, through any nodes.
         """
-        if self._closed:
-            raise errors.ConnectionLostError(None, "the client is closed")
-        if timeout is not None and (timeout <= 0 or 0 < self._max_timeout < timeout):
-            raise ValueError("timeout must be positive" if timeout <= 0 else
-                             f"timeout={timeout:g} s is over the node's longest, "
-                             f"{self._max_timeout:g} s (rpc.max_timeout): shorten it, or "
-                             "raise rpc.max_timeout on the nodes")
+        self._check_call(timeout)
         loop = asyncio.get_running_loop()
         cid = next(self._ids)
         fut = loop.create_future()
@@ -434,6 +456,70 @@ class Client:
         finally:
             self._pending.pop(cid, None)
             self._calls.forget(cid)
+
+    def _check_call(self, timeout: float | None) -> None:
+        if self._closed:
+            raise errors.ConnectionLostError(None, "the client is closed")
+        if timeout is not None and (timeout <= 0 or 0 < self._max_timeout < timeout):
+            raise ValueError("timeout must be positive" if timeout <= 0 else
+                             f"timeout={timeout:g} s is over the node's longest, "
+                             f"{self._max_timeout:g} s (rpc.max_timeout): shorten it, or "
+                             "raise rpc.max_timeout on the nodes")
+
+    def stream(self, name: str, data: Any = None, *, timeout: float | None = None,
+               window: int = DEFAULT_WINDOW, traceparent: str | None = None) -> Stream:
+        """Call ``name`` as a stream: ``async for part in client.stream(name, data)``
+        (clients/streams.py ``Stream``). The provider's handler is an async generator or a
+        generator; a plain handler's answer comes as one part. ``timeout`` (seconds)
+        bounds the whole stream, as a call's does; ``window`` (1-1024) is how many parts
+        the provider may send ahead of the reading. Nothing is sent until the first
+        part is asked for."""
+        if type(window) is not int or not 0 < window <= MAX_WINDOW:
+            raise ValueError(f"window must be an integer of 1-{MAX_WINDOW}")
+        self._check_call(timeout)
+        return Stream(self, name, data, timeout, window, traceparent)
+
+    def _open_stream(self, name: str, data: Any, timeout: float | None, window: int,
+                     traceparent: str | None) -> Flow:
+        """Send a STREAM (or queue it for the next connection): its ``Flow``."""
+        self._check_call(timeout)
+        loop = asyncio.get_running_loop()
+        cid = next(self._ids)
+        flow = self._streams[cid] = Flow(cid, window, loop.create_future())
+        self._pending[cid] = flow.ended
+        meta: dict[str, Any] = {"window": window}
+        if traceparent is not None:
+            meta["traceparent"] = traceparent
+        wire = self._wire
+        msg = self._calls.make(cid, name, data, None if timeout is None else
+                               (int(timeout * 1000) or 1), meta,
+                               loop.time() + (timeout or self._default_timeout), False, wire,
+                               STREAM)
+        if wire is not None and msg is not None:
+            wire.send(msg)
+        return flow
+
+    def _credit(self, cid: int, read: int) -> None:
+        """The application has read ``read`` parts of stream ``cid``: tell its node."""
+        wire = self._calls.wire_of(cid)
+        if wire is not None and wire.state is OPEN:
+            wire.send([CREDIT, cid, read])
+
+    def _abandon_stream(self, flow: Flow) -> None:
+        """The application stopped reading an unfinished stream: CANCEL to its node."""
+        wire = self._calls.give_up(flow.cid, answered=flow.ended.done())
+        if wire is not None and wire.state is OPEN:
+            wire.send([CANCEL, flow.cid])
+
+    def _forget_stream(self, cid: int) -> None:
+        """A stream ended (or was given up): it leaves every table."""
+        flow = self._streams.pop(cid, None)
+        self._pending.pop(cid, None)
+        self._calls.forget(cid)
+        if flow is not None and flow.ended.done() and not flow.ended.cancelled():
+            flow.ended.exception()  # looked at: an error after a break is no warning
+        elif flow is not None:
+            flow.ended.cancel()
 
     # -- providing -----------------------------------------------------------------------
 
@@ -502,7 +588,17 @@ class Client:
         kind = msg[0]
         if kind == RESPONSE or kind == OK:
             self._settle(msg[1], msg[2] if kind == RESPONSE else None, None)
-        elif kind == REQUEST:  # taken (started at the frame's end) or refused unrun
+        elif kind == PART:
+            flow = self._streams.get(msg[1])
+            if flow is not None and not flow.arrived(msg[2]):
+                self._settle(msg[1], None, errors.error_from_code(
+                    errors.INVALID_MESSAGE, "the node sent more parts than the window"))
+                self._abandon_stream(flow)
+        elif kind == CREDIT:
+            waiter = wire.serving.credit(msg[1], msg[2])
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        elif kind == REQUEST or kind == STREAM:  # taken (started at frame's end) or refused
             now = wire.loop.time()
             if not wire.serving.request(msg, now,
                                         not self._closed and wire.state is OPEN,
@@ -563,7 +659,7 @@ class Client:
                request: list[Any]) -> None:
         """Run an accepted call's handler: a coroutine function as a Task, a plain function
         in a worker thread; its outcome is sent when it ends (``_task_done``)."""
-        handler, is_async, wants_context = entry
+        handler, is_async, wants_context, parts = entry
         data = request[REQ_DATA]
         n = len(request)
         args = (data, CallContext(name, attempt, request[REQ_CALLER],
@@ -571,6 +667,9 @@ class Client:
                                   request[REQ_TRACEPARENT] if n > REQ_TRACEPARENT else None,
                                   request[REQ_USER] if n > REQ_USER else None)
                 ) if wants_context else (data,)
+        if parts != ANSWERS or request[0] == STREAM:
+            self._start_stream(wire, attempt, name, entry, request, args)
+            return
         if is_async:
             try:
                 work = handler(*args)  # a coroutine function: none of its code runs here
@@ -584,14 +683,43 @@ class Client:
         wire.serving.started(attempt, task)
         task.add_done_callback(functools.partial(self._task_done, wire, attempt, name))
 
-    async def _in_thread(self, handler: Handler, args: tuple[Any, ...]) -> Any:
-        """``handler(*args)`` in one of the client's worker threads (an awaitable it
-        returns is awaited here). Cancelled before a thread took it, it never runs."""
+    def _start_stream(self, wire: _Wire, attempt: int, name: str, entry: _Entry,
+                      request: list[Any], args: tuple[Any, ...]) -> None:
+        """A STREAM, or a REQUEST for a handler that answers in parts (refused: its caller
+        is told to use ``stream()``). A generator's parts go out as credit allows
+        (``serve_parts``); a plain handler's answer is the one part."""
+        handler, is_async, _, parts = entry
+        if request[0] != STREAM:
+            wire.send([ERROR, attempt, errors.PROVIDER_ERROR,
+                       f"{name!r} answers in parts: call it with stream()"])
+            return
+        if parts == ANSWERS:
+            answer = handler(*args) if is_async else self._in_thread(handler, args)
+            work = one_part(wire.send, attempt, answer)
+        else:
+            flow = wire.serving.stream(attempt, request[REQ_WINDOW])
+            try:
+                gen = handler(*args)  # a generator: none of its code runs here
+            except Exception as exc:
+                wire.send(failure(attempt, name, exc))
+                return
+            work = serve_parts(wire.send, attempt, flow, gen if parts == ASYNC_PARTS
+                               else Threaded(gen, self._thread_pool()))
+        task = wire.loop.create_task(work)
+        wire.serving.started(attempt, task)
+        task.add_done_callback(functools.partial(self._task_done, wire, attempt, name))
+
+    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._threads is None:
             self._threads = concurrent.futures.ThreadPoolExecutor(
                 self._handler_threads, thread_name_prefix="rpcbus-handler")
+        return self._threads
+
+    async def _in_thread(self, handler: Handler, args: tuple[Any, ...]) -> Any:
+        """``handler(*args)`` in one of the client's worker threads (an awaitable it
+        returns is awaited here). Cancelled before a thread took it, it never runs."""
         result = await asyncio.get_running_loop().run_in_executor(
-            self._threads, functools.partial(handler, *args))
+            self._thread_pool(), functools.partial(handler, *args))
         if inspect.isawaitable(result):
             result = await result
         return result
@@ -608,7 +736,9 @@ class Client:
         if kind == ERROR and len(msg) > 4:  # an AppError whose data msgpack cannot carry
             return [ERROR, msg[1], errors.PROVIDER_ERROR,
                     f"AppError {msg[4][0]}: its data is not serializable: {exc}"]
-        fut = self._pending.pop(msg[1], None) if kind == REQUEST else None
+        if kind == PART:  # the stream ends here (its generator is stopped: _Wire)
+            return [ERROR, msg[1], errors.PROVIDER_ERROR, f"a part is not serializable: {exc}"]
+        fut = self._pending.pop(msg[1], None) if kind == REQUEST or kind == STREAM else None
         if fut is not None and not fut.done():
             fut.set_exception(TypeError(f"call data is not serializable: {exc}"))
         return None
@@ -617,14 +747,14 @@ class Client:
         """A message over the node's frame limit: a call fails here (nothing was sent), an
         answer becomes PAYLOAD_TOO_LARGE for its caller (the call ran: never re-run)."""
         kind = msg[0]
-        if kind == REQUEST:
+        if kind == REQUEST or kind == STREAM:
             fut = self._pending.pop(msg[1], None)
             if fut is not None and not fut.done():
                 fut.set_exception(errors.PayloadTooLargeError(
                     None, f"the call's data makes a {size}-byte message, over the node's "
                           f"limit of {limit} bytes (max_frame); nothing was sent"))
             return None
-        if kind == RESPONSE:
+        if kind == RESPONSE or kind == PART:
             log.warning("answer_too_large call_id=%s size=%d limit=%d", msg[1], size, limit)
             return [ERROR, msg[1], errors.PAYLOAD_TOO_LARGE,
                     f"the answer makes a {size}-byte message, over the node's limit of "

@@ -30,13 +30,23 @@ class CallContext:
                              # the node; None with auth mode none
 
 
-def describe(handler: Handler) -> tuple[Handler, bool, bool]:
-    """(handler, is it a coroutine function, does it take a CallContext second)."""
+#: how a handler answers (``describe``): one value, or a stream of parts from an async
+#: generator (run on the loop) or a generator (advanced in a worker thread)
+ANSWERS, ASYNC_PARTS, PARTS = 0, 1, 2
+
+
+def describe(handler: Handler) -> tuple[Handler, bool, bool, int]:
+    """(handler, is it a coroutine function, does it take a CallContext second, how it
+    answers: ANSWERS, ASYNC_PARTS or PARTS)."""
     if not callable(handler):
         raise TypeError("handler must be callable")
-    is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        getattr(handler, "__call__", None))  # noqa: B004 (a callable object's method)
-    return handler, is_async, _wants_context(handler)
+    method = getattr(handler, "__call__", None)  # noqa: B004 (a callable object's method)
+    is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(method)
+    parts = (ASYNC_PARTS if inspect.isasyncgenfunction(handler)
+             or inspect.isasyncgenfunction(method) else
+             PARTS if inspect.isgeneratorfunction(handler)
+             or inspect.isgeneratorfunction(method) else ANSWERS)
+    return handler, is_async, _wants_context(handler), parts
 
 
 def _wants_context(handler: Handler) -> bool:

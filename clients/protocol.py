@@ -34,9 +34,18 @@ RESPONSE = 18
 REJECT = 19
 ERROR = 20
 CANCEL = 21
-# provider -> node, [22, id]: every REQUEST of this connection up to ``id`` that the
-# provider did not REJECT is accepted (one message for a frame's ACCEPTs)
+# provider -> node, [22, id]: every REQUEST (or STREAM) of this connection up to ``id``
+# that the provider did not REJECT is accepted (one message for a frame's ACCEPTs)
 ACCEPT_UPTO = 22
+# A stream: a call answered in parts. STREAM opens it (a REQUEST with a credit window),
+# PARTs carry its answer in order, RESPONSE (data nil) ends it cleanly, ERROR with an
+# error; CREDIT says how many parts the caller has read in all: the provider may send up
+# to the window beyond that (flow control).
+STREAM = 23
+PART = 24
+CREDIT = 25
+#: The most parts a caller may let a stream's provider send ahead of its reading.
+MAX_WINDOW = 1024
 PING = 30
 PONG = 31
 
@@ -60,6 +69,14 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
                                  "{traceparent}?"),
     (REQUEST, "node → provider"): ("id", "name", "data", "time_left_ms", "caller",
                                    "sent_ms", "traceparent?", "user?"),
+    (STREAM, "caller → node"): ("cid", "name", "data", "timeout_ms or nil",
+                                "{window, traceparent?}"),
+    (STREAM, "node → provider"): ("id", "name", "data", "time_left_ms", "caller",
+                                  "sent_ms", "traceparent", "user", "window"),
+    (PART, "provider → node"): ("id", "data"),
+    (PART, "node → caller"): ("cid", "data"),
+    (CREDIT, "caller → node"): ("cid", "read"),
+    (CREDIT, "node → provider"): ("id", "read"),
     (ACCEPT, "provider → node"): ("id",),
     (ACCEPT_UPTO, "provider → node"): ("id",),
     (RESPONSE, "provider → node"): ("id", "data"),
@@ -73,9 +90,10 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (PONG, "either way"): ("payload",),
 }
 
-# Positions in a REQUEST sent to a provider (SHAPES[REQUEST, "node → provider"])
+# Positions in a REQUEST or STREAM sent to a provider (SHAPES[REQUEST, "node → provider"];
+# a STREAM always has every field, its window last)
 REQ_ID, REQ_NAME, REQ_DATA, REQ_TIME_LEFT_MS, REQ_CALLER, REQ_SENT_MS, REQ_TRACEPARENT, \
-    REQ_USER = range(1, 9)
+    REQ_USER, REQ_WINDOW = range(1, 10)
 
 KIND_NAMES = {
     AUTH: "AUTH",
@@ -91,6 +109,9 @@ KIND_NAMES = {
     ERROR: "ERROR",
     CANCEL: "CANCEL",
     ACCEPT_UPTO: "ACCEPT_UPTO",
+    STREAM: "STREAM",
+    PART: "PART",
+    CREDIT: "CREDIT",
     PING: "PING",
     PONG: "PONG",
 }
@@ -226,28 +247,39 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
     """
     kind = msg[0]
     n = len(msg)
-    if kind == REQUEST:
-        if n != 5 and n != 6:
+    if kind == REQUEST or kind == STREAM:
+        what = KIND_NAMES[kind]
+        if kind == REQUEST and n != 5 and n != 6:
             return "REQUEST takes [16, cid, name, data, timeout_ms|nil, {meta}?]"
+        if kind == STREAM and n != 6:
+            return "STREAM takes [23, cid, name, data, timeout_ms|nil, {window, traceparent?}]"
         if not is_id(msg[1]):
-            return "REQUEST cid must be an unsigned integer"
+            return f"{what} cid must be an unsigned integer"
         name = msg[2]
         if type(name) is not str or not 0 < len(name) <= max_name:
-            return f"REQUEST name must be a string of 1-{max_name} characters"
+            return f"{what} name must be a string of 1-{max_name} characters"
         timeout = msg[4]
         if timeout is not None and (type(timeout) is not int or timeout <= 0):
-            return "REQUEST timeout_ms must be a positive integer or nil"
+            return f"{what} timeout_ms must be a positive integer or nil"
         if n == 6:
             meta = msg[5]
             if type(meta) is not dict:
-                return "REQUEST meta must be a map"
+                return f"{what} meta must be a map"
             trace = meta.get("traceparent")
             if trace is not None and (type(trace) is not str or not 0 < len(trace) <= 256):
-                return "REQUEST traceparent must be a string of 1-256 characters"
+                return f"{what} traceparent must be a string of 1-256 characters"
+            if kind == STREAM:
+                window = meta.get("window")
+                if type(window) is not int or not 0 < window <= MAX_WINDOW:
+                    return f"STREAM window must be an integer of 1-{MAX_WINDOW}"
         return None
-    if kind == RESPONSE:
+    if kind == RESPONSE or kind == PART:
         if n != 3 or not is_id(msg[1]):
-            return "RESPONSE takes [18, id, data]"
+            return f"{KIND_NAMES[kind]} takes [{kind}, id, data]"
+        return None
+    if kind == CREDIT:
+        if n != 3 or not is_id(msg[1]) or not is_id(msg[2]) or not msg[2]:
+            return "CREDIT takes [25, cid, read], read the parts read in all (1 or more)"
         return None
     if kind == ACCEPT or kind == REJECT or kind == CANCEL or kind == ACCEPT_UPTO:
         if n != 2 or not is_id(msg[1]):

@@ -17,7 +17,8 @@ its ack timeout, so a provider
 However long a handler then holds the process, the node knows the call started
 here. A CANCEL from the node ends the handler's run (``cancel`` gives the shell's
 handle back to cancel); an answer after that is dropped (``finished`` says
-whether to send it).
+whether to send it). A STREAM is taken by the same rules; its flow control
+(clients/streaming.py ``Outflow``) lives here while it runs (``credit``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rpcbus.protocol import ACCEPT, ACCEPT_UPTO, REJECT, REQ_ID, REQ_NAME, REQ_SENT_MS
+from rpcbus.streaming import Outflow
 
 
 class Freshness:
@@ -120,13 +122,15 @@ class Serving:
         # handlers start once their ACCEPTs are queued
         self.starting: list[tuple[int, str, Any, list[Any]]] = []
         self.running: dict[int, Any] = {}  # attempt -> the shell's handle of its handler
+        self.flows: dict[int, Outflow] = {}  # attempt -> a running stream's credit
         self.stale_requests = 0             # REQUESTs refused unrun: taken too late
 
     def request(self, msg: list[Any], now: float, open: bool, late_by: float = 0.0) -> bool:
         """Take a REQUEST ``[16, id, name, data, time_left_ms, caller, sent_ms, trace?,
-        user?]`` read at ``now``, on a connection ``open`` or not, in a frame that may
-        have waited ``late_by`` s in this process (its loop was held); False when it was
-        refused because it is stale (the shell may log it)."""
+        user?]`` (or a STREAM, the same with its window last) read at ``now``, on a
+        connection ``open`` or not, in a frame that may have waited ``late_by`` s in this
+        process (its loop was held); False when it was refused because it is stale (the
+        shell may log it)."""
         attempt = msg[REQ_ID]
         if len(msg) > REQ_SENT_MS and self.freshness.stale(msg[REQ_SENT_MS], now, late_by):
             self.send([REJECT, attempt])  # the node has moved it on (or is about to)
@@ -155,12 +159,29 @@ class Serving:
     def started(self, attempt: int, handle: Any) -> None:
         self.running[attempt] = handle
 
+    def stream(self, attempt: int, window: int) -> Outflow:
+        """A STREAM's handler starts: its credit, until it ends."""
+        flow = self.flows[attempt] = Outflow(window)
+        return flow
+
+    def credit(self, attempt: int, n: int) -> Any:
+        """CREDIT for a running stream: the shell's waiter to wake, or None."""
+        flow = self.flows.get(attempt)
+        return None if flow is None else flow.granted(n)
+
     def cancel(self, attempt: int) -> Any:
-        """The node gave the attempt up: the handle of its handler (to cancel), or None."""
-        return self.running.pop(attempt, None)
+        """The node gave the attempt up: the handle of its handler (to cancel), or None.
+        One taken in the frame being read (its REQUEST and the CANCEL came in one frame)
+        never starts."""
+        self.flows.pop(attempt, None)
+        handle = self.running.pop(attempt, None)
+        if handle is None and self.starting:
+            self.starting = [start for start in self.starting if start[0] != attempt]
+        return handle
 
     def finished(self, attempt: int) -> bool:
         """A handler ended: True when its outcome is to be sent (not cancelled meanwhile)."""
+        self.flows.pop(attempt, None)
         return self.running.pop(attempt, None) is not None
 
     def lost(self) -> list[Any]:
@@ -168,4 +189,5 @@ class Serving:
         go)."""
         running, self.running = self.running, {}
         self.starting = []
+        self.flows = {}
         return list(running.values())

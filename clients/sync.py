@@ -30,6 +30,8 @@ from typing import Any, Coroutine, Sequence, TypeVar, Unpack
 
 from rpcbus.client import Client, Options, connect
 from rpcbus.handlers import Handler
+from rpcbus.streaming import DEFAULT_WINDOW
+from rpcbus.streams import Stream
 
 T = TypeVar("T")
 
@@ -67,8 +69,15 @@ class SyncClient:
         return self._run(self._client.call(name, data, timeout=timeout, idempotent=idempotent,
                                            traceparent=traceparent))
 
+    def stream(self, name: str, data: Any = None, *, timeout: float | None = None,
+               window: int = DEFAULT_WINDOW, traceparent: str | None = None) -> "SyncStream":
+        """``Client.stream``, blocking: ``for part in client.stream(name, data)``."""
+        return SyncStream(self, self._client.stream(name, data, timeout=timeout,
+                                                    window=window, traceparent=traceparent))
+
     def provide(self, name: str, handler: Handler) -> None:
-        """``Client.provide``; a plain function runs in a worker thread (it may block)."""
+        """``Client.provide``; a plain function or a generator runs in a worker thread (it
+        may block)."""
         self._run(self._client.provide(name, handler))
 
     def unprovide(self, name: str) -> None:
@@ -128,6 +137,43 @@ class SyncClient:
         self._loop.close()  # worker threads still running a handler are not waited for
 
 
+class SyncStream:
+    """The parts of one stream, for blocking code: ``for part in client.stream(...)``.
+    Each part blocks until it comes; the provider's error is raised after the parts
+    before it. ``break`` (the stream is closed as it is dropped), ``close()``, leaving
+    ``with`` or Ctrl-C while waiting tell the provider (CANCEL)."""
+
+    def __init__(self, client: SyncClient, stream: Stream) -> None:
+        self._client = client
+        self._stream = stream
+
+    def __iter__(self) -> "SyncStream":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return self._client._run(self._stream.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        loop = self._client._loop
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(self._stream.close)
+
+    def __enter__(self) -> "SyncStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except RuntimeError:  # the loop closed between the check and the call
+            pass
+
+
 async def _open(urls: str | Sequence[str], options: Options) -> Client:
     client: Client = await connect(urls, **options)
     return client
@@ -140,4 +186,4 @@ def connect_sync(urls: str | Sequence[str], **options: Unpack[Options]) -> SyncC
     return SyncClient(urls, **options)
 
 
-__all__ = ["SyncClient", "connect_sync"]
+__all__ = ["SyncClient", "SyncStream", "connect_sync"]

@@ -333,12 +333,14 @@ class ClusterCore:
         respond = self.router.respond
         for msg in batch.messages:
             kind = msg[0]
-            if not addressed and m.INVOKE <= kind <= m.CHECK:
+            if not addressed and kind in m.CALL_KINDS:
                 self.stats["misaddressed"] += 1
                 continue
             try:
-                if kind == m.RESPONSE:  # the two kinds every call carries, first
+                if kind == m.RESPONSE:  # the kinds every call or part carries, first
                     respond(node, msg[1], msg[2])
+                elif kind == m.PART:
+                    self.router.part(node, msg[1], msg[3], msg[2])
                 elif kind == m.INVOKE:
                     self._invoke(node, msg, age, now, taken)
                 else:
@@ -366,6 +368,10 @@ class ClusterCore:
             caller = self.invoked.pop((node.incarnation, msg[1]), None)
             if caller is not None:
                 router.cancel_from(caller, msg[1])
+        elif kind == m.CREDIT:  # a stream's caller on ``node`` has read this many parts
+            caller = self.invoked.get((node.incarnation, msg[1]))
+            if caller is not None:
+                router.credit(caller, msg[1], msg[2])
         elif kind == m.CHECK:
             key = (node.incarnation, msg[1])
             if key in self.acked:                   # started (or starting): wait for it
@@ -521,6 +527,12 @@ class ClusterCore:
         elif kind == m.RESPONSE:  # an answer of a provider here: the caller hears why
             self.outbox.publish(topic, [m.ERROR, msg[1], errors.PROVIDER_ERROR,
                                         f"the provider's answer is {why}"], to=to)
+        elif kind == m.PART:  # a part of a stream served here: it ends, its provider is
+            caller = self.invoked.pop((to, msg[1]), None)  # cancelled, the caller hears why
+            if caller is not None:
+                self.router.cancel_from(caller, msg[1])
+            self.outbox.publish(topic, [m.ERROR, msg[1], errors.PROVIDER_ERROR,
+                                        f"a part of the stream is {why}"], to=to)
 
     def clock_problem(self, now: float) -> str | None:
         """Why this node's clock looks wrong, for ``/readyz``; None when it looks right.

@@ -23,7 +23,9 @@ where they are made, never rewritten in place::
     PROVIDER_UPDATE  [111, rpc, count]                         control topic
                      (count: the node's providers of rpc, or the sum of their
                      weights when it loaded a weights file: int or float >= 0)
-    INVOKE           [120, id, rpc, data, time_left_ms, ack_left_ms, caller, traceparent?, user?]
+    INVOKE           [120, id, rpc, data, time_left_ms, ack_left_ms, caller, traceparent?, user?,
+                      window?]  (window: a stream's credit window; traceparent and user
+                                 are then nil or a string)
     ACK              [121, id, id, ...] these INVOKEs arrived; the node works on them
                                       (one ACK for the INVOKEs of one batch)
     RESPONSE         [123, id, data]
@@ -35,6 +37,9 @@ where they are made, never rewritten in place::
                                       (answered ACK if so, else REJECT: never started)
     ECHO             [128]            a node to itself: its subscription still delivers
     ANNOUNCE         [129]            to a node that (re)joined: publish your counts
+    PART             [130, id, seq, data]  a stream's part seq (0, 1, ...); RESPONSE ends
+                                      the stream, its data the number of parts sent
+    CREDIT           [131, id, read]  the stream's caller has read this many parts in all
 
 ``id`` is always the origin node's attempt id.
 """
@@ -46,6 +51,8 @@ import time
 from typing import Any, NamedTuple
 
 import msgpack
+
+from rpcbus.protocol import MAX_WINDOW
 
 STATE = 101
 RPC_QUERY = 110
@@ -59,6 +66,8 @@ CANCEL = 126
 CHECK = 127
 ECHO = 128
 ANNOUNCE = 129
+PART = 130
+CREDIT = 131
 
 #: Each kind's name and fields after the kind, in order (``?``: may be left out at the
 #: end; ``...``: repeats). docs/cluster.md's table is checked against it by a test.
@@ -67,7 +76,7 @@ FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
     RPC_QUERY: ("RPC_QUERY", ("rpc",)),
     PROVIDER_UPDATE: ("PROVIDER_UPDATE", ("rpc", "count")),
     INVOKE: ("INVOKE", ("id", "rpc", "data", "time_left_ms", "ack_left_ms", "caller",
-                        "traceparent?", "user?")),
+                        "traceparent?", "user?", "window?")),
     ACK: ("ACK", ("id", "id", "...")),
     RESPONSE: ("RESPONSE", ("id", "data")),
     ERROR: ("ERROR", ("id", "code", "message", "detail?")),
@@ -76,11 +85,15 @@ FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
     CHECK: ("CHECK", ("id",)),
     ECHO: ("ECHO", ()),
     ANNOUNCE: ("ANNOUNCE", ()),
+    PART: ("PART", ("id", "seq", "data")),
+    CREDIT: ("CREDIT", ("id", "read")),
 }
 
 # Positions in an INVOKE (FIELDS[INVOKE]): where a node reads one
 INV_ID, INV_RPC, INV_DATA, INV_TIME_LEFT_MS, INV_ACK_LEFT_MS, INV_CALLER, INV_TRACEPARENT, \
-    INV_USER = range(1, 9)
+    INV_USER, INV_WINDOW = range(1, 10)
+#: kinds that only come on a node's private topic, addressed to one process
+CALL_KINDS = frozenset((INVOKE, ACK, RESPONSE, ERROR, REJECT, CANCEL, CHECK, PART, CREDIT))
 
 STARTING = "starting"
 READY = "ready"
@@ -91,6 +104,7 @@ TERMINATING = "terminating"
 _SHAPES: dict[int, int] = {
     STATE: 4, RPC_QUERY: 1, PROVIDER_UPDATE: 2, INVOKE: 6, ACK: 1,
     RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1, CHECK: 1, ECHO: 0, ANNOUNCE: 0,
+    PART: 3, CREDIT: 2,
 }
 
 _INCARNATION_BITS = 10
@@ -154,13 +168,18 @@ def _well_formed(msg: Any) -> bool:
         return False
     kind = msg[0]
     n = len(msg)
-    if kind == RESPONSE:  # the two kinds every call carries, first
+    if kind == RESPONSE:  # the kinds every call or part carries, first
         return n == 3 and type(msg[1]) is int and msg[1] >= 0
-    if kind == INVOKE:  # [120, id, rpc, data, left_ms, ack_ms, caller, traceparent?, user?]
-        return (7 <= n <= 9 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is str
+    if kind == PART:
+        return n == 4 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is int \
+            and msg[2] >= 0
+    if kind == INVOKE:  # [120, id, rpc, data, left_ms, ack_ms, caller, traceparent?, user?,
+        # window?]
+        return (7 <= n <= 10 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is str
                 and type(msg[4]) is int and type(msg[5]) is int and type(msg[6]) is str
                 and (n == 7 or type(msg[7]) in (str, type(None)))
-                and (n < 9 or type(msg[8]) is str))
+                and (n < 9 or type(msg[8]) is str or (n == 10 and msg[8] is None))
+                and (n < 10 or (type(msg[9]) is int and 0 < msg[9] <= MAX_WINDOW)))
     if kind == ACK:
         return n > 1 and all(type(i) is int and i >= 0 for i in msg[1:])
     if kind == ERROR:  # [124, id, code, message, detail?]
@@ -169,8 +188,10 @@ def _well_formed(msg: Any) -> bool:
     fields = _SHAPES.get(kind)
     if fields is None or n != fields + 1:
         return False
-    if INVOKE <= kind <= CHECK and (type(msg[1]) is not int or msg[1] < 0):
+    if kind in CALL_KINDS and (type(msg[1]) is not int or msg[1] < 0):
         return False
+    if kind == CREDIT:
+        return type(msg[2]) is int and msg[2] > 0
     if kind == RPC_QUERY:
         return type(msg[1]) is str
     if kind == PROVIDER_UPDATE:

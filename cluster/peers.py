@@ -22,8 +22,9 @@ from rpcbus.cluster.messages import (
     INV_RPC,
     INV_TRACEPARENT,
     INV_USER,
+    INV_WINDOW,
 )
-from rpcbus.protocol import ACCEPT, ACK_CHECK, REQUEST
+from rpcbus.protocol import ACCEPT, ACK_CHECK, CREDIT, PART, REQUEST, STREAM
 from rpcbus.protocol import CANCEL as C_CANCEL
 from rpcbus.protocol import ERROR as C_ERROR
 from rpcbus.protocol import RESPONSE as C_RESPONSE
@@ -76,6 +77,12 @@ class RemoteNode:
                 invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5],
                           msg[7], msg[8]]
             self.link.outbox.publish(self.topic, invoke, None, self.incarnation)  # inlined
+        elif msg[0] == CREDIT:
+            self.publish([m.CREDIT, msg[1], msg[2]])
+        elif msg[0] == STREAM:  # [23, id, name, data, left_ms, caller, sent_ms, trace, user,
+            # window] becomes [120, id, name, data, left_ms, ack_ms, caller, trace, user, window]
+            self.publish([m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5],
+                          msg[7], msg[8], msg[9]])
         elif msg[0] == C_CANCEL:
             self.publish([m.CANCEL, msg[1]])
         elif msg[0] == ACK_CHECK:
@@ -96,7 +103,7 @@ class RemoteCaller:
     rate = lat = seen = steady = 0.0
 
     __slots__ = ("link", "node", "origin", "id", "key", "label", "user_name", "inflight",
-                 "calls", "invoke", "late_at", "deadline")
+                 "calls", "invoke", "late_at", "deadline", "parts")
 
     def __init__(self, link: "ClusterCore", origin: "RemoteNode", key: tuple[int, int],
                  invoke: list[Any], deadline: float, late_at: float) -> None:
@@ -110,6 +117,7 @@ class RemoteCaller:
         self.invoke: list[Any] | None = invoke  # the INVOKE, until it starts
         self.late_at = late_at    # starting after this, the origin may have moved it on
         self.deadline = deadline  # the call's, on this node's clock
+        self.parts = -1           # a stream's parts sent to the origin (numbered); -1: a call
 
     def start(self) -> None:
         """Redis has taken the ACK (the origin will not move the attempt now): run it."""
@@ -132,23 +140,35 @@ class RemoteCaller:
                             call_id=self.id)
             self.node.publish([m.REJECT, self.id])
             return
+        if len(msg) > INV_WINDOW:
+            self.parts = 0
         link.router.request(self, self.id, msg[INV_RPC], msg[INV_DATA],
                             int((self.deadline - t) * 1000), t,
-                            msg[INV_TRACEPARENT] if len(msg) > INV_TRACEPARENT else None)
+                            msg[INV_TRACEPARENT] if len(msg) > INV_TRACEPARENT else None,
+                            msg[INV_WINDOW] if len(msg) > INV_WINDOW else 0)
 
     def send(self, msg: list[Any]) -> None:
         """The call's outcome, back to the origin (an ACCEPT stays here: the ACK the origin
-        had before the call started says as much). Kept while the bus is down
-        (until the call's deadline) and sent after the reconnect: the call ran.
+        had before the call started says as much), and a stream's parts before it. Kept
+        while the bus is down (until the call's deadline) and sent after the reconnect:
+        the call ran.
 
         A RESPONSE ``[18, id, data]`` (``id`` this attempt's) leaves as the bus's
-        ``[123, id, data]``."""
+        ``[123, id, data]``; a stream's parts are numbered, and its RESPONSE carries how
+        many were sent, so the origin drops a part the bus delivered twice and sees one
+        lost."""
         kind = msg[0]
         node = self.node
         if kind == ACCEPT:  # the origin knows it started: it had the ACK before it ran
             return
-        if kind == C_RESPONSE:  # node.publish, inlined (one per call)
-            self.link.outbox.publish(node.topic, [m.RESPONSE, msg[1], msg[2]], None,
+        if kind == PART:  # a stream goes on: its caller stays in the link's tables
+            self.link.outbox.publish(node.topic, [m.PART, msg[1], self.parts, msg[2]], None,
+                                     node.incarnation, self.deadline)
+            self.parts += 1
+            return
+        if kind == C_RESPONSE:  # node.publish, inlined (one per call); a stream's end
+            self.link.outbox.publish(node.topic, [m.RESPONSE, msg[1], msg[2] if self.parts < 0
+                                                  else self.parts], None,
                                      node.incarnation, self.deadline)
         elif kind == C_ERROR and msg[2] == errors.NO_PROVIDER:
             node.publish([m.REJECT, self.id], hold_until=self.deadline)

@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", default=",".join(ALL_FAULTS),
                         help=f"faults to draw from (comma-separated; of {','.join(ALL_FAULTS)})")
     parser.add_argument("--load", type=float, default=6.0, help="simulated seconds of load")
+    parser.add_argument("--streams", action="store_true",
+                        help="a quarter of the calls are streams (parts checked too)")
     parser.add_argument("--rules", choices=("current", "before-37"), default="current",
                         help="the provider rules to run (before-37: the ones #37 fixed)")
     args = parser.parse_args(argv)
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     calls = failed = 0
     for seed in seeds:
-        result = run_seed(seed, allowed, args.load, args.rules)
+        result = run_seed(seed, allowed, args.load, args.rules, streams=args.streams)
         calls += result.calls
         if not result.ok:
             failed += 1
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             for line in result.violations[:10]:
                 print(f"  {line}")
             print(f"  replay: python -m rpcbus.sim --seed {seed} --faults {args.faults} "
-                  f"--load {args.load:g} --rules {args.rules}")
+                  f"--load {args.load:g} --rules {args.rules}"
+                  + (" --streams" if args.streams else ""))
         elif args.seed is not None:
             print(f"seed {seed} held (faults {result.faults}): {result.calls} calls, "
                   f"outcomes {result.outcomes}")

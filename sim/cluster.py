@@ -11,6 +11,11 @@ own deadline at the call's timeout plus ``GRACE``) and records every outcome in 
 ``Ledger``. A node that drains tells its clients, which move to another node as the
 SDK does. Client connections carry frames in order, after a delay; a paused node or
 a blocked provider reads them when it runs again.
+
+With ``streams``, a quarter of the calls are streams (a window of 1-3): the provider
+sends its parts as the credit the caller gives back allows, and the caller checks that
+each part is its own, in order, never more than the window ahead of its credit, and that
+a stream that ends cleanly brought every part (some readers are slow to give credit).
 """
 
 from __future__ import annotations
@@ -30,14 +35,18 @@ from rpcbus.protocol import (
     AUTH,
     AUTH_OK,
     CANCEL,
+    CREDIT,
     DRAIN_PING,
     ERROR,
+    PART,
     PING,
     PONG,
     PROTOCOL_VERSION,
     PROVIDE,
+    REQ_WINDOW,
     REQUEST,
     RESPONSE,
+    STREAM,
 )
 from rpcbus.provider import Held, Serving
 from rpcbus.sim.world import LOOP_TICK, BusEnd, Redis, World
@@ -184,6 +193,8 @@ class SimSession(SessionRules):
         self.to_client: Pipe | None = None
         self.on_close: Callable[[], None] = lambda: None
         self.answers: Counter[int] = Counter()  # outcomes sent per caller id
+        # frames that came while its node was paused, read in order when it runs again
+        self.backlog: list[list[list[Any]] | None] = []
 
     def send(self, msg: list[Any]) -> None:
         if (msg[0] == RESPONSE or msg[0] == ERROR) and msg[1] is not None:
@@ -358,11 +369,31 @@ class SimNode:
         return session, Pipe(self.world, lambda frame: self._read(session, frame))
 
     def _read(self, session: SimSession, frame: list[list[Any]] | None) -> None:
+        """A frame from a client, read now, or after what came before it when the node
+        was paused (in order, as a process reads its socket)."""
         if session.closed or not self.alive:
             return
-        if self.paused():
-            self.world.at(self.sim.redis.paused[self.name], lambda: self._read(session, frame))
+        if self.paused() or session.backlog:
+            session.backlog.append(frame)
+            if len(session.backlog) == 1:
+                self.world.at(max(self.sim.redis.paused.get(self.name, 0.0), self.world.now),
+                              partial(self._read_backlog, session))
             return
+        self._take(session, frame)
+
+    def _read_backlog(self, session: SimSession) -> None:
+        if session.closed or not self.alive:
+            return
+        if self.paused():  # paused again meanwhile
+            self.world.at(self.sim.redis.paused[self.name], partial(self._read_backlog, session))
+            return
+        backlog, session.backlog = session.backlog, []
+        for frame in backlog:
+            if session.closed:
+                return
+            self._take(session, frame)
+
+    def _take(self, session: SimSession, frame: list[list[Any]] | None) -> None:
         self.router.read_at = now = self.clock()
         if frame is None:  # the client closed the connection (or died)
             self.close_session(session)
@@ -525,10 +556,14 @@ class Provider(Client):
         now = self.world.now
         for msg in frame:
             kind = msg[0]
-            if kind == REQUEST:  # a connection lost (or moved off) takes nothing
-                serving.request(msg, now, not conn.gone, self.held.late_by(now))
+            if kind == REQUEST or kind == STREAM:  # a connection lost (or moved off)
+                serving.request(msg, now, not conn.gone, self.held.late_by(now))  # takes none
             elif kind == CANCEL:
                 serving.cancel(msg[1])
+            elif kind == CREDIT:
+                waiter = serving.credit(msg[1], msg[2])
+                if waiter is not None:
+                    waiter()
         self.start(conn, serving.take_starting())
 
     def start(self, conn: Conn, starting: list[tuple[int, str, Any, list[Any]]]) -> None:
@@ -551,9 +586,33 @@ class Provider(Client):
 
         def done() -> None:
             if self.alive and serving.finished(attempt):  # not cancelled, connection kept
-                conn.pipe.send([RESPONSE, attempt, request[3]] if key[1] % 16 else
+                conn.pipe.send([RESPONSE, attempt, None if request[0] == STREAM else
+                                request[3]] if key[1] % 16 else
                                [ERROR, attempt, errors.APP_ERROR, "no", [APP_CODE, request[3]]])
-        self.world.after(took, done)
+        if request[0] == STREAM:
+            self.stream(conn, serving, attempt, request, took, done)
+        else:
+            self.world.after(took, done)
+
+    def stream(self, conn: Conn, serving: Serving, attempt: int, request: list[Any],
+               took: float, done: Callable[[], None]) -> None:
+        """Parts ``data#0`` .. ``data#n-1`` (n from the call's id), as credit allows, a
+        part every ``took / n`` s, then ``done``."""
+        flow = serving.stream(attempt, request[REQ_WINDOW])
+        n = parts_of(_key(request[3]))
+
+        def step() -> None:
+            if not self.alive or attempt not in serving.running:
+                return  # cancelled, or its connection is gone
+            if flow.sent == n:
+                done()
+            elif flow.credit > 0:
+                conn.pipe.send([PART, attempt, f"{request[3]}#{flow.sent}"])
+                flow.sent += 1
+                self.world.after(took / n, partial(self._when_running, step))
+            else:
+                flow.waiter = step
+        step()
 
     def lost(self, conn: Conn) -> None:
         if conn.serving is not None:
@@ -571,6 +630,8 @@ class Caller(Client):
         self.cid = 0
         self.calls = Calls[Conn](self.world.now, GRACE, SWEEP)
         self.keys: dict[int, tuple[str, int]] = {}  # calls under way: their ledger key
+        # streams under way: [window, parts received, read, read as last told (CREDIT)]
+        self.reading: dict[int, list[int]] = {}
         self.world.after(SWEEP, self._sweep)
 
     def start_load(self, until: float) -> None:
@@ -592,9 +653,14 @@ class Caller(Client):
         self.sim.ledger.made(key, self.world.now, timeout)
         self.keys[cid] = key
         conn = self.conn if self.ready else None
-        msg = self.calls.make(cid, rand.choice(self.names), f"{key[0]}:{key[1]}",
-                              int(timeout * 1000), None, self.world.now + timeout,
-                              rand.random() < 0.3, conn)
+        name, idempotent = rand.choice(self.names), rand.random() < 0.3
+        window = 1 + int(rand.random() * 3) if self.sim.streams and rand.random() < 0.25 else 0
+        if window:
+            self.reading[cid] = [window, 0, 0, 0]
+        msg = self.calls.make(cid, name, f"{key[0]}:{key[1]}", int(timeout * 1000),
+                              {"window": window} if window else None,
+                              self.world.now + timeout, idempotent and not window, conn,
+                              STREAM if window else REQUEST)
         if conn is not None and msg is not None:
             conn.pipe.send(msg)
 
@@ -608,6 +674,7 @@ class Caller(Client):
     def _end(self, cid: int, code: str, data: Any = None) -> None:
         key = self.keys.pop(cid, None)
         self.calls.forget(cid)
+        self.reading.pop(cid, None)
         if key is not None:  # else after its own deadline: dropped, as the SDK does
             self.sim.ledger.ended(key, code, self.world.now, data)
 
@@ -623,14 +690,53 @@ class Caller(Client):
             if kind == AUTH_OK:
                 self.ready = conn is self.conn
                 self._send_queued()
+            elif kind == PART:
+                self._part(msg[1], msg[2])
             elif kind == RESPONSE:
-                self._end(msg[1], "OK", msg[2])
+                stream = self.reading.get(msg[1])
+                key = self.keys.get(msg[1])
+                if stream is not None and key is not None:  # a stream's clean end
+                    if msg[2] is not None or stream[1] != parts_of(key):
+                        self.sim.ledger.violations.append(
+                            f"{key}: a stream ended with {stream[1]} of {parts_of(key)} "
+                            f"parts (end data {msg[2]!r})")
+                    self._end(msg[1], "OK", f"{key[0]}:{key[1]}")
+                else:
+                    self._end(msg[1], "OK", msg[2])
             elif kind == ERROR and msg[1] is not None:
                 if msg[2] == errors.SHUTTING_DOWN and self.calls.refused_unrun(msg[1], conn):
                     self._send_queued()  # it never ran: elsewhere, now or when connected
                 else:
                     exc = self.calls.error(msg[1], msg[2], msg[3], msg[4] if len(msg) > 4 else None)
                     self._end(msg[1], exc.code, getattr(exc, "data", None))
+
+    def _part(self, cid: int, data: Any) -> None:
+        """A part: its own, the next in order, within the window beyond what was told
+        read; read now or a little later (a slow reader)."""
+        stream, key = self.reading.get(cid), self.keys.get(cid)
+        if stream is None or key is None:
+            return  # ended here already (its deadline): dropped, as the SDK does
+        window, received, _, told = stream
+        if data != f"{key[0]}:{key[1]}#{received}":
+            self.sim.ledger.violations.append(f"{key}: part {received} was {data!r}")
+        if received + 1 > told + window:
+            self.sim.ledger.violations.append(
+                f"{key}: part {received + 1} came with {told} told read (window {window})")
+        stream[1] = received + 1
+        rand = self.world.rand
+        self.world.after(0.0 if rand.random() < 0.7 else rand.random() * 0.3,
+                         partial(self._read, cid, stream))
+
+    def _read(self, cid: int, stream: list[int]) -> None:
+        """One part read: the parts read in all go to the node (CREDIT), at times left
+        for the next read to tell, never the last."""
+        conn = self.calls.wire_of(cid)
+        if self.alive and self.reading.get(cid) is stream and conn is not None \
+                and not conn.gone:
+            stream[2] += 1
+            if stream[2] == stream[1] or self.world.rand.random() < 0.5:
+                stream[3] = stream[2]
+                conn.pipe.send([CREDIT, cid, stream[2]])
 
     def kill(self) -> None:
         """Its calls under way get no outcome: nobody is left to see one."""
@@ -648,6 +754,11 @@ class Caller(Client):
         self._send_queued()
 
 
+def parts_of(key: tuple[str, int]) -> int:
+    """How many parts a stream's provider sends: 1-4, from the call's id."""
+    return key[1] % 4 + 1
+
+
 def _key(data: str) -> tuple[str, int]:
     caller, cid = data.rsplit(":", 1)
     return caller, int(cid)
@@ -657,8 +768,9 @@ class Simulation:
     """One run: its world, Redis, nodes, clients and ledger."""
 
     def __init__(self, world: World, redis: Redis, ack_timeout: float,
-                 policy: str = "local-first") -> None:
+                 policy: str = "local-first", streams: bool = False) -> None:
         self.world = world
+        self.streams = streams  # a quarter of the calls are streams
         self.redis = redis
         self.ack_timeout = ack_timeout
         self.policy = policy  # cluster.policy of every node

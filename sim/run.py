@@ -9,6 +9,9 @@ plus the SDK's grace, never run twice, never another call's answer, a "did not
 run" code only for a call that did not run; and at the end every node's tables
 are empty (router, cluster core, sessions) and no provider still runs a handler.
 
+``streams=True`` makes a quarter of the calls streams (sim/cluster.py): every part its
+own, in order, within its window of credit; a clean end brings every part.
+
 ``rules="before-37"`` swaps in the provider rules from before the handlers issue
 (#37): handlers start as each REQUEST is taken, before the frame's ACCEPTs are
 written, and staleness is judged by the frame's read time. The simulator finds
@@ -83,7 +86,7 @@ def pick_faults(world: World, allowed: tuple[str, ...]) -> Faults:
 
 
 def run_seed(seed: int, allowed: tuple[str, ...] = ALL_FAULTS, load_s: float = 6.0,
-             rules: str = "current", rate: float = 40.0) -> Result:
+             rules: str = "current", rate: float = 40.0, streams: bool = False) -> Result:
     world = World(seed)
     rand = world.rand
     faults = pick_faults(world, allowed)
@@ -92,7 +95,7 @@ def run_seed(seed: int, allowed: tuple[str, ...] = ALL_FAULTS, load_s: float = 6
     # calls cross nodes under the first, so the cluster's rules are exercised either way
     # (by the seed's parity, not a draw: the draws of the rest stay as they were)
     sim = Simulation(world, redis, ack_timeout=1.0,
-                     policy="cluster" if seed % 2 else "local-first")
+                     policy="cluster" if seed % 2 else "local-first", streams=streams)
     names = ["a", "b", "c"]
     n_nodes = 2 + int(rand.random() * 3)
     for i in range(1, n_nodes + 1):
@@ -194,6 +197,9 @@ def _check_tables(sim: Simulation) -> None:
     for node in sim.nodes.values():
         if not node.alive:
             continue
+        if node.router.stats.stream_overruns:
+            found.append(f"{node.name}: {node.router.stats.stream_overruns} streams sent "
+                         "past their credit")
         if node.router.pending:
             found.append(f"{node.name}: {node.router.pending} attempts left in the router")
         if node.core.invoked or node.core.starting:

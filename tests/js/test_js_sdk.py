@@ -223,3 +223,71 @@ async def test_wss_with_the_node_certificate_and_not_without(js, tmp_path):
         err = await default.error("connect", urls=[node.url], options={"reconnect": False})
         assert err["code"] == "CONNECT_FAILED" and "certificate" in err["message"], err
         await trusting.ok("close")
+
+
+async def test_streams_between_js_and_python_across_nodes(two, js):
+    """Parts in order, an AppError after parts, and leaving early (break, abort, the
+    deadline) closing the other side's generator, both ways; a JS provider whose Python
+    reader stops runs at most a window ahead."""
+    agent = await js()
+    await agent.ok("connect", urls=[two.nodes[1].url])
+    closed = asyncio.Queue()
+
+    async def count(n):
+        for i in range(n):
+            yield {"i": i}
+
+    async def fails(_):
+        yield 1
+        yield 2
+        raise rpcbus.AppError("RAN_DRY", "no more", {"after": 2})
+
+    async def endless(tag):
+        try:
+            i = 0
+            while True:
+                i += 1
+                yield i
+                await asyncio.sleep(0)
+        finally:
+            closed.put_nowait(tag)
+
+    async with rpcbus.connect(two.nodes[0].url) as py:
+        for name, handler in (("py.count", count), ("py.fails", fails), ("py.endless", endless)):
+            await py.provide(name, handler)
+        for kind in ("count", "fails", "endless"):
+            await agent.ok("provide", name=f"js.{kind}", kind=kind)
+        with pytest.raises(rpcbus.ProviderError, match="answers in parts: call it with stream"):
+            await wait_routable(py, "js.count")  # a generator called plainly says so
+        # JS reads Python's generators
+        got = await agent.ok("stream", name="py.count", data=300, window=8, timeout=5000)
+        assert got == {"parts": [{"i": i} for i in range(300)], "error": None}
+        got = await agent.ok("stream", name="py.fails", timeout=5000)
+        assert got["parts"] == [1, 2] and got["error"] == {
+            "code": "RAN_DRY", "name": "AppError", "message": "no more", "data": {"after": 2}}
+        got = await agent.ok("stream", name="py.endless", data="break", take=5, timeout=5000)
+        assert got == {"parts": [1, 2, 3, 4, 5], "error": None}
+        got = await agent.ok("stream", name="py.endless", data="abort", abortAfter=200,
+                             every=10, timeout=5000)
+        assert got["error"]["name"] == "AbortError" and got["parts"][:3] == [1, 2, 3]
+        got = await agent.ok("stream", name="py.endless", data="deadline", every=10,
+                             timeout=300)
+        assert got["error"]["code"] == "RESPONSE_TIMEOUT"
+        async with asyncio.timeout(5):
+            assert {await closed.get() for _ in range(3)} == {"break", "abort", "deadline"}
+        # Python reads JS's generators
+        assert [p["i"] async for p in py.stream("js.count", 300, window=8, timeout=5)] == \
+            list(range(300))
+        seen = []
+        with pytest.raises(rpcbus.AppError) as app:
+            async for part in py.stream("js.fails", timeout=5):
+                seen.append(part)
+        assert seen == [1, 2] and (app.value.code, app.value.data) == ("RAN_DRY", {"after": 2})
+        stream = py.stream("js.endless", timeout=30, window=8)
+        assert [await stream.__anext__() for _ in range(3)] == [1, 2, 3]
+        await asyncio.sleep(0.5)                         # the reader stops for a while
+        assert await agent.ok("yielded") <= 3 + 8 + 1
+        await stream.aclose()
+        e = await agent.event(lambda e: e.get("event") == "closed")
+        assert e["rpc"] == "js.endless" and e["aborted"]
+    assert await agent.ok("close") == "closed"

@@ -29,6 +29,7 @@ import { Held } from './staleness.js'
 import * as errors from './errors.js'
 import * as p from './protocol.js'
 import { webSocketClass } from './socket.js'
+import { DEFAULT_WINDOW, Inflow, isParts, MAX_WINDOW, serveParts, Stream } from './streams.js'
 import { Wire } from './wire.js'
 
 const now = () => globalThis.performance.now()
@@ -337,25 +338,82 @@ export class Client {
     if (traceparent) msg.push({ traceparent })
     const until = now() + (timeoutMs ?? this._defaultTimeout)
     return new Promise((resolve, reject) => {
-      const call = { resolve, reject, wire: null, msg, until, idempotent, signal, onAbort: null }
-      if (signal) {
-        call.onAbort = () => {
-          if (!this._pending.has(ref)) return
-          if (call.wire !== null && call.wire.open) call.wire.send([p.CANCEL, ref])
-          this._finish(ref, signal.reason, undefined)
-        }
-        signal.addEventListener('abort', call.onAbort, { once: true })
-      }
-      this._pending.set(ref, call)
-      this._deadlines.add(ref, until + this.grace)
-      const wire = this._wire
-      if (wire === null) {
-        this._queued.push(ref)
-      } else {
-        call.wire = wire
-        wire.send(msg)
-      }
+      this._send(ref, { resolve, reject, wire: null, msg, until, idempotent, signal, onAbort: null })
     })
+  }
+
+  /** A call's (or stream's) record goes in the table and its message out, now or when a
+   * connection comes; an abort of its `signal` gives it up (CANCEL, rejected with the
+   * signal's reason). */
+  _send (ref, entry) {
+    const signal = entry.signal
+    if (signal) {
+      entry.onAbort = () => {
+        if (!this._pending.has(ref)) return
+        if (entry.wire !== null && entry.wire.open) entry.wire.send([p.CANCEL, ref])
+        this._finish(ref, signal.reason, undefined)
+      }
+      signal.addEventListener('abort', entry.onAbort, { once: true })
+    }
+    this._pending.set(ref, entry)
+    this._deadlines.add(ref, entry.until + this.grace)
+    const wire = this._wire
+    if (wire === null) {
+      this._queued.push(ref)
+    } else {
+      entry.wire = wire
+      wire.send(entry.msg)
+    }
+  }
+
+  /**
+   * Call `name` as a stream: an async iterable of the provider's parts (src/streams.js).
+   * `timeout` (ms) bounds the whole stream; `signal` gives it up; `window` (1-1024, default
+   * 64) is how many parts the provider may send ahead of the reading. Nothing is sent until
+   * the first part is asked for.
+   */
+  stream (name, data = null, options = {}) {
+    const { timeout, signal, window = DEFAULT_WINDOW, traceparent } = options
+    if (!Number.isInteger(window) || window < 1 || window > MAX_WINDOW) {
+      throw new RangeError(`window must be an integer of 1-${MAX_WINDOW}`)
+    }
+    return new Stream(this, () => this._openStream(name, data, timeout, signal, window, traceparent))
+  }
+
+  _openStream (name, data, timeout, signal, window, traceparent) {
+    const ref = this._ids++
+    const entry = {
+      ref, wire: null, msg: null, until: 0, idempotent: false, signal, onAbort: null,
+      inflow: new Inflow(window), ended: null, wake: null,
+      resolve: (value) => { entry.ended = { value }; entry.wakeUp() },
+      reject: (err) => { entry.ended = { err }; entry.wakeUp() },
+      wakeUp: () => { const w = entry.wake; entry.wake = null; if (w) w() }
+    }
+    let problem = null
+    if (this.closed) problem = new errors.ConnectionLostError('the client is closed')
+    else if (timeout !== undefined && timeout !== null && !(timeout > 0)) {
+      problem = new RangeError('timeout must be a positive number of milliseconds')
+    } else if (this._maxTimeout > 0 && timeout > this._maxTimeout) {
+      problem = new RangeError(`timeout ${timeout} ms is over the node's longest, ${this._maxTimeout} ms (rpc.max_timeout)`)
+    } else if (signal && signal.aborted) problem = signal.reason
+    if (problem !== null) {
+      entry.ended = { err: problem }
+      return entry
+    }
+    const timeoutMs = timeout == null ? null : Math.max(1, Math.floor(timeout))
+    const meta = { window }
+    if (traceparent) meta.traceparent = traceparent
+    entry.msg = [p.STREAM, ref, name, data, timeoutMs, meta]
+    entry.until = now() + (timeoutMs ?? this._defaultTimeout)
+    this._send(ref, entry)
+    return entry
+  }
+
+  /** The application stopped reading an unfinished stream: CANCEL to its node. */
+  _abandonStream (entry) {
+    if (!this._pending.has(entry.ref)) return
+    if (entry.wire !== null && entry.wire.open) entry.wire.send([p.CANCEL, entry.ref])
+    this._finish(entry.ref, undefined, undefined)
   }
 
   /** End call or control `ref`: resolve with `value`, or reject with `err` when given. */
@@ -451,11 +509,28 @@ export class Client {
     if (kind === p.RESPONSE) {
       if (msg.length !== 3) throw new Error('RESPONSE with the wrong fields')
       this._finish(msg[1], undefined, msg[2])
+    } else if (kind === p.PART) {
+      const entry = this._pending.get(msg[1])
+      if (entry === undefined || entry.inflow === undefined) return // ended here already
+      if (entry.inflow.arrived(msg[2])) {
+        entry.wakeUp()
+      } else {
+        this._abandonStream(entry)
+        entry.reject(new errors.InvalidMessageError('the node sent more parts than the window'))
+      }
+    } else if (kind === p.CREDIT) {
+      const task = wire.running.get(msg[1])
+      if (task !== undefined && task.window !== undefined && Number.isInteger(msg[2]) && msg[2] > task.read) {
+        task.read = msg[2] // the parts its caller has read in all
+        const w = task.wake
+        task.wake = null
+        if (w) w()
+      }
     } else if (kind === p.OK) {
       this._finish(msg[1], undefined, undefined)
-    } else if (kind === p.REQUEST) {
+    } else if (kind === p.REQUEST || kind === p.STREAM) {
       if (msg.length < 6 || !Number.isInteger(msg[1]) || typeof msg[2] !== 'string') {
-        throw new Error('REQUEST with the wrong fields')
+        throw new Error(`${kind === p.REQUEST ? 'REQUEST' : 'STREAM'} with the wrong fields`)
       }
       const t = now()
       if (msg.length > 6 && wire.staleness.stale(msg[6], t, this._held.lateBy(t))) {
@@ -466,7 +541,8 @@ export class Client {
         }
         return
       }
-      this._take(wire, msg[1], msg[2], msg[3], msg[4], msg[5], msg[7] ?? null, msg[8] ?? null)
+      this._take(wire, msg[1], msg[2], msg[3], msg[4], msg[5], msg[7] ?? null, msg[8] ?? null,
+        kind === p.STREAM ? msg[9] : 0)
     } else if (kind === p.ERROR) {
       const [, ref, code, message, detail] = msg
       if (msg.length < 4 || msg.length > 5 || typeof code !== 'string' || typeof message !== 'string') {
@@ -499,6 +575,9 @@ export class Client {
           : errors.errorFromCode(code, message, detail))
       }
     } else if (kind === p.CANCEL) {
+      // taken in this frame (its REQUEST and the CANCEL came together): it never starts
+      const i = this._starting.findIndex((start) => start[0] === wire && start[1] === msg[1])
+      if (i >= 0) this._starting.splice(i, 1)
       const task = wire.running.get(msg[1])
       if (task !== undefined) {
         wire.running.delete(msg[1])
@@ -523,7 +602,7 @@ export class Client {
 
   /** Take a REQUEST: ACCEPT it (its handler starts once the frame is read and the ACCEPTs
    * written), or REJECT it unrun when the name is no longer provided here. */
-  _take (wire, id, name, data, timeLeftMs, caller, traceparent, user) {
+  _take (wire, id, name, data, timeLeftMs, caller, traceparent, user, window) {
     const handler = this._handlers.get(name)
     // unprovided a moment ago, or closing; or this connection closes (one it moved off): no
     // ACCEPT could reach the node, which moves the call on, so not run
@@ -532,17 +611,40 @@ export class Client {
       return
     }
     if (!(wire.session && wire.session.accept_upto === true)) wire.send([p.ACCEPT, id]) // an older node
-    this._starting.push([wire, id, name, handler, data, { rpc: name, callId: id, caller, timeLeft: timeLeftMs, traceparent, user }])
+    this._starting.push([wire, id, name, handler, data, { rpc: name, callId: id, caller, timeLeft: timeLeftMs, traceparent, user }, window])
   }
 
-  /** Run an accepted call's handler; its outcome is sent when it settles. */
-  _start (wire, id, name, handler, data, fields) {
+  /** Run an accepted call's handler; its outcome is sent when it settles. A STREAM
+   * (`window` > 0) is served by `serveParts` when the handler returns parts; a plain
+   * answer is its one part. */
+  _start (wire, id, name, handler, data, fields, window) {
     const controller = new AbortController()
     let result
     try {
       result = handler(data, { ...fields, signal: controller.signal })
     } catch (err) {
       wire.send(failure(id, err, this.log, name))
+      return
+    }
+    if (window === 0 && isParts(result)) {
+      // parts for a plain call: the caller must read them with stream()
+      const it = typeof result[Symbol.asyncIterator] === 'function' ? result[Symbol.asyncIterator]() : result
+      if (typeof it.return === 'function') Promise.resolve(it.return()).catch(() => {})
+      wire.send([p.ERROR, id, 'PROVIDER_ERROR', `'${name}' answers in parts: call it with stream()`])
+      return
+    }
+    if (window > 0) {
+      const task = { controller, done: null, window, sent: 0, read: 0, wake: null }
+      wire.running.set(id, task)
+      task.done = isParts(result)
+        ? serveParts(this, wire, id, name, task, result, failure)
+        : Promise.resolve(result).then(
+          (value) => {
+            if (wire.running.get(id) !== task) return
+            wire.send([p.PART, id, value === undefined ? null : value])
+            this._taskDone(wire, id, task, [p.RESPONSE, id, null])
+          },
+          (err) => this._taskDone(wire, id, task, failure(id, err, this.log, name)))
       return
     }
     if (!isThenable(result)) {
@@ -563,27 +665,43 @@ export class Client {
   }
 
   _unencodable (msg, err) {
+    if (msg[0] === p.PART) { // the stream ends here: its iterator is stopped
+      this._stopStream(msg[1])
+      return [p.ERROR, msg[1], 'PROVIDER_ERROR', `a part is not serializable: ${err.message}`]
+    }
     if (msg[0] === p.RESPONSE) {
       return [p.ERROR, msg[1], 'PROVIDER_ERROR', `result is not serializable: ${err.message}`]
     }
     if (msg[0] === p.ERROR && msg.length > 4) { // an AppError whose data msgpack cannot carry
       return [p.ERROR, msg[1], 'PROVIDER_ERROR', `AppError ${msg[4][0]}: its data is not serializable: ${err.message}`]
     }
-    if (msg[0] === p.REQUEST) {
+    if (msg[0] === p.REQUEST || msg[0] === p.STREAM) {
       this._finish(msg[1], new TypeError(`call data is not serializable: ${err.message}`))
     }
     return null
   }
 
+  /** A part of a stream served here could not be sent: its iterator stops. */
+  _stopStream (id) {
+    for (const wire of this._wires()) {
+      const task = wire.running.get(id)
+      if (task !== undefined && task.window !== undefined) {
+        wire.running.delete(id)
+        task.controller.abort(new Error('a part could not be sent'))
+      }
+    }
+  }
+
   /** Over the node's frame limit: a call fails here (nothing was sent); an answer becomes
    * PAYLOAD_TOO_LARGE for its caller (the call ran: never run again). */
   _oversized (msg, size, limit) {
-    if (msg[0] === p.REQUEST) {
+    if (msg[0] === p.PART) this._stopStream(msg[1])
+    if (msg[0] === p.REQUEST || msg[0] === p.STREAM) {
       this._finish(msg[1], new errors.PayloadTooLargeError(
         `the call's data makes a ${size}-byte message, over the node's limit of ${limit} bytes (max_frame); nothing was sent`))
       return null
     }
-    if (msg[0] === p.RESPONSE) {
+    if (msg[0] === p.RESPONSE || msg[0] === p.PART) {
       return [p.ERROR, msg[1], 'PAYLOAD_TOO_LARGE',
         `the answer makes a ${size}-byte message, over the node's limit of ${limit} bytes (max_frame)`]
     }

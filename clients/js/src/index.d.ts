@@ -57,7 +57,28 @@ export interface CallContext {
   signal: AbortSignal
 }
 
-export type Handler<T = any, R = any> = (data: T, ctx: CallContext) => R | Promise<R>
+/** A handler answers with a value (or a promise of one), or in parts: an async iterable or
+ * a generator (`async function*`, `function*`) serves `stream()` calls. */
+export type Handler<T = any, R = any> = (data: T, ctx: CallContext) =>
+  R | Promise<R> | AsyncIterable<R> | Generator<R, unknown, undefined>
+
+export interface StreamOptions {
+  /** ms for the whole stream (default: the node's response timeout, 10 s). */
+  timeout?: number
+  /** Aborting gives the stream up; the node cancels the provider's iterator. */
+  signal?: AbortSignal
+  /** Parts the provider may send ahead of the reading, 1-1024 (default 64). */
+  window?: number
+  /** W3C trace context, passed to the provider's handler as ctx.traceparent. */
+  traceparent?: string
+}
+
+/** The parts of one stream, in order; leaving `for await` early cancels the provider. */
+export declare class Stream<R = any> implements AsyncIterableIterator<R> {
+  [Symbol.asyncIterator](): Stream<R>
+  next(): Promise<IteratorResult<R, undefined>>
+  return(): Promise<IteratorResult<R, undefined>>
+}
 
 export declare class Client {
   readonly urls: string[]
@@ -71,6 +92,8 @@ export declare class Client {
   messagesDropped: number
   constructor(urls: string | string[], options?: ConnectOptions)
   call<R = any>(name: string, data?: unknown, options?: CallOptions): Promise<R>
+  /** Call `name` as a stream: `for await (const part of client.stream(name, data))`. */
+  stream<R = any>(name: string, data?: unknown, options?: StreamOptions): Stream<R>
   provide<T = any, R = any>(name: string, handler: Handler<T, R>): Promise<void>
   unprovide(name: string): Promise<void>
   ping(): Promise<void>

@@ -19,6 +19,9 @@ export const REJECT = 19
 export const ERROR = 20
 export const CANCEL = 21
 export const ACCEPT_UPTO = 22 // [22, id]: every REQUEST up to id not REJECTed is accepted
+export const STREAM = 23 // a REQUEST answered in parts, with a credit window
+export const PART = 24 // one part of a stream's answer (RESPONSE, data nil, ends it)
+export const CREDIT = 25 // [25, id, read]: the caller has read this many parts in all
 export const PING = 30
 export const PONG = 31
 

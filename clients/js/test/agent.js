@@ -2,7 +2,11 @@
 // come as JSON lines on stdin, results and events go as JSON lines on stdout.
 //   {"id": 1, "op": "connect", "urls": [...], "options": {...}}
 //   {"id": 2, "op": "call", "name": "x", "data": ..., "timeout": ms, "abortAfter": ms}
-//   {"id": 3, "op": "provide", "name": "js.echo", "kind": "echo" | "hang" | "throw" | "reject" | "apperror"}
+//   {"id": 3, "op": "provide", "name": "js.echo", "kind": "echo" | "hang" | "throw" | "reject" | "apperror"
+//                                                  | "count" | "fails" | "endless"}
+//   {"id": 5, "op": "stream", "name": "x", "data": ..., "timeout": ms, "window": n, "take": n,
+//    "abortAfter": ms}: the parts read (up to `take`, then break) and the error, if any
+//   {"id": 6, "op": "yielded"}: parts the "endless" handlers made so far
 //   {"id": 4, "op": "close" | "drain"}
 // Answers: {"id": 1, "ok": value} or {"id": 1, "error": {"code", "name", "message", "data"}};
 // events: {"event": "state", "state": ...}, {"event": "aborted", "rpc": ...}.
@@ -11,6 +15,7 @@ import { createInterface } from 'node:readline'
 import { AppError, connect, RpcError, Reject } from '../src/index.js'
 
 let client = null
+let yielded = 0
 const out = (obj) => process.stdout.write(JSON.stringify(obj) + '\n')
 const wait = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -22,6 +27,35 @@ const handlers = {
   throw: () => { throw new Error('js handler failed') },
   reject: () => { throw new Reject() },
   apperror: (data) => { throw new AppError('OUT_OF_STOCK', 'none left', { sku: data, left: 0 }) },
+  count: async function * (n) { for (let i = 0; i < n; i++) yield { i } },
+  fails: function * () { yield 1; yield 2; throw new AppError('RAN_DRY', 'no more', { after: 2 }) },
+  endless: async function * (data, ctx) {
+    try {
+      for (;;) { yielded += 1; yield yielded; await wait(0) }
+    } finally {
+      out({ event: 'closed', rpc: ctx.rpc, aborted: ctx.signal.aborted })
+    }
+  }
+}
+
+async function stream (cmd) {
+  const options = { timeout: cmd.timeout, window: cmd.window }
+  if (cmd.abortAfter !== undefined) {
+    const ac = new AbortController()
+    setTimeout(() => ac.abort(), cmd.abortAfter)
+    options.signal = ac.signal
+  }
+  const parts = []
+  try {
+    for await (const part of client.stream(cmd.name, cmd.data ?? null, options)) {
+      parts.push(part)
+      if (cmd.take !== undefined && parts.length >= cmd.take) break
+      if (cmd.every !== undefined) await wait(cmd.every)
+    }
+    return { parts, error: null }
+  } catch (err) {
+    return { parts, error: { code: err instanceof RpcError ? err.code : null, name: err.name, message: err.message, data: err.data ?? null } }
+  }
 }
 
 async function run (cmd) {
@@ -39,6 +73,8 @@ async function run (cmd) {
       return await client.call(cmd.name, cmd.data ?? null, options)
     }
     case 'provide': return await client.provide(cmd.name, handlers[cmd.kind]) ?? null
+    case 'stream': return await stream(cmd)
+    case 'yielded': return yielded
     case 'unprovide': return await client.unprovide(cmd.name) ?? null
     case 'sleep': await wait(cmd.ms); return null
     case 'drain': await client.drain(cmd.timeout); return client.state

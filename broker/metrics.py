@@ -45,6 +45,9 @@ _ROUTER = {
     "discarded": "Outcomes for callers already gone (dropped).",
     "cancelled": "INVOKEs cancelled by their origin node.",
     "parked": "Calls that waited for provider discovery.",
+    "parts": "Stream parts passed on to their callers.",
+    "stream_overruns": "Streams ended because their provider sent past its credit.",
+    "parts_lost": "Streams ended because a part from another node was lost on the bus.",
 }
 # node I/O counters: name -> help
 _IO = {

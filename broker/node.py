@@ -78,6 +78,7 @@ class Node:
             policy=config.cluster.policy,
             clock=time.perf_counter if config.server.per_rpc_metrics else None,
         )
+        self.router.name = self.name
         self.link: Any = None  # the ClusterLink when cluster.redis_url is set
         self.history: Any = None  # cluster.history.History when history.dir is set
         from rpcbus.broker.config import check_serving

@@ -66,17 +66,20 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence, c
 
 from rpcbus import errors
 from rpcbus.broker.choice import LAT_FLOOR, POLICIES, QUIET, SLOWER, local_first
+from rpcbus.broker.fanout import Gather
 from rpcbus.broker.rpcstats import OTHER, RpcStatsTable
 from rpcbus.deadlines import Deadlines
 from rpcbus.protocol import (
     ACCEPT,
     ACK_CHECK,
+    ALL,
     CANCEL,
     CREDIT,
     DEFAULT_MAX_NAME,
     ERROR,
     MAX_ERROR_MESSAGE,
     PART,
+    REPLY,
     REQUEST,
     RESPONSE,
     STREAM,
@@ -201,7 +204,9 @@ class Call:
         self.unsure = False                  # a node it was sent to stayed silent
         self.sent = 0.0                      # ``read_at`` of its timed attempt, else 0
         self.probe = False                   # its attempt tries an idle provider again
-        self.window = 0                      # a stream's credit window (StreamCall); 0
+        # a stream's credit window (StreamCall); -1: a call_all's child sent to a node,
+        # which runs it on each of its providers (broker/fanout.py); 0: a call
+        self.window = 0
         # id (the current attempt's), provider, accepted, acked and checked (when the
         # node was asked whether it started the attempt; 0.0: not) are set by each dispatch.
 
@@ -219,6 +224,18 @@ class StreamCall(Call):
         self.window = window
         self.parts = self.read = 0
 
+
+
+class AllCall(Call):
+    """A call_all of a caller (broker/fanout.py): never sent itself; its children are."""
+
+    __slots__ = ("gather",)
+
+    def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float) -> None:
+        super().__init__(caller, cid, name, data, deadline)
+        self.id = -1            # none until it waits for discovery (``_park``)
+        self.provider = None
+        self.gather: Gather
 
 
 class RouterStats:
@@ -303,6 +320,7 @@ class Router:
         # latency, with metrics on), an attempt's (``local-first``); one clock reading per
         # frame, not two per call
         self.read_at = 0.0
+        self.name = ""  # this node's, for call_all's replies (the node shell sets it)
         self.history: History | None = None  # the load history, when recording
         self.weights: Weights | None = None  # provider weights, when a file is loaded
         self._parked: dict[str, list[Call]] = {}
@@ -585,7 +603,10 @@ class Router:
         for call in self._parked.pop(name, ()):
             if self._calls.get(call.id) is call:  # not timed out meanwhile
                 del self._calls[call.id]
-                self._route(call, now, discover=False)
+                if type(call) is AllCall:
+                    self._fan_out(call, now, discover=False)
+                else:
+                    self._route(call, now, discover=False)
 
     def ack(self, peer: Peer, *attempts: int) -> None:
         """A node has these attempts (one ACK names a batch's): each may try all its
@@ -615,7 +636,7 @@ class Router:
         if call is None or call.provider is not peer:
             self._stray(peer, attempt, call)
             return
-        if call.window:  # a StreamCall (a slot read: cheaper than isinstance)
+        if call.window > 0:  # a StreamCall (a slot read: cheaper than isinstance)
             if peer.is_node and data != cast(StreamCall, call).parts:
                 self._calls[attempt] = call  # out of the tables as _lost_parts expects it
                 self._lost_parts(call)
@@ -633,6 +654,107 @@ class Router:
             self.history.answered(call.hrow, call.hstart, data)
         self.stats.ok += 1
         self._conclude(call, [RESPONSE, call.cid, data])
+
+    def request_all(self, caller: Peer, cid: int, name: str, data: Any,
+                    timeout_ms: int | None, now: float, traceparent: str | None = None,
+                    max_replies: int = 0) -> None:
+        """An ALL (call_all; from another node, for its providers here only): a REPLY per
+        provider of ``name`` across the cluster, then RESPONSE with their number
+        (broker/fanout.py). Refused as a REQUEST would be: a duplicate id, a bad name."""
+        if cid in caller.calls:
+            self.stats.duplicate_ids += 1
+            caller.send([ERROR, cid, errors.INVALID_MESSAGE,
+                         f"call id {cid} belongs to a call still in flight"])
+            return
+        caller.inflight += 1
+        timeout = self.response_timeout if timeout_ms is None else min(
+            timeout_ms / 1000.0, self.max_timeout)
+        call = AllCall(caller, cid, name, data, now + timeout)
+        caller.calls[cid] = call
+        call.gather = Gather(self, call, max_replies)
+        if self._clock is not None:
+            call.started = self.read_at
+        call.traceparent = traceparent
+        if (name not in self._providers and (self.cluster is None or not self.cluster.knows(name))
+                and not valid_name(name, self.max_name)):
+            self.stats.invalid_names += 1
+            self._conclude(call, [ERROR, cid, errors.INVALID_MESSAGE,
+                                  f"invalid rpc name {name[:64]!r}"])
+            return
+        self._fan_out(call, now, discover=True)
+
+    def _fan_out(self, call: AllCall, now: float, discover: bool) -> None:
+        """A child call per target (pinned to it), or, the cluster not yet knowing who
+        provides the name, the call waits for discovery (``resume``)."""
+        remote: Sequence[tuple[Peer, float]] = ()
+        if self.cluster is not None and not call.local_only:
+            found = self.cluster.targets(call.name, now, discover)
+            if found is None:
+                self._park(call)
+                return
+            remote = found
+        gather = call.gather
+        gather.fanning = True  # a child that ends at once does not end the call_all yet
+        targets: list[tuple[Peer, str, bool]] = [
+            (p, p.label, False) for p in self._providers.get(call.name, ())]
+        targets += [(node, node.label, True) for node, weight in remote if weight > 0]
+        for i, (target, label, whole) in enumerate(targets, 1):
+            child = Call(gather, i, call.name, call.data, call.deadline)
+            child.local_only = True   # counted once, as its call_all, not as a call
+            child.traceparent = call.traceparent
+            if whole:
+                child.window = -1
+            gather.calls[i] = child
+            gather.inflight += 1
+            gather.targets[i] = (label, target.label if whole else self.name, whole)
+            self._dispatch(child, () if whole else (target,), ((target, 1.0),) if whole
+                           else (), now)
+        gather.fanning = False
+        if not gather.calls:  # nobody provides it, or every child ended at once
+            self.gathered(gather)
+
+    def reply(self, peer: Peer, attempt: int, provider: str, data: Any,
+              error: list[Any] | None) -> None:
+        """A REPLY from another node for a call_all child sent there: one of its
+        providers' answer (``error``: ``[code, message, detail?]``). One the bus delivered
+        twice is dropped."""
+        call = self._calls.get(attempt)
+        gather = call.caller if call is not None else None
+        if call is None or call.provider is not peer or not isinstance(gather, Gather):
+            self._stray(peer, attempt, None)
+            return
+        call.accepted = True  # the node runs it: never moved now
+        key = (peer.label, provider)
+        if key in gather.replied:
+            self.stats.late += 1
+        elif not gather.done:
+            gather.replied.add(key)
+            self.reply_of(gather, provider, peer.label, data, error)
+
+    def reply_of(self, gather: Gather, provider: str, node: str, data: Any,
+                 error: list[Any] | None) -> None:
+        """A REPLY to the call_all's caller; the call_all ends at ``max_replies``."""
+        gather.replies += 1
+        parent = gather.parent
+        caller = parent.caller
+        if caller.closed:
+            self.stats.discarded += 1
+        else:
+            caller.send([REPLY, parent.cid, provider, node, data] if error is None else
+                        [REPLY, parent.cid, provider, node, None, list(error)])
+        if gather.max_replies and gather.replies >= gather.max_replies:
+            self.gathered(gather)
+
+    def gathered(self, gather: Gather) -> None:
+        """Every child ended, or ``max_replies`` came: the children under way are
+        cancelled and the caller gets RESPONSE with the number of replies."""
+        if gather.done:
+            return
+        gather.done = True
+        for child in list(gather.calls.values()):
+            self._cancel(child)
+        parent = gather.parent
+        self._conclude(parent, [RESPONSE, parent.cid, gather.replies])
 
     def part(self, peer: Peer, attempt: int, data: Any, seq: int = -1) -> None:
         """A part of a stream's answer (an implicit accept): pass it to the caller. One
@@ -749,6 +871,16 @@ class Router:
             self._cancel(call)
 
     def _cancel(self, call: Call) -> None:
+        if type(call) is AllCall:  # its children under way are cancelled
+            call.gather.done = True
+            if self._calls.get(call.id) is call:  # waiting for discovery
+                del self._calls[call.id]
+            for child in list(call.gather.calls.values()):
+                self._cancel(child)
+            del call.caller.calls[call.cid]
+            call.caller.inflight -= 1
+            self.stats.cancelled += 1
+            return
         self._end_attempt(call)
         del call.caller.calls[call.cid]
         call.caller.inflight -= 1
@@ -1001,12 +1133,17 @@ class Router:
         else:
             self._deadlines.add(attempt, call.deadline)
         caller = call.caller
-        if call.window:  # a StreamCall: every field, its window last; no part sent yet
-            stream = cast(StreamCall, call)
-            stream.parts = stream.read = 0
-            provider.send([STREAM, attempt, call.name, call.data, int(left * 1000) or 1,
-                           caller.label, int(now * 1000), call.traceparent, caller.user_name,
-                           call.window])
+        if call.window:
+            if call.window > 0:  # a StreamCall: every field, its window last; no part yet
+                stream = cast(StreamCall, call)
+                stream.parts = stream.read = 0
+                provider.send([STREAM, attempt, call.name, call.data, int(left * 1000) or 1,
+                               caller.label, int(now * 1000), call.traceparent,
+                               caller.user_name, call.window])
+            else:  # a call_all's child at another node: its providers' REPLYs come back
+                provider.send([ALL, attempt, call.name, call.data, int(left * 1000) or 1,
+                               caller.label, int(now * 1000), call.traceparent,
+                               caller.user_name])
         elif call.traceparent is None and caller.user_name is None:
             provider.send([REQUEST, attempt, call.name, call.data, int(left * 1000) or 1,
                            caller.label, int(now * 1000)])
@@ -1111,6 +1248,10 @@ class Router:
         self.stats.retries += 1
         provider = call.provider
         assert provider is not None  # a call is retried from an attempt at a provider
+        if type(call.caller) is Gather:  # a call_all's child stays with its target
+            self._conclude(call, [ERROR, call.cid, errors.NO_PROVIDER,
+                                  f"{provider.label} did not take the call (not run)"])
+            return
         if call.tried is None:
             call.tried = {provider}
         else:

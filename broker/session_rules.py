@@ -34,6 +34,7 @@ from rpcbus.broker.auth import BUSY, Permissions, token_digest
 from rpcbus.protocol import (
     ACCEPT,
     ACCEPT_UPTO,
+    ALL,
     AUTH,
     AUTH_FAIL,
     AUTH_OK,
@@ -214,6 +215,13 @@ class SessionRules:
                 router.request(self, msg[1], msg[2], msg[3], msg[4], now,
                                None if meta is None else meta.get("traceparent"),
                                0 if meta is None or kind == REQUEST else meta["window"])
+        elif kind == ALL:
+            if self.node.draining:
+                self.send([ERROR, msg[1], errors.SHUTTING_DOWN, "the node is shutting down"])
+            elif not self._gated or self._admit(msg[1], msg[2], now):
+                meta = msg[5] if len(msg) == 6 else {}
+                router.request_all(self, msg[1], msg[2], msg[3], msg[4], now,
+                                   meta.get("traceparent"), meta.get("max_replies") or 0)
         elif kind == RESPONSE:
             router.respond(self, msg[1], msg[2])
         elif kind == PART:

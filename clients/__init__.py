@@ -12,6 +12,7 @@ The node is ``rpcbus.broker``, its Redis side ``rpcbus.cluster``, the offline an
 
 import logging as _logging
 
+from rpcbus.calling import Reply
 from rpcbus.client import CallContext, Client, Options, connect
 from rpcbus.errors import (
     CODES,
@@ -49,7 +50,8 @@ __all__ = [
     "ClusterUnavailableError",
     "ConnectFailedError", "ConnectionLostError", "InvalidMessageError", "LimitExceededError",
     "NoProviderError", "NotAuthenticatedError", "PayloadTooLargeError", "PermissionDeniedError",
-    "ProviderError", "ProviderGoneError", "RateLimitedError", "Reject", "ResponseTimeoutError",
+    "ProviderError", "ProviderGoneError", "RateLimitedError", "Reject", "Reply",
+    "ResponseTimeoutError",
     "Options", "RpcError", "ShuttingDownError", "Stream", "SyncClient", "SyncStream",
     "connect", "connect_sync",
     "error_from_code",

@@ -31,6 +31,7 @@ again. Each call leaves every table in ``forget``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Generic, Hashable, TypeVar
 
 from rpcbus import errors
@@ -38,6 +39,31 @@ from rpcbus.deadlines import Deadlines
 from rpcbus.protocol import CANCEL, REQUEST
 
 W = TypeVar("W", bound=Hashable)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One provider's answer to ``call_all``: its label (its AUTH name@session) and node,
+    and its ``value`` or ``error`` (an ``RpcError``; ``AppError`` for an application's;
+    with ``provider`` empty, a node that did not answer for its providers)."""
+
+    provider: str
+    node: str
+    value: Any = None
+    error: errors.RpcError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def reply_of(msg: list[Any]) -> Reply:
+    """A REPLY ``[27, cid, provider, node, data, [code, message, detail?]?]`` as a Reply."""
+    if len(msg) > 5 and type(msg[5]) is list and len(msg[5]) >= 2:
+        code, message = str(msg[5][0]), str(msg[5][1])
+        return Reply(str(msg[2]), str(msg[3]), None, errors.error_from_code(
+            code, message, msg[5][2] if len(msg[5]) > 2 else None))
+    return Reply(str(msg[2]), str(msg[3]), msg[4])
 
 
 class Calls(Generic[W]):

@@ -58,7 +58,7 @@ from typing import Any, Callable, Sequence, TypedDict, Unpack
 
 from rpcbus import errors
 from rpcbus.backoff import Backoff
-from rpcbus.calling import Calls
+from rpcbus.calling import Calls, Reply, reply_of
 from rpcbus.handlers import (
     ANSWERS,
     ASYNC_PARTS,
@@ -70,6 +70,7 @@ from rpcbus.handlers import (
     outcome,
 )
 from rpcbus.protocol import (
+    ALL,
     AUTH,
     AUTH_FAIL,
     AUTH_OK,
@@ -83,6 +84,7 @@ from rpcbus.protocol import (
     PONG,
     PROTOCOL_VERSION,
     PROVIDE,
+    REPLY,
     REQ_CALLER,
     REQ_DATA,
     REQ_TIME_LEFT_MS,
@@ -210,6 +212,7 @@ class Client:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}  # calls and controls
         self._streams: dict[int, Flow] = {}    # open streams (their ends are in _pending)
+        self._replies: dict[int, list[Reply]] = {}  # call_all's under way: replies so far
         self._handlers: dict[str, _Entry] = {}
         self._wires: set[_Wire] = set()        # open connections (new calls use _wire)
         self._handler_threads = handler_threads
@@ -457,6 +460,49 @@ class Client:
             self._pending.pop(cid, None)
             self._calls.forget(cid)
 
+    async def call_all(self, name: str, data: Any = None, *, timeout: float | None = None,
+                       max_replies: int | None = None,
+                       traceparent: str | None = None) -> list[Reply]:
+        """Call ``name`` on every provider of it across the cluster: one ``Reply`` per
+        provider (``.provider``, ``.node``, ``.value`` or ``.error``), in the order they
+        came. Returns when every provider answered, ``max_replies`` did, or ``timeout``
+        passed (a provider still working then gets its ``ResponseTimeoutError``); each
+        provider runs it at most once. No provider: an empty list. Raises as ``call``
+        does when the call_all itself fails (``ConnectionLostError``, ...); cancelling
+        it cancels every provider's handler still running."""
+        self._check_call(timeout)
+        if max_replies is not None and (type(max_replies) is not int or max_replies < 1):
+            raise ValueError("max_replies must be a positive integer")
+        loop = asyncio.get_running_loop()
+        cid = next(self._ids)
+        fut = loop.create_future()
+        self._pending[cid] = fut
+        self._replies[cid] = []
+        meta: dict[str, Any] = {}
+        if max_replies is not None:
+            meta["max_replies"] = max_replies
+        if traceparent is not None:
+            meta["traceparent"] = traceparent
+        wire = self._wire
+        msg = self._calls.make(cid, name, data, None if timeout is None else
+                               (int(timeout * 1000) or 1), meta or None,
+                               loop.time() + (timeout or self._default_timeout), False, wire,
+                               ALL)
+        if wire is not None and msg is not None:
+            wire.send(msg)
+        try:
+            await fut
+            return self._replies[cid]
+        except asyncio.CancelledError:
+            sent_on = self._calls.give_up(cid, answered=fut.done() and not fut.cancelled())
+            if sent_on is not None and sent_on.state is OPEN:
+                sent_on.send([CANCEL, cid])
+            raise
+        finally:
+            self._pending.pop(cid, None)
+            self._replies.pop(cid, None)
+            self._calls.forget(cid)
+
     def _check_call(self, timeout: float | None) -> None:
         if self._closed:
             raise errors.ConnectionLostError(None, "the client is closed")
@@ -588,6 +634,10 @@ class Client:
         kind = msg[0]
         if kind == RESPONSE or kind == OK:
             self._settle(msg[1], msg[2] if kind == RESPONSE else None, None)
+        elif kind == REPLY:
+            replies = self._replies.get(msg[1])
+            if replies is not None:
+                replies.append(reply_of(msg))
         elif kind == PART:
             flow = self._streams.get(msg[1])
             if flow is not None and not flow.arrived(msg[2]):
@@ -738,7 +788,8 @@ class Client:
                     f"AppError {msg[4][0]}: its data is not serializable: {exc}"]
         if kind == PART:  # the stream ends here (its generator is stopped: _Wire)
             return [ERROR, msg[1], errors.PROVIDER_ERROR, f"a part is not serializable: {exc}"]
-        fut = self._pending.pop(msg[1], None) if kind == REQUEST or kind == STREAM else None
+        fut = (self._pending.pop(msg[1], None) if kind == REQUEST or kind == STREAM or kind == ALL
+               else None)
         if fut is not None and not fut.done():
             fut.set_exception(TypeError(f"call data is not serializable: {exc}"))
         return None
@@ -747,7 +798,7 @@ class Client:
         """A message over the node's frame limit: a call fails here (nothing was sent), an
         answer becomes PAYLOAD_TOO_LARGE for its caller (the call ran: never re-run)."""
         kind = msg[0]
-        if kind == REQUEST or kind == STREAM:
+        if kind == REQUEST or kind == STREAM or kind == ALL:
             fut = self._pending.pop(msg[1], None)
             if fut is not None and not fut.done():
                 fut.set_exception(errors.PayloadTooLargeError(

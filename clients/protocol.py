@@ -46,6 +46,10 @@ PART = 24
 CREDIT = 25
 #: The most parts a caller may let a stream's provider send ahead of its reading.
 MAX_WINDOW = 1024
+# call_all: ALL asks every provider of a name; a REPLY comes from each (its provider, its
+# node, and its answer or error); RESPONSE (the number of replies) ends it
+ALL = 26
+REPLY = 27
 PING = 30
 PONG = 31
 
@@ -77,6 +81,9 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (PART, "node → caller"): ("cid", "data"),
     (CREDIT, "caller → node"): ("cid", "read"),
     (CREDIT, "node → provider"): ("id", "read"),
+    (ALL, "caller → node"): ("cid", "name", "data", "timeout_ms or nil",
+                             "{max_replies?, traceparent?}?"),
+    (REPLY, "node → caller"): ("cid", "provider", "node", "data", "[code, message, detail?]?"),
     (ACCEPT, "provider → node"): ("id",),
     (ACCEPT_UPTO, "provider → node"): ("id",),
     (RESPONSE, "provider → node"): ("id", "data"),
@@ -112,6 +119,8 @@ KIND_NAMES = {
     STREAM: "STREAM",
     PART: "PART",
     CREDIT: "CREDIT",
+    ALL: "ALL",
+    REPLY: "REPLY",
     PING: "PING",
     PONG: "PONG",
 }
@@ -247,10 +256,10 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
     """
     kind = msg[0]
     n = len(msg)
-    if kind == REQUEST or kind == STREAM:
+    if kind == REQUEST or kind == STREAM or kind == ALL:
         what = KIND_NAMES[kind]
-        if kind == REQUEST and n != 5 and n != 6:
-            return "REQUEST takes [16, cid, name, data, timeout_ms|nil, {meta}?]"
+        if kind != STREAM and n != 5 and n != 6:
+            return f"{what} takes [{kind}, cid, name, data, timeout_ms|nil, {{meta}}?]"
         if kind == STREAM and n != 6:
             return "STREAM takes [23, cid, name, data, timeout_ms|nil, {window, traceparent?}]"
         if not is_id(msg[1]):
@@ -272,6 +281,9 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
                 window = meta.get("window")
                 if type(window) is not int or not 0 < window <= MAX_WINDOW:
                     return f"STREAM window must be an integer of 1-{MAX_WINDOW}"
+            most = meta.get("max_replies") if kind == ALL else None
+            if most is not None and (type(most) is not int or most < 1):
+                return "ALL max_replies must be a positive integer"
         return None
     if kind == RESPONSE or kind == PART:
         if n != 3 or not is_id(msg[1]):

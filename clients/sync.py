@@ -28,6 +28,7 @@ import asyncio
 import threading
 from typing import Any, Coroutine, Sequence, TypeVar, Unpack
 
+from rpcbus.calling import Reply
 from rpcbus.client import Client, Options, connect
 from rpcbus.handlers import Handler
 from rpcbus.streaming import DEFAULT_WINDOW
@@ -68,6 +69,13 @@ class SyncClient:
         """``Client.call``, blocking: the provider's answer, or its RpcError raised."""
         return self._run(self._client.call(name, data, timeout=timeout, idempotent=idempotent,
                                            traceparent=traceparent))
+
+    def call_all(self, name: str, data: Any = None, *, timeout: float | None = None,
+                 max_replies: int | None = None, traceparent: str | None = None) -> list[Reply]:
+        """``Client.call_all``, blocking: a ``Reply`` per provider."""
+        return self._run(self._client.call_all(name, data, timeout=timeout,
+                                               max_replies=max_replies,
+                                               traceparent=traceparent))
 
     def stream(self, name: str, data: Any = None, *, timeout: float | None = None,
                window: int = DEFAULT_WINDOW, traceparent: str | None = None) -> "SyncStream":

@@ -341,7 +341,7 @@ class ClusterCore:
                     respond(node, msg[1], msg[2])
                 elif kind == m.PART:
                     self.router.part(node, msg[1], msg[3], msg[2])
-                elif kind == m.INVOKE:
+                elif kind == m.INVOKE or kind == m.INVOKE_ALL:
                     self._invoke(node, msg, age, now, taken)
                 else:
                     self._on_message(node, msg, batch.sent_at, now)
@@ -368,6 +368,8 @@ class ClusterCore:
             caller = self.invoked.pop((node.incarnation, msg[1]), None)
             if caller is not None:
                 router.cancel_from(caller, msg[1])
+        elif kind == m.REPLY:  # one provider's answer to a call_all sent to ``node``
+            router.reply(node, msg[1], msg[2], msg[3], msg[4] if len(msg) > 4 else None)
         elif kind == m.CREDIT:  # a stream's caller on ``node`` has read this many parts
             caller = self.invoked.get((node.incarnation, msg[1]))
             if caller is not None:

@@ -40,6 +40,12 @@ where they are made, never rewritten in place::
     PART             [130, id, seq, data]  a stream's part seq (0, 1, ...); RESPONSE ends
                                       the stream, its data the number of parts sent
     CREDIT           [131, id, read]  the stream's caller has read this many parts in all
+    INVOKE_ALL       [132, id, rpc, data, time_left_ms, ack_left_ms, caller, traceparent?, user?]
+                                      a call_all: run it on each of your providers (the
+                                      ACK rules of INVOKE); REPLY per provider, then
+                                      RESPONSE with their number
+    REPLY            [133, id, provider, data, error?]  one provider's answer, or error
+                                      [code, message, detail?]
 
 ``id`` is always the origin node's attempt id.
 """
@@ -68,6 +74,8 @@ ECHO = 128
 ANNOUNCE = 129
 PART = 130
 CREDIT = 131
+INVOKE_ALL = 132
+REPLY = 133
 
 #: Each kind's name and fields after the kind, in order (``?``: may be left out at the
 #: end; ``...``: repeats). docs/cluster.md's table is checked against it by a test.
@@ -87,13 +95,17 @@ FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
     ANNOUNCE: ("ANNOUNCE", ()),
     PART: ("PART", ("id", "seq", "data")),
     CREDIT: ("CREDIT", ("id", "read")),
+    INVOKE_ALL: ("INVOKE_ALL", ("id", "rpc", "data", "time_left_ms", "ack_left_ms", "caller",
+                                "traceparent?", "user?")),
+    REPLY: ("REPLY", ("id", "provider", "data", "error?")),
 }
 
 # Positions in an INVOKE (FIELDS[INVOKE]): where a node reads one
 INV_ID, INV_RPC, INV_DATA, INV_TIME_LEFT_MS, INV_ACK_LEFT_MS, INV_CALLER, INV_TRACEPARENT, \
     INV_USER, INV_WINDOW = range(1, 10)
 #: kinds that only come on a node's private topic, addressed to one process
-CALL_KINDS = frozenset((INVOKE, ACK, RESPONSE, ERROR, REJECT, CANCEL, CHECK, PART, CREDIT))
+CALL_KINDS = frozenset((INVOKE, ACK, RESPONSE, ERROR, REJECT, CANCEL, CHECK, PART, CREDIT,
+                        INVOKE_ALL, REPLY))
 
 STARTING = "starting"
 READY = "ready"
@@ -104,7 +116,7 @@ TERMINATING = "terminating"
 _SHAPES: dict[int, int] = {
     STATE: 4, RPC_QUERY: 1, PROVIDER_UPDATE: 2, INVOKE: 6, ACK: 1,
     RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1, CHECK: 1, ECHO: 0, ANNOUNCE: 0,
-    PART: 3, CREDIT: 2,
+    PART: 3, CREDIT: 2, REPLY: 3,
 }
 
 _INCARNATION_BITS = 10
@@ -173,9 +185,10 @@ def _well_formed(msg: Any) -> bool:
     if kind == PART:
         return n == 4 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is int \
             and msg[2] >= 0
-    if kind == INVOKE:  # [120, id, rpc, data, left_ms, ack_ms, caller, traceparent?, user?,
-        # window?]
-        return (7 <= n <= 10 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is str
+    if kind == INVOKE or kind == INVOKE_ALL:  # [120, id, rpc, data, left_ms, ack_ms, caller,
+        # traceparent?, user?, window?] (INVOKE_ALL: no window)
+        return (7 <= n <= (10 if kind == INVOKE else 9) and type(msg[1]) is int
+                and msg[1] >= 0 and type(msg[2]) is str
                 and type(msg[4]) is int and type(msg[5]) is int and type(msg[6]) is str
                 and (n == 7 or type(msg[7]) in (str, type(None)))
                 and (n < 9 or type(msg[8]) is str or (n == 10 and msg[8] is None))
@@ -185,6 +198,10 @@ def _well_formed(msg: Any) -> bool:
     if kind == ERROR:  # [124, id, code, message, detail?]
         return (4 <= n <= 5 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is str
                 and type(msg[3]) is str and (n == 4 or type(msg[4]) is list))
+    if kind == REPLY:  # [133, id, provider, data, error?]
+        return (4 <= n <= 5 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is str
+                and (n == 4 or (type(msg[4]) is list and 2 <= len(msg[4]) <= 3
+                                and type(msg[4][0]) is str and type(msg[4][1]) is str)))
     fields = _SHAPES.get(kind)
     if fields is None or n != fields + 1:
         return False
@@ -192,6 +209,7 @@ def _well_formed(msg: Any) -> bool:
         return False
     if kind == CREDIT:
         return type(msg[2]) is int and msg[2] > 0
+
     if kind == RPC_QUERY:
         return type(msg[1]) is str
     if kind == PROVIDER_UPDATE:

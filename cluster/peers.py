@@ -24,7 +24,7 @@ from rpcbus.cluster.messages import (
     INV_USER,
     INV_WINDOW,
 )
-from rpcbus.protocol import ACCEPT, ACK_CHECK, CREDIT, PART, REQUEST, STREAM
+from rpcbus.protocol import ACCEPT, ACK_CHECK, ALL, CREDIT, PART, REPLY, REQUEST, STREAM
 from rpcbus.protocol import CANCEL as C_CANCEL
 from rpcbus.protocol import ERROR as C_ERROR
 from rpcbus.protocol import RESPONSE as C_RESPONSE
@@ -79,6 +79,13 @@ class RemoteNode:
             self.link.outbox.publish(self.topic, invoke, None, self.incarnation)  # inlined
         elif msg[0] == CREDIT:
             self.publish([m.CREDIT, msg[1], msg[2]])
+        elif msg[0] == ALL:  # [26, id, name, data, left_ms, caller, sent_ms, trace, user]
+            invoke = [m.INVOKE_ALL, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5]]
+            if msg[8] is not None:
+                invoke += [msg[7], msg[8]]
+            elif msg[7] is not None:
+                invoke.append(msg[7])
+            self.publish(invoke)
         elif msg[0] == STREAM:  # [23, id, name, data, left_ms, caller, sent_ms, trace, user,
             # window] becomes [120, id, name, data, left_ms, ack_ms, caller, trace, user, window]
             self.publish([m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5],
@@ -140,6 +147,12 @@ class RemoteCaller:
                             call_id=self.id)
             self.node.publish([m.REJECT, self.id])
             return
+        if msg[0] == m.INVOKE_ALL:  # its providers' REPLYs and its end come in ahead of the
+            left = self.deadline - t  # origin's deadline, so each is the caller's in time
+            link.router.request_all(self, self.id, msg[INV_RPC], msg[INV_DATA],
+                                    int((left - min(0.1, left / 10)) * 1000) or 1, t,
+                                    msg[INV_TRACEPARENT] if len(msg) > INV_TRACEPARENT else None)
+            return
         if len(msg) > INV_WINDOW:
             self.parts = 0
         link.router.request(self, self.id, msg[INV_RPC], msg[INV_DATA],
@@ -160,6 +173,9 @@ class RemoteCaller:
         kind = msg[0]
         node = self.node
         if kind == ACCEPT:  # the origin knows it started: it had the ACK before it ran
+            return
+        if kind == REPLY:  # [27, cid, provider, node, data, error?]: one of a call_all's
+            node.publish([m.REPLY, msg[1], msg[2], msg[4], *msg[5:]], hold_until=self.deadline)
             return
         if kind == PART:  # a stream goes on: its caller stays in the link's tables
             self.link.outbox.publish(node.topic, [m.PART, msg[1], self.parts, msg[2]], None,

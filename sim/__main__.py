@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"faults to draw from (comma-separated; of {','.join(ALL_FAULTS)})")
     parser.add_argument("--load", type=float, default=6.0, help="simulated seconds of load")
     parser.add_argument("--streams", action="store_true",
-                        help="a quarter of the calls are streams (parts checked too)")
+                        help="a quarter of the calls are streams, a tenth call_alls (checked too)")
     parser.add_argument("--rules", choices=("current", "before-37"), default="current",
                         help="the provider rules to run (before-37: the ones #37 fixed)")
     args = parser.parse_args(argv)

@@ -16,6 +16,9 @@ With ``streams``, a quarter of the calls are streams (a window of 1-3): the prov
 sends its parts as the credit the caller gives back allows, and the caller checks that
 each part is its own, in order, never more than the window ahead of its credit, and that
 a stream that ends cleanly brought every part (some readers are slow to give credit).
+A tenth are call_alls: each provider (connection) runs one at most once, every REPLY is
+its own call's (its answer or its application error), from a provider that ran it, no
+provider replies twice, and the end counts the replies that came.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from rpcbus.broker.session_rules import SessionRules
 from rpcbus.calling import Calls
 from rpcbus.cluster.core import ClusterCore
 from rpcbus.protocol import (
+    ALL,
     AUTH,
     AUTH_OK,
     CANCEL,
@@ -43,6 +47,7 @@ from rpcbus.protocol import (
     PONG,
     PROTOCOL_VERSION,
     PROVIDE,
+    REPLY,
     REQ_WINDOW,
     REQUEST,
     RESPONSE,
@@ -104,7 +109,12 @@ class Ledger:
             self.violations.append(f"{key}: a handler ran a call nobody made")
             return
         call["runs"] += 1
-        if call["runs"] > call["may_run"]:
+        if "ran_on" in call:  # a call_all: once on each provider
+            if provider in call["ran_on"]:
+                self.violations.append(f"{key}: a call_all ran twice on {provider} at "
+                                       f"{now:.3f}")
+            call["ran_on"].add(provider)
+        elif call["runs"] > call["may_run"]:
             self.violations.append(f"{key}: ran {call['runs']} times (again on {provider} "
                                    f"at {now:.3f})")
 
@@ -576,7 +586,9 @@ class Provider(Client):
         serving = conn.serving
         assert serving is not None
         key = _key(request[3])
-        self.sim.ledger.ran(key, self.name, self.world.now)
+        # a provider is one connection (as a call_all counts them): a client moving between
+        # nodes provides through both for a moment
+        self.sim.ledger.ran(key, f"{self.name}@{conn.session.sid}", self.world.now)
         serving.started(attempt, key)
         rand = self.world.rand
         took = rand.random() * (self.slow if rand.random() < 0.1 else 0.02)
@@ -632,6 +644,7 @@ class Caller(Client):
         self.keys: dict[int, tuple[str, int]] = {}  # calls under way: their ledger key
         # streams under way: [window, parts received, read, read as last told (CREDIT)]
         self.reading: dict[int, list[int]] = {}
+        self.gathering: dict[int, list[str]] = {}  # call_alls under way: who replied
         self.world.after(SWEEP, self._sweep)
 
     def start_load(self, until: float) -> None:
@@ -654,13 +667,18 @@ class Caller(Client):
         self.keys[cid] = key
         conn = self.conn if self.ready else None
         name, idempotent = rand.choice(self.names), rand.random() < 0.3
-        window = 1 + int(rand.random() * 3) if self.sim.streams and rand.random() < 0.25 else 0
+        draw = rand.random() if self.sim.streams else 1.0
+        window = 1 + int(rand.random() * 3) if draw < 0.25 else 0
         if window:
             self.reading[cid] = [window, 0, 0, 0]
+        elif draw < 0.35:  # a call_all
+            self.gathering[cid] = []
+            self.sim.ledger.calls[key]["ran_on"] = set()
+        kind = STREAM if window else ALL if cid in self.gathering else REQUEST
         msg = self.calls.make(cid, name, f"{key[0]}:{key[1]}", int(timeout * 1000),
                               {"window": window} if window else None,
-                              self.world.now + timeout, idempotent and not window, conn,
-                              STREAM if window else REQUEST)
+                              self.world.now + timeout, idempotent and kind == REQUEST, conn,
+                              kind)
         if conn is not None and msg is not None:
             conn.pipe.send(msg)
 
@@ -675,6 +693,7 @@ class Caller(Client):
         key = self.keys.pop(cid, None)
         self.calls.forget(cid)
         self.reading.pop(cid, None)
+        self.gathering.pop(cid, None)
         if key is not None:  # else after its own deadline: dropped, as the SDK does
             self.sim.ledger.ended(key, code, self.world.now, data)
 
@@ -692,6 +711,16 @@ class Caller(Client):
                 self._send_queued()
             elif kind == PART:
                 self._part(msg[1], msg[2])
+            elif kind == REPLY:
+                self._reply(msg)
+            elif kind == RESPONSE and msg[1] in self.gathering:
+                key = self.keys.get(msg[1])
+                if key is not None:
+                    if msg[2] != len(self.gathering[msg[1]]):
+                        self.sim.ledger.violations.append(
+                            f"{key}: a call_all ended counting {msg[2]} replies, "
+                            f"{len(self.gathering[msg[1]])} came")
+                    self._end(msg[1], "OK", f"{key[0]}:{key[1]}")
             elif kind == RESPONSE:
                 stream = self.reading.get(msg[1])
                 key = self.keys.get(msg[1])
@@ -709,6 +738,26 @@ class Caller(Client):
                 else:
                     exc = self.calls.error(msg[1], msg[2], msg[3], msg[4] if len(msg) > 4 else None)
                     self._end(msg[1], exc.code, getattr(exc, "data", None))
+
+    def _reply(self, msg: list[Any]) -> None:
+        """A REPLY to a call_all: its own answer (or application error), from a provider
+        that ran it, once per provider."""
+        replied, key = self.gathering.get(msg[1]), self.keys.get(msg[1])
+        if replied is None or key is None:
+            return  # ended here already
+        own = f"{key[0]}:{key[1]}"
+        provider = str(msg[2])
+        error = msg[5] if len(msg) > 5 else None
+        who = provider or f"node {msg[3]}"  # a node that did not answer for its providers
+        if who in replied:
+            self.sim.ledger.violations.append(f"{key}: {who} replied twice")
+        replied.append(who)
+        if error is None or error[0] == errors.APP_ERROR:
+            ran_on = self.sim.ledger.calls[key]["ran_on"]
+            answer = msg[4] if error is None else error[2][1]
+            if answer != own or provider not in ran_on:
+                self.sim.ledger.violations.append(
+                    f"{key}: a reply {answer!r} from {provider} (ran on {sorted(ran_on)})")
 
     def _part(self, cid: int, data: Any) -> None:
         """A part: its own, the next in order, within the window beyond what was told

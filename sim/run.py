@@ -9,8 +9,9 @@ plus the SDK's grace, never run twice, never another call's answer, a "did not
 run" code only for a call that did not run; and at the end every node's tables
 are empty (router, cluster core, sessions) and no provider still runs a handler.
 
-``streams=True`` makes a quarter of the calls streams (sim/cluster.py): every part its
-own, in order, within its window of credit; a clean end brings every part.
+``streams=True`` makes a quarter of the calls streams and a tenth call_alls
+(sim/cluster.py): every part its own, in order, within its window of credit, a clean
+end bringing every part; every reply its own, once per provider.
 
 ``rules="before-37"`` swaps in the provider rules from before the handlers issue
 (#37): handlers start as each REQUEST is taken, before the frame's ACCEPTs are

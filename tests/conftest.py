@@ -21,17 +21,29 @@ async def raw_peers_dropped():
             peer.abort()
 
 
+# processes a fixture wider than a module keeps (and stops) itself: not a module's leak
+SHARED_PIDS: set[int] = set()
+
+
 @pytest.fixture(autouse=True, scope="module")
 def no_process_left_behind():
     """After each module, every child process it started has exited."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
     left = [p for p in psutil.Process().children(recursive=True)
-            if p.pid not in before and _running(p)]
+            if p.pid not in before and not _shared(p) and _running(p)]
     for p in left:
         p.kill()
     assert not left, "processes left running: " + "; ".join(
         " ".join(p.cmdline()[:6]) for p in left)
+
+
+def _shared(proc):
+    """``proc`` is, or descends from, a process a wider fixture keeps."""
+    try:
+        return proc.pid in SHARED_PIDS or any(a.pid in SHARED_PIDS for a in proc.parents())
+    except psutil.Error:
+        return False
 
 
 def _running(proc):

@@ -1,5 +1,6 @@
-"""A Spark session (local[2]) per test module here (each module ends its processes:
-tests/conftest.py checks), and history rows to build histories from."""
+"""One Spark session (local[2]) for the modules here that use it (a JVM start each
+would cost seconds; tests/conftest.py leaves its processes out of the per-module leak
+check, and they end with it), and history rows to build histories from."""
 
 import glob
 import json
@@ -9,6 +10,7 @@ import pytest
 
 from rpcbus.analytics import analysis
 from rpcbus.broker.rpcstats import BOUNDS
+from tests.conftest import SHARED_PIDS
 
 # PySpark starts its JVM with a stdin pipe it never closes (the JVM watches it to exit with
 # the driver): that pipe's ResourceWarning is PySpark's, at garbage collection.
@@ -18,12 +20,15 @@ PYSPARK_WARNINGS = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def spark():
     s = analysis.session("local[2]")
     s.sparkContext.setLogLevel("ERROR")
+    jvm = s.sparkContext._gateway.proc.pid  # its workers descend from it
+    SHARED_PIDS.add(jvm)
     yield s
     analysis.stop(s)
+    SHARED_PIDS.discard(jvm)
 
 
 def history_row(window, rpc, provider, calls, node="n1"):

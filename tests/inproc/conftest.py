@@ -119,12 +119,24 @@ class InProcessCluster:
             self.redis.stop()
 
 
-@pytest.fixture
-async def cluster3():
-    """Three in-process nodes n1..n3 on one real redis-server."""
-    c = InProcessCluster(3)
+async def _cluster(nodes: int):
+    c = InProcessCluster(nodes)
     try:
         await c.start()
         yield c
     finally:
         await c.stop()
+
+
+@pytest.fixture
+async def cluster2():
+    """Two in-process nodes n1, n2 on one real redis-server."""
+    async for c in _cluster(2):
+        yield c
+
+
+@pytest.fixture
+async def cluster3():
+    """Three in-process nodes n1..n3 on one real redis-server."""
+    async for c in _cluster(3):
+        yield c

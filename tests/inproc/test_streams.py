@@ -8,17 +8,7 @@ import pytest
 
 import rpcbus
 
-from .conftest import InProcessCluster, stats
-
-
-@pytest.fixture
-async def two():
-    c = InProcessCluster(2)
-    try:
-        await c.start()
-        yield c
-    finally:
-        await c.stop()
+from .conftest import stats
 
 
 class Counting:
@@ -41,17 +31,17 @@ class Counting:
             self.closed.set()
 
 
-async def clients(two):
-    provider = await rpcbus.connect(two.nodes[1].url, name="prov")
-    caller = await rpcbus.connect(two.nodes[0].url, name="caller")
+async def clients(cluster2):
+    provider = await rpcbus.connect(cluster2.nodes[1].url, name="prov")
+    caller = await rpcbus.connect(cluster2.nodes[0].url, name="caller")
     return provider, caller
 
 
-async def test_parts_arrive_in_order_and_the_stream_ends(two):
+async def test_parts_arrive_in_order_and_the_stream_ends(cluster2):
     async def count(n):
         for i in range(n):
             yield {"i": i}
-    provider, caller = await clients(two)
+    provider, caller = await clients(cluster2)
     try:
         await provider.provide("count", count)
         got = [part["i"] async for part in caller.stream("count", 500, timeout=10, window=16)]
@@ -77,13 +67,13 @@ async def test_parts_arrive_in_order_and_the_stream_ends(two):
     finally:
         await caller.close()
         await provider.close()
-    router = stats(two.nodes[0])["router"]
+    router = stats(cluster2.nodes[0])["router"]
     assert router["parts"] >= 503 and router["stream_overruns"] == 0
 
 
-async def test_a_consumer_that_stops_reading_stops_the_provider(two):
+async def test_a_consumer_that_stops_reading_stops_the_provider(cluster2):
     handler = Counting()
-    provider, caller = await clients(two)
+    provider, caller = await clients(cluster2)
     try:
         await provider.provide("endless", handler)
         stream = caller.stream("endless", None, timeout=30, window=8)
@@ -104,8 +94,8 @@ async def test_a_consumer_that_stops_reading_stops_the_provider(two):
         await provider.close()
 
 
-async def test_break_cancel_and_deadline_close_the_generator(two):
-    provider, caller = await clients(two)
+async def test_break_cancel_and_deadline_close_the_generator(cluster2):
+    provider, caller = await clients(cluster2)
     try:
         handlers = [Counting() for _ in range(3)]
         for i, h in enumerate(handlers):
@@ -134,8 +124,8 @@ async def test_break_cancel_and_deadline_close_the_generator(two):
         await provider.close()
 
 
-async def test_a_provider_lost_mid_stream_ends_it_provider_gone_after_its_parts(two):
-    provider, caller = await clients(two)
+async def test_a_provider_lost_mid_stream_ends_it_provider_gone_after_its_parts(cluster2):
+    provider, caller = await clients(cluster2)
     handler = Counting()
     try:
         await provider.provide("endless", handler)
@@ -172,7 +162,7 @@ def sync_side(provider_url, caller_url):
         return whole, closed.wait(5)
 
 
-async def test_the_sync_client_reads_streams_and_generators_serve_them(two):
-    whole, closed = await asyncio.to_thread(sync_side, two.nodes[1].url, two.nodes[0].url)
+async def test_the_sync_client_reads_streams_and_generators_serve_them(cluster2):
+    whole, closed = await asyncio.to_thread(sync_side, cluster2.nodes[1].url, cluster2.nodes[0].url)
     assert whole == [i * i for i in range(50)]
     assert closed, "breaking out did not close the generator"

@@ -291,3 +291,37 @@ async def test_streams_between_js_and_python_across_nodes(two, js):
         e = await agent.event(lambda e: e.get("event") == "closed")
         assert e["rpc"] == "js.endless" and e["aborted"]
     assert await agent.ok("close") == "closed"
+
+
+async def test_call_all_between_js_and_python_across_nodes(two, js):
+    """JS asks every provider (Python on n1: one answers, one fails, one too slow; JS on
+    n2) and gets a reply from each, named by provider and node; Python asks and gets
+    the JS provider's reply too."""
+    agent = await js()
+    await agent.ok("connect", urls=[two.nodes[1].url], options={"name": "web"})
+
+    async def fails(_):
+        raise rpcbus.AppError("OUT_OF_STOCK", "none left", {"left": 0})
+
+    async def slow(_):
+        await asyncio.sleep(30)
+
+    clients = [await rpcbus.connect(two.nodes[0].url, name=n) for n in ("ok", "no", "slow")]
+    try:
+        await clients[0].provide("stock", lambda d: {"n": d})
+        await clients[1].provide("stock", fails)
+        await clients[2].provide("stock", slow)
+        await agent.ok("provide", name="stock", kind="echo")
+        replies = await agent.ok("callAll", name="stock", data=7, timeout=1500)
+        by = {r["provider"].split("@")[0]: r for r in replies}
+        assert sorted(by) == ["no", "ok", "slow", "web"], replies
+        assert by["ok"]["value"] == {"n": 7} and by["ok"]["node"] == two.nodes[0].name
+        assert by["no"]["error"] == {"code": "OUT_OF_STOCK", "name": "AppError",
+                                     "message": "none left", "data": {"left": 0}}
+        assert by["slow"]["error"]["code"] == "RESPONSE_TIMEOUT"
+        assert by["web"]["value"]["data"] == 7 and by["web"]["node"] == two.nodes[1].name
+        got = await clients[0].call_all("stock", 8, timeout=1.5)
+        assert {r.provider.split("@")[0] for r in got} == {"ok", "no", "slow", "web"}
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
+    assert await agent.ok("close") == "closed"

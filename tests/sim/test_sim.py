@@ -32,7 +32,8 @@ def test_a_thousand_seeds_hold() -> None:
     """1,000 seeds, each drawing its faults (every kind with a chance of 0.4, so most
     seeds mix several): every call one outcome, its own, never run twice, every table
     empty at the end; on every third seed a quarter of the calls are streams (every
-    part its own, in order, within its window)."""
+    part its own, in order, within its window) and a tenth call_alls (a reply from each
+    provider that ran it, each its own)."""
     with ProcessPoolExecutor(2) as pool:
         results = list(pool.map(_run, range(1, SEEDS + 1), chunksize=25))
     calls = sum(r[2] for r in results)

@@ -323,15 +323,8 @@ export class Client {
    */
   call (name, data = null, options = {}) {
     const { timeout, signal, idempotent = false, traceparent } = options
-    if (this.closed) return Promise.reject(new errors.ConnectionLostError('the client is closed'))
-    if (timeout !== undefined && timeout !== null && !(timeout > 0)) {
-      return Promise.reject(new RangeError('timeout must be a positive number of milliseconds'))
-    }
-    if (this._maxTimeout > 0 && timeout > this._maxTimeout) {
-      return Promise.reject(new RangeError(`timeout ${timeout} ms is over the node's longest, ` +
-        `${this._maxTimeout} ms (rpc.max_timeout): shorten it, or raise rpc.max_timeout on the nodes`))
-    }
-    if (signal && signal.aborted) return Promise.reject(signal.reason)
+    const problem = this._problem(timeout, signal)
+    if (problem !== null) return Promise.reject(problem)
     const ref = this._ids++
     const timeoutMs = timeout == null ? null : Math.max(1, Math.floor(timeout))
     const msg = [p.REQUEST, ref, name, data, timeoutMs]
@@ -339,6 +332,48 @@ export class Client {
     const until = now() + (timeoutMs ?? this._defaultTimeout)
     return new Promise((resolve, reject) => {
       this._send(ref, { resolve, reject, wire: null, msg, until, idempotent, signal, onAbort: null })
+    })
+  }
+
+  /** Why a call with this `timeout` and `signal` cannot go out (an error to throw), or null. */
+  _problem (timeout, signal) {
+    if (this.closed) return new errors.ConnectionLostError('the client is closed')
+    if (timeout !== undefined && timeout !== null && !(timeout > 0)) {
+      return new RangeError('timeout must be a positive number of milliseconds')
+    }
+    if (this._maxTimeout > 0 && timeout > this._maxTimeout) {
+      return new RangeError(`timeout ${timeout} ms is over the node's longest, ` +
+        `${this._maxTimeout} ms (rpc.max_timeout): shorten it, or raise rpc.max_timeout on the nodes`)
+    }
+    if (signal && signal.aborted) return signal.reason
+    return null
+  }
+
+  /**
+   * Call `name` on every provider of it across the cluster: resolves with one reply per
+   * provider, `{ provider, node, value }` or `{ provider, node, error }` (an RpcError), in the
+   * order they came, when every provider answered, `maxReplies` did, or `timeout` (ms)
+   * passed (a provider still working then gets a ResponseTimeoutError). Each provider runs
+   * it at most once; `signal` gives it up (every handler still running is cancelled).
+   */
+  callAll (name, data = null, options = {}) {
+    const { timeout, signal, maxReplies, traceparent } = options
+    const problem = this._problem(timeout, signal)
+    if (problem !== null) return Promise.reject(problem)
+    if (maxReplies !== undefined && !(Number.isInteger(maxReplies) && maxReplies > 0)) {
+      return Promise.reject(new RangeError('maxReplies must be a positive integer'))
+    }
+    const ref = this._ids++
+    const timeoutMs = timeout == null ? null : Math.max(1, Math.floor(timeout))
+    const msg = [p.ALL, ref, name, data, timeoutMs]
+    const meta = {}
+    if (maxReplies !== undefined) meta.max_replies = maxReplies
+    if (traceparent) meta.traceparent = traceparent
+    if (Object.keys(meta).length) msg.push(meta)
+    const until = now() + (timeoutMs ?? this._defaultTimeout)
+    return new Promise((resolve, reject) => {
+      const replies = []
+      this._send(ref, { resolve: () => resolve(replies), reject, wire: null, msg, until, idempotent: false, signal, onAbort: null, replies })
     })
   }
 
@@ -389,13 +424,7 @@ export class Client {
       reject: (err) => { entry.ended = { err }; entry.wakeUp() },
       wakeUp: () => { const w = entry.wake; entry.wake = null; if (w) w() }
     }
-    let problem = null
-    if (this.closed) problem = new errors.ConnectionLostError('the client is closed')
-    else if (timeout !== undefined && timeout !== null && !(timeout > 0)) {
-      problem = new RangeError('timeout must be a positive number of milliseconds')
-    } else if (this._maxTimeout > 0 && timeout > this._maxTimeout) {
-      problem = new RangeError(`timeout ${timeout} ms is over the node's longest, ${this._maxTimeout} ms (rpc.max_timeout)`)
-    } else if (signal && signal.aborted) problem = signal.reason
+    const problem = this._problem(timeout, signal)
     if (problem !== null) {
       entry.ended = { err: problem }
       return entry
@@ -509,6 +538,13 @@ export class Client {
     if (kind === p.RESPONSE) {
       if (msg.length !== 3) throw new Error('RESPONSE with the wrong fields')
       this._finish(msg[1], undefined, msg[2])
+    } else if (kind === p.REPLY) {
+      const entry = this._pending.get(msg[1])
+      if (entry === undefined || entry.replies === undefined) return // ended here already
+      const [, , provider, node, value, error] = msg
+      entry.replies.push(Array.isArray(error) && error.length >= 2
+        ? { provider, node, error: errors.errorFromCode(String(error[0]), String(error[1]), error[2]) }
+        : { provider, node, value })
     } else if (kind === p.PART) {
       const entry = this._pending.get(msg[1])
       if (entry === undefined || entry.inflow === undefined) return // ended here already
@@ -675,7 +711,7 @@ export class Client {
     if (msg[0] === p.ERROR && msg.length > 4) { // an AppError whose data msgpack cannot carry
       return [p.ERROR, msg[1], 'PROVIDER_ERROR', `AppError ${msg[4][0]}: its data is not serializable: ${err.message}`]
     }
-    if (msg[0] === p.REQUEST || msg[0] === p.STREAM) {
+    if (msg[0] === p.REQUEST || msg[0] === p.STREAM || msg[0] === p.ALL) {
       this._finish(msg[1], new TypeError(`call data is not serializable: ${err.message}`))
     }
     return null
@@ -696,7 +732,7 @@ export class Client {
    * PAYLOAD_TOO_LARGE for its caller (the call ran: never run again). */
   _oversized (msg, size, limit) {
     if (msg[0] === p.PART) this._stopStream(msg[1])
-    if (msg[0] === p.REQUEST || msg[0] === p.STREAM) {
+    if (msg[0] === p.REQUEST || msg[0] === p.STREAM || msg[0] === p.ALL) {
       this._finish(msg[1], new errors.PayloadTooLargeError(
         `the call's data makes a ${size}-byte message, over the node's limit of ${limit} bytes (max_frame); nothing was sent`))
       return null

@@ -73,6 +73,25 @@ export interface StreamOptions {
   traceparent?: string
 }
 
+export interface CallAllOptions {
+  /** ms until the replies are in (default: the node's response timeout, 10 s). */
+  timeout?: number
+  /** Aborting gives it up; every provider's handler still running is cancelled. */
+  signal?: AbortSignal
+  /** Stop after this many replies (the rest are cancelled). */
+  maxReplies?: number
+  /** W3C trace context, passed to each provider's handler as ctx.traceparent. */
+  traceparent?: string
+}
+
+/** One provider's reply to callAll: its label (name@session) and node, and its value or error. */
+export interface Reply<R = any> {
+  provider: string
+  node: string
+  value?: R
+  error?: RpcError
+}
+
 /** The parts of one stream, in order; leaving `for await` early cancels the provider. */
 export declare class Stream<R = any> implements AsyncIterableIterator<R> {
   [Symbol.asyncIterator](): Stream<R>
@@ -92,6 +111,8 @@ export declare class Client {
   messagesDropped: number
   constructor(urls: string | string[], options?: ConnectOptions)
   call<R = any>(name: string, data?: unknown, options?: CallOptions): Promise<R>
+  /** Call `name` on every provider of it: one reply per provider. */
+  callAll<R = any>(name: string, data?: unknown, options?: CallAllOptions): Promise<Array<Reply<R>>>
   /** Call `name` as a stream: `for await (const part of client.stream(name, data))`. */
   stream<R = any>(name: string, data?: unknown, options?: StreamOptions): Stream<R>
   provide<T = any, R = any>(name: string, handler: Handler<T, R>): Promise<void>

@@ -22,6 +22,8 @@ export const ACCEPT_UPTO = 22 // [22, id]: every REQUEST up to id not REJECTed i
 export const STREAM = 23 // a REQUEST answered in parts, with a credit window
 export const PART = 24 // one part of a stream's answer (RESPONSE, data nil, ends it)
 export const CREDIT = 25 // [25, id, read]: the caller has read this many parts in all
+export const ALL = 26 // call_all: ask every provider of a name
+export const REPLY = 27 // [27, cid, provider, node, data, [code, message, detail?]?]
 export const PING = 30
 export const PONG = 31
 

@@ -7,6 +7,8 @@
 //   {"id": 5, "op": "stream", "name": "x", "data": ..., "timeout": ms, "window": n, "take": n,
 //    "abortAfter": ms}: the parts read (up to `take`, then break) and the error, if any
 //   {"id": 6, "op": "yielded"}: parts the "endless" handlers made so far
+//   {"id": 7, "op": "callAll", "name": "x", "data": ..., "timeout": ms, "maxReplies": n}: the
+//    replies, each {provider, node, value} or {provider, node, error: {code, name, message, data}}
 //   {"id": 4, "op": "close" | "drain"}
 // Answers: {"id": 1, "ok": value} or {"id": 1, "error": {"code", "name", "message", "data"}};
 // events: {"event": "state", "state": ...}, {"event": "aborted", "rpc": ...}.
@@ -75,6 +77,12 @@ async function run (cmd) {
     case 'provide': return await client.provide(cmd.name, handlers[cmd.kind]) ?? null
     case 'stream': return await stream(cmd)
     case 'yielded': return yielded
+    case 'callAll': {
+      const replies = await client.callAll(cmd.name, cmd.data ?? null, { timeout: cmd.timeout, maxReplies: cmd.maxReplies })
+      return replies.map((r) => r.error
+        ? { provider: r.provider, node: r.node, error: { code: r.error.code, name: r.error.name, message: r.error.message, data: r.error.data ?? null } }
+        : { provider: r.provider, node: r.node, value: r.value })
+    }
     case 'unprovide': return await client.unprovide(cmd.name) ?? null
     case 'sleep': await wait(cmd.ms); return null
     case 'drain': await client.drain(cmd.timeout); return client.state

@@ -321,12 +321,18 @@ def outliers(per_provider: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def hot_rpcs(arranged: list[Rpc], span: tuple[float, float]) -> list[dict[str, Any]]:
     rows = []
     for r in arranged:
-        per_s = calls_per_s(r.by_minute.minutes, r.by_minute.cols["calls"], 60, span)
+        minutes, counts = r.by_minute.minutes, r.by_minute.cols["calls"]
+        per_s = calls_per_s(minutes, counts, 60, span)
         whole = figures(merge(r.totals, by_minute=False))[0]
+        # the busiest minute, as peak_minutes ranks them: by rate (a partial first or last
+        # minute by its real span), then calls, then the earlier; both columns are its own
+        busiest = np.lexsort((minutes, -counts, -np.nan_to_num(per_s, nan=-np.inf)))[0] \
+            if len(minutes) and not np.all(np.isnan(per_s)) else None
         rows.append({"rpc": r.name, **whole, "providers": len(r.providers),
-                     "peak_minute_calls": max(r.by_minute.cols["calls"]),
-                     "peak_minute_calls_per_s": float(np.nanmax(per_s))
-                     if not np.all(np.isnan(per_s)) else None})
+                     "peak_minute_calls": int(counts[busiest]) if busiest is not None
+                     else None,
+                     "peak_minute_calls_per_s": float(per_s[busiest]) if busiest is not None
+                     else None})
     total = sum(x["calls"] for x in rows)
     for x in rows:
         x["share"] = _div(x["calls"], total)

@@ -76,6 +76,9 @@ def test_peaks_percentiles_noise_and_the_hours_read(spark, tmp_path):
         exact.update(latency_sampled=2, latency_sum_s=0.1014, latency_min_s=0.0507,
                      latency_max_s=0.0507)
         rows.append(exact)
+        # the last minute (windows 26-29, 40 s of it in the span) is the busiest by rate
+        # (120 calls, 3/s), the full ones the fullest (150 calls, 2.5/s)
+        rows.append(history_row(w, "d", "p9", 30 if w >= 26 else 25))
         for provider, mean in (("quick", 0.000260), ("less-quick", 0.000288)):  # noise
             r = history_row(w, "c", provider, 160)
             r["latency_buckets"] = [0] * (len(BOUNDS) + 1)
@@ -95,7 +98,10 @@ def test_peaks_percentiles_noise_and_the_hours_read(spark, tmp_path):
     assert {"episodes", "clock_skew", "weights", "fairness"} <= doc.keys()
     assert doc["clock_skew"] == []
 
-    per_provider, weights = tables(spark, tmp_path / "out", "per_provider", "weights")
+    per_provider, weights, hot = tables(spark, tmp_path / "out", "per_provider", "weights",
+                                        "hot_rpcs")
+    busiest = {r["rpc"]: (r["peak_minute_calls"], r["peak_minute_calls_per_s"]) for r in hot}
+    assert busiest["d"] == (120, pytest.approx(3.0))     # both of one minute
     got = {r["provider"]: r for r in per_provider}
     assert got["p1"]["peak_in_flight"] == 11         # the provider's, over its routing nodes
     assert got["p0"]["peak_in_flight"] == 5          # without it, the most of one node's

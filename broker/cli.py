@@ -177,44 +177,96 @@ def reload_command(url: str, admin_token: str, ca_file: str | None) -> None:
             from None
 
 
-@main.command()
-@click.argument("rpc")
-@click.argument("data", default="null")
-@click.option("--url", default="ws://127.0.0.1:6020", show_default=True, envvar="RPCBUS_URL",
-              show_envvar=True, help="Node to connect to.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Seconds the call may take (more than 0).")
-@click.option("--user", default=None, help="User name (auth mode users).")
-@click.option("--password", default=None, help="Password of --user (prompted when omitted).")
-@click.option("--token", default=None, envvar="RPCBUS_TOKEN", show_envvar=True,
-              help="A static token instead of user and password.")
-@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="CA certificate to verify a wss:// node with.")
-def call(rpc: str, data: str, url: str, timeout: float | None, user: str | None,
-         password: str | None, token: str | None, ca_file: str | None) -> None:
-    """Call RPC with DATA (JSON) once and print the answer as JSON (exit 1 on error)."""
+def _as_client(command: Any) -> Any:
+    """The options a command that connects as a client takes: --url, --user, --password,
+    --token, --ca-file."""
+    for decorator in reversed((
+        click.option("--url", default="ws://127.0.0.1:6020", show_default=True,
+                     envvar="RPCBUS_URL", show_envvar=True, help="Node to connect to."),
+        click.option("--user", default=None, help="User name (auth mode users)."),
+        click.option("--password", default=None,
+                     help="Password of --user (prompted when omitted)."),
+        click.option("--token", default=None, envvar="RPCBUS_TOKEN", show_envvar=True,
+                     help="A static token instead of user and password."),
+        click.option("--ca-file", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="CA certificate to verify a wss:// node with."),
+    )):
+        command = decorator(command)
+    return command
+
+
+def _as_client_run(url: str, user: str | None, password: str | None, token: str | None,
+                   ca_file: str | None, work: Any) -> Any:
+    """``await work(client)`` on a client of ``url``; an RpcError is one line, exit 1."""
     import rpcbus
-    try:
-        payload = json.loads(data)
-    except ValueError as exc:
-        raise click.UsageError(f"DATA is not JSON: {exc}") from None
+    if not url.startswith(("ws://", "wss://")):
+        raise click.BadParameter(f"{url!r} is not a ws:// or wss:// URL", param_hint="--url")
     if user and password is None and token is None:
         password = click.prompt("password", hide_input=True, err=True)
 
     async def run() -> Any:
         async with rpcbus.connect(url, user=user, password=password, token=token,
                                    ca_file=ca_file, reconnect=False) as c:
-            return await c.call(rpc, payload, timeout=timeout)
+            return await work(c)
 
-    if not url.startswith(("ws://", "wss://")):
-        raise click.BadParameter(f"{url!r} is not a ws:// or wss:// URL", param_hint="--url")
     logs.configure("warning", "auto")
     try:
-        result = asyncio.run(run())
+        return asyncio.run(run())
     except rpcbus.RpcError as exc:
         click.echo(f"{exc.code}: {exc.message}", err=True)
         sys.exit(1)
+
+
+@main.command()
+@click.argument("rpc")
+@click.argument("data", default="null")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds the call may take (more than 0).")
+@_as_client
+def call(rpc: str, data: str, timeout: float | None, url: str, user: str | None,
+         password: str | None, token: str | None, ca_file: str | None) -> None:
+    """Call RPC with DATA (JSON) once and print the answer as JSON (exit 1 on error)."""
+    try:
+        payload = json.loads(data)
+    except ValueError as exc:
+        raise click.UsageError(f"DATA is not JSON: {exc}") from None
+    result = _as_client_run(url, user, password, token, ca_file,
+                            lambda c: c.call(rpc, payload, timeout=timeout))
     click.echo(json.dumps(result, default=repr))
+
+
+@main.command()
+@click.argument("rpc", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_as_client
+def rpcs(rpc: str | None, as_json: bool, url: str, user: str | None, password: str | None,
+         token: str | None, ca_file: str | None) -> None:
+    """What the cluster provides that you may call, with its providers per node; with
+    RPC, its providers across the cluster and their last minute (calls, errors, p50, p99)."""
+    found = _as_client_run(url, user, password, token, ca_file,
+                           (lambda c: c.providers(rpc)) if rpc else (lambda c: c.rpcs()))
+    if as_json:
+        click.echo(json.dumps(found, indent=1))
+    elif rpc is None:
+        click.echo(f"{'rpc':40} {'providers':>9}  nodes")
+        for r in found:
+            nodes = " ".join(f"{n}:{c:g}" for n, c in sorted(r["nodes"].items()))
+            click.echo(f"{r['rpc']:40} {r['providers']:>9g}  {nodes}")
+    else:
+        click.echo(f"{'provider':32} {'node':12} {'weight':>6} {'calls':>7} {'errors':>6} "
+                   f"{'p50 ms':>8} {'p99 ms':>8} {'calls/s':>8}")
+        for r in found:
+            if r["provider"] is None:
+                click.echo(f"{'(' + str(r['count']) + ' not listed)':32} {r['node']:12}")
+                continue
+            click.echo(f"{r['provider']:32} {r['node']:12} {r['weight']:>6g} "
+                       f"{_cell(r['calls']):>7} {_cell(r['errors']):>6} "
+                       f"{_cell(r['p50_ms']):>8} {_cell(r['p99_ms']):>8} "
+                       f"{_cell(r['calls_per_s']):>8}")
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else f"{value:g}"
 
 
 @main.command()

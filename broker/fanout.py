@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rpcbus.protocol import ERROR, RESPONSE
 
 if TYPE_CHECKING:
+    from rpcbus.broker.discovery import MinuteStats
     from rpcbus.broker.router import Call, Router
 
 
@@ -35,6 +36,7 @@ class Gather:
     accepted_upto = 0
     load = attempts = 0
     rate = lat = seen = steady = 0.0
+    minute: MinuteStats | None = None  # a caller, never a provider
 
     def __init__(self, router: "Router", parent: "Call", max_replies: int) -> None:
         self.router = router

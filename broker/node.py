@@ -35,7 +35,7 @@ from typing import Any, Callable
 import structlog
 
 from rpcbus import errors
-from rpcbus.broker import endpoints
+from rpcbus.broker import discovery, endpoints
 from rpcbus.broker.config import Config, ConfigError
 from rpcbus.broker.gate import Gate
 from rpcbus.broker.history import SCAN_INTERVAL
@@ -493,6 +493,26 @@ class Node:
                 "calls_by_rpc": (busiest := self.router.rpc_stats.busiest(HEARTBEAT_RPC_CALLS)),
                 "errors_by_rpc": self.router.rpc_stats.errors_of(list(busiest)),
                 "provider_view": self.router.provider_view(list(shown)[:HEARTBEAT_RPC_CALLS])}
+
+    def discover(self, name: str | None, may_call: Callable[[str], bool]) -> Any:
+        """DISCOVER's answer (broker/discovery.py): every name the user may call, with its
+        providers per node; or ``name``'s providers across the cluster."""
+        members = {} if self.link is None else {
+            node: member.info for node, member in self.link.membership.members.items()}
+        told = {node: info.get("providers") or {} for node, info in members.items()}
+        if name is None:
+            cached = {} if self.link is None else {
+                rpc: dict(entry.counts) for rpc, entry in self.link.core.cache.entries.items()}
+            return discovery.rpcs(self.name, self.router.provider_counts(), told, cached,
+                                  may_call)
+        weights = self.router.weights
+        counts = {node: told[node].get(name, 0) for node in members}
+        if self.link is not None and (entry := self.link.core.cache.entries.get(name)):
+            counts.update({node: n for node, n in entry.counts.items() if node in counts})
+        return discovery.providers(
+            name, self.name, self.router.provider_view([name], most=1000).get(name, []),
+            {node: info.get("provider_view") or {} for node, info in members.items()},
+            counts, (lambda p: weights.of(name, p)) if weights is not None else lambda p: 1.0)
 
     def cluster_view(self) -> dict[str, Any]:
         """This node and every node it hears, with their last heartbeat (``/cluster``)."""

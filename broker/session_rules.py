@@ -40,8 +40,10 @@ from rpcbus.protocol import (
     AUTH_OK,
     CANCEL,
     CREDIT,
+    DISCOVER,
     DRAIN_PING,
     ERROR,
+    FOUND,
     OK,
     PART,
     PING,
@@ -89,6 +91,9 @@ class NodeView(Protocol):
     def notice_heard(self, session: Any) -> None:
         """The client answered the drain notice's PING: what it sent before is read."""
 
+    def discover(self, name: str | None, may_call: Callable[[str], bool]) -> Any:
+        """What the cluster provides (DISCOVER): names, or ``name``'s providers."""
+
 
 class SessionRules:
     """A client of this node, as caller and provider (the router's ``Peer``). ``node`` is
@@ -112,6 +117,7 @@ class SessionRules:
         self.rate = 0.0                  # attempts sent per second, smoothed
         self.lat = 0.0                   # seconds an attempt takes here, smoothed
         self.steady = 0.0                # ``lat`` smoothed over time (router.tick)
+        self.minute: Any = None          # its last minute as a provider (router.provide)
         self.seen = 0.0                  # ``lat`` when an attempt here last ended
         self.calls: dict[int, Any] = {}    # its calls in flight by its ids (the router's)
         self.accepted_upto = 0           # ACCEPT_UPTO: attempts up to this one it took
@@ -261,6 +267,17 @@ class SessionRules:
         elif kind == CANCEL:  # the caller gave a call up (counted as a request: it costs)
             if self.inflight and (self._limiter is None or self._take(msg[1], now)):
                 router.cancel_from(self, msg[1])
+        elif kind == DISCOVER:  # what the cluster provides that this user may call
+            if self._limiter is None or self._take(msg[1], now):
+                perms = self._perms
+                may_call = perms.may_call if perms is not None else _anything
+                name = msg[2]
+                if name is not None and not may_call(name):
+                    self.node.stats["permission_denied"] += 1
+                    self.send([ERROR, msg[1], errors.PERMISSION_DENIED,
+                               f"{self._who()} may not call {name!r}"])
+                else:
+                    self.send([FOUND, msg[1], self.node.discover(name, may_call)])
         elif kind == PING:
             if self._limiter is None or self._take(None, now, ping=True):
                 self.send([PONG, msg[1] if len(msg) > 1 else None])
@@ -484,6 +501,10 @@ class SessionRules:
             log.warning("closing_garbage_sender", session=self.sid, strikes=self._strikes)
             self.flush()
             self.close_for_policy("too many invalid messages")
+
+
+def _anything(name: str) -> bool:
+    return True
 
 
 def _ref_of(msg: list[Any]) -> int | None:

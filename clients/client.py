@@ -76,7 +76,9 @@ from rpcbus.protocol import (
     AUTH_OK,
     CANCEL,
     CREDIT,
+    DISCOVER,
     ERROR,
+    FOUND,
     MAX_WINDOW,
     OK,
     PART,
@@ -589,7 +591,23 @@ class Client:
         """A protocol-level round trip to the node."""
         await self._control(PING, None)
 
-    async def _control(self, kind: int, names: list[str] | None) -> Any:
+    async def rpcs(self) -> list[dict[str, Any]]:
+        """What the cluster provides that this client's user may call, by name: ``[{"rpc",
+        "providers", "nodes": {node: count}}]`` (docs/protocol.md, "Discovery")."""
+        found: list[dict[str, Any]] = await self._control(DISCOVER, None, [None])
+        return found
+
+    async def providers(self, name: str) -> list[dict[str, Any]]:
+        """The providers of ``name`` across the cluster: ``[{"provider", "node", "weight",
+        "calls_per_s", "ms", "outstanding", "calls", "errors", "p50_ms", "p99_ms"}]``, the
+        last four over about the last minute (None: not measured); a node that provides
+        it too little to say more gives ``{"provider": None, "node", "count"}``. Raises
+        PermissionDeniedError for a name the user may not call."""
+        found: list[dict[str, Any]] = await self._control(DISCOVER, None, [name])
+        return found
+
+    async def _control(self, kind: int, names: list[str] | None,
+                       fields: list[Any] | None = None) -> Any:
         if self._closed:
             raise errors.ConnectionLostError(None, "the client is closed")
         loop = asyncio.get_running_loop()
@@ -602,7 +620,8 @@ class Client:
         fut = loop.create_future()
         self._pending[ref] = fut
         self._calls.control(ref, wire, loop.time() + self._open_timeout)
-        wire.send([kind, ref] if names is None else [kind, ref, names])
+        wire.send([kind, ref, *fields] if fields is not None else
+                  [kind, ref] if names is None else [kind, ref, names])
         try:
             return await fut
         finally:
@@ -632,8 +651,8 @@ class Client:
 
     def _on_message(self, wire: _Wire, msg: list[Any]) -> None:
         kind = msg[0]
-        if kind == RESPONSE or kind == OK:
-            self._settle(msg[1], msg[2] if kind == RESPONSE else None, None)
+        if kind == RESPONSE or kind == OK or kind == FOUND:
+            self._settle(msg[1], msg[2] if kind != OK else None, None)
         elif kind == REPLY:
             replies = self._replies.get(msg[1])
             if replies is not None:

@@ -50,6 +50,10 @@ MAX_WINDOW = 1024
 # node, and its answer or error); RESPONSE (the number of replies) ends it
 ALL = 26
 REPLY = 27
+# discovery: DISCOVER asks what the cluster provides (every name, or one name's
+# providers), FOUND answers (docs/protocol.md, "Discovery")
+DISCOVER = 28
+FOUND = 29
 PING = 30
 PONG = 31
 
@@ -84,6 +88,8 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (ALL, "caller → node"): ("cid", "name", "data", "timeout_ms or nil",
                              "{max_replies?, traceparent?}?"),
     (REPLY, "node → caller"): ("cid", "provider", "node", "data", "[code, message, detail?]?"),
+    (DISCOVER, "client → node"): ("ref", "name or nil"),
+    (FOUND, "node → client"): ("ref", "what"),
     (ACCEPT, "provider → node"): ("id",),
     (ACCEPT_UPTO, "provider → node"): ("id",),
     (RESPONSE, "provider → node"): ("id", "data"),
@@ -121,6 +127,8 @@ KIND_NAMES = {
     CREDIT: "CREDIT",
     ALL: "ALL",
     REPLY: "REPLY",
+    DISCOVER: "DISCOVER",
+    FOUND: "FOUND",
     PING: "PING",
     PONG: "PONG",
 }
@@ -313,6 +321,12 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
         if n != 3 or not is_id(msg[1]):
             return f"{KIND_NAMES[kind]} takes [{kind}, ref, [name, ...]]"
         return _names_problem(msg[2], max_name, max_names)
+    if kind == DISCOVER:
+        if n != 3 or not is_id(msg[1]) or (msg[2] is not None
+                                           and not valid_name(msg[2], max_name)):
+            return (f"DISCOVER takes [28, ref, name or nil], an rpc name of 1-{max_name} of "
+                    "A-Z a-z 0-9 _ . : / -")
+        return None
     if kind == PING or kind == PONG:
         if n > 2:
             return f"{KIND_NAMES[kind]} takes [{kind}] or [{kind}, payload]"

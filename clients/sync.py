@@ -77,6 +77,14 @@ class SyncClient:
                                                max_replies=max_replies,
                                                traceparent=traceparent))
 
+    def rpcs(self) -> list[dict[str, Any]]:
+        """``Client.rpcs``: what the cluster provides that this user may call."""
+        return self._run(self._client.rpcs())
+
+    def providers(self, name: str) -> list[dict[str, Any]]:
+        """``Client.providers``: the providers of ``name`` across the cluster."""
+        return self._run(self._client.providers(name))
+
     def stream(self, name: str, data: Any = None, *, timeout: float | None = None,
                window: int = DEFAULT_WINDOW, traceparent: str | None = None) -> "SyncStream":
         """``Client.stream``, blocking: ``for part in client.stream(name, data)``."""

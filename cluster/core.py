@@ -337,11 +337,13 @@ class ClusterCore:
                 self.stats["misaddressed"] += 1
                 continue
             try:
-                if kind == m.RESPONSE:  # the kinds every call or part carries, first
+                if kind == m.RESPONSE:  # the two kinds every call carries, first
                     respond(node, msg[1], msg[2])
+                elif kind == m.INVOKE:
+                    self._invoke(node, msg, age, now, taken)
                 elif kind == m.PART:
                     self.router.part(node, msg[1], msg[3], msg[2])
-                elif kind == m.INVOKE or kind == m.INVOKE_ALL:
+                elif kind == m.INVOKE_ALL:
                     self._invoke(node, msg, age, now, taken)
                 else:
                     self._on_message(node, msg, batch.sent_at, now)

@@ -180,19 +180,22 @@ def _well_formed(msg: Any) -> bool:
         return False
     kind = msg[0]
     n = len(msg)
-    if kind == RESPONSE:  # the kinds every call or part carries, first
+    if kind == RESPONSE:  # the two kinds every call carries, first
         return n == 3 and type(msg[1]) is int and msg[1] >= 0
+    if kind == INVOKE:  # [120, id, rpc, data, left_ms, ack_ms, caller, traceparent?, user?,
+        # window?]
+        return (7 <= n <= 9 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is str
+                and type(msg[4]) is int and type(msg[5]) is int and type(msg[6]) is str
+                and (n == 7 or type(msg[7]) in (str, type(None)))
+                and (n < 9 or type(msg[8]) is str)) or (
+            n == 10 and _well_formed([kind, *msg[1:8]])   # a stream's: every field
+            and type(msg[8]) in (str, type(None))
+            and type(msg[9]) is int and 0 < msg[9] <= MAX_WINDOW)
     if kind == PART:
         return n == 4 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is int \
             and msg[2] >= 0
-    if kind == INVOKE or kind == INVOKE_ALL:  # [120, id, rpc, data, left_ms, ack_ms, caller,
-        # traceparent?, user?, window?] (INVOKE_ALL: no window)
-        return (7 <= n <= (10 if kind == INVOKE else 9) and type(msg[1]) is int
-                and msg[1] >= 0 and type(msg[2]) is str
-                and type(msg[4]) is int and type(msg[5]) is int and type(msg[6]) is str
-                and (n == 7 or type(msg[7]) in (str, type(None)))
-                and (n < 9 or type(msg[8]) is str or (n == 10 and msg[8] is None))
-                and (n < 10 or (type(msg[9]) is int and 0 < msg[9] <= MAX_WINDOW)))
+    if kind == INVOKE_ALL:  # INVOKE's fields, without a window
+        return n <= 9 and _well_formed([INVOKE, *msg[1:]])
     if kind == ACK:
         return n > 1 and all(type(i) is int and i >= 0 for i in msg[1:])
     if kind == ERROR:  # [124, id, code, message, detail?]

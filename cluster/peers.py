@@ -58,6 +58,7 @@ class RemoteNode:
         self.latency: dict[str, float] = {}
         # unused: a node reports its own (``latency``)
         self.lat = self.seen = self.steady = 0.0
+        self.minute: Any = None          # a node: never a provider's last minute here
         self.calls: dict[int, Any] = {}  # never added to: a provider, never a caller
         self.accepted_upto = 0           # a node acknowledges (ACK), never ACCEPT_UPTO
         self.provides: set[str] = set()
@@ -108,6 +109,7 @@ class RemoteCaller:
     accepted_upto = 0           # a caller, never a provider
     load = attempts = 0
     rate = lat = seen = steady = 0.0
+    minute: Any = None
 
     __slots__ = ("link", "node", "origin", "id", "key", "label", "user_name", "inflight",
                  "calls", "invoke", "late_at", "deadline", "parts")
@@ -153,12 +155,15 @@ class RemoteCaller:
                                     int((left - min(0.1, left / 10)) * 1000) or 1, t,
                                     msg[INV_TRACEPARENT] if len(msg) > INV_TRACEPARENT else None)
             return
-        if len(msg) > INV_WINDOW:
+        if len(msg) <= INV_TRACEPARENT:  # the common INVOKE: no trace, no user, no window
+            link.router.request(self, self.id, msg[INV_RPC], msg[INV_DATA],
+                                int((self.deadline - t) * 1000), t)
+            return
+        window = msg[INV_WINDOW] if len(msg) > INV_WINDOW else 0
+        if window:
             self.parts = 0
         link.router.request(self, self.id, msg[INV_RPC], msg[INV_DATA],
-                            int((self.deadline - t) * 1000), t,
-                            msg[INV_TRACEPARENT] if len(msg) > INV_TRACEPARENT else None,
-                            msg[INV_WINDOW] if len(msg) > INV_WINDOW else 0)
+                            int((self.deadline - t) * 1000), t, msg[INV_TRACEPARENT], window)
 
     def send(self, msg: list[Any]) -> None:
         """The call's outcome, back to the origin (an ACCEPT stays here: the ACK the origin
@@ -172,20 +177,20 @@ class RemoteCaller:
         lost."""
         kind = msg[0]
         node = self.node
-        if kind == ACCEPT:  # the origin knows it started: it had the ACK before it ran
-            return
-        if kind == REPLY:  # [27, cid, provider, node, data, error?]: one of a call_all's
-            node.publish([m.REPLY, msg[1], msg[2], msg[4], *msg[5:]], hold_until=self.deadline)
-            return
-        if kind == PART:  # a stream goes on: its caller stays in the link's tables
-            self.link.outbox.publish(node.topic, [m.PART, msg[1], self.parts, msg[2]], None,
-                                     node.incarnation, self.deadline)
-            self.parts += 1
-            return
         if kind == C_RESPONSE:  # node.publish, inlined (one per call); a stream's end
             self.link.outbox.publish(node.topic, [m.RESPONSE, msg[1], msg[2] if self.parts < 0
                                                   else self.parts], None,
                                      node.incarnation, self.deadline)
+        elif kind == ACCEPT:  # the origin knows it started: it had the ACK before it ran
+            return
+        elif kind == PART:  # a stream goes on: its caller stays in the link's tables
+            self.link.outbox.publish(node.topic, [m.PART, msg[1], self.parts, msg[2]], None,
+                                     node.incarnation, self.deadline)
+            self.parts += 1
+            return
+        elif kind == REPLY:  # [27, cid, provider, node, data, error?]: one of a call_all's
+            node.publish([m.REPLY, msg[1], msg[2], msg[4], *msg[5:]], hold_until=self.deadline)
+            return
         elif kind == C_ERROR and msg[2] == errors.NO_PROVIDER:
             node.publish([m.REJECT, self.id], hold_until=self.deadline)
         elif kind == C_ERROR:

@@ -1,6 +1,7 @@
 """The rpcbus command: call, node start-up errors, graceful stop on SIGTERM."""
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -35,6 +36,14 @@ async def test_call_prints_the_answer_as_json_and_fails_with_the_code(node):
         for args in (("--timeout", "0"), ("--url", "127.0.0.1:6020")):
             wrong = await asyncio.to_thread(run_cli, "call", "math.add", "{}", *args)
             assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
+        # what the node provides, and one name's providers with their last minute
+        names = await asyncio.to_thread(run_cli, "rpcs", "--url", node.url)
+        assert names.returncode == 0, names.stderr
+        assert names.stdout.splitlines()[1].split()[:2] == ["math.add", "1"]
+        who = await asyncio.to_thread(run_cli, "rpcs", "math.add", "--json", "--url", node.url)
+        [row] = json.loads(who.stdout)
+        assert row["provider"] and row["node"] and row["weight"] == 1.0
+        assert row["calls"] == 2 and row["errors"] == 0
 
 
 def test_variables_that_name_no_setting_do_not_stop_a_node(start_node):

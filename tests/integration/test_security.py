@@ -77,6 +77,21 @@ async def test_password_and_token_logins_and_what_each_user_may_do(secured):
         assert await front.call("billing.charge", 6, timeout=5) == {"charged": 6}  # still open
 
 
+async def test_discovery_shows_a_user_only_what_it_may_call(secured):
+    async with rpcbus.connect(secured.url, user="worker", password="w0rker") as worker, \
+            rpcbus.connect(secured.url, token="chatty-token") as chatty, \
+            rpcbus.connect(secured.url, token="front-token") as front:
+        await worker.provide("billing.refund", lambda d: d)
+        await chatty.provide("echo", lambda d: d)
+        names = {r["rpc"] for r in await front.rpcs()}     # billing.*, echo
+        assert {"billing.refund", "echo"} <= names
+        assert {r["rpc"] for r in await worker.rpcs()} == names - {"echo"}  # billing.* only
+        [refund] = await worker.providers("billing.refund")
+        assert refund["provider"].startswith("worker") and refund["node"]
+        with pytest.raises(rpcbus.PermissionDeniedError, match="echo"):
+            await worker.providers("echo")
+
+
 @pytest.mark.parametrize("creds", [
     dict(user="worker", password="wrong"), dict(user="nobody", password="w0rker"),
     dict(token="not-a-token"), dict()])

@@ -322,6 +322,13 @@ async def test_call_all_between_js_and_python_across_nodes(two, js):
         assert by["web"]["value"]["data"] == 7 and by["web"]["node"] == two.nodes[1].name
         got = await clients[0].call_all("stock", 8, timeout=1.5)
         assert {r.provider.split("@")[0] for r in got} == {"ok", "no", "slow", "web"}
+        # discovery from JS: the name on both nodes, its four providers by node
+        [stock] = [r for r in await agent.ok("rpcs") if r["rpc"] == "stock"]
+        assert stock["nodes"] == {two.nodes[0].name: 3, two.nodes[1].name: 1}
+        found = {(r["provider"].split("@")[0], r["node"])
+                 for r in await agent.ok("providers", name="stock")}
+        assert found == {("ok", two.nodes[0].name), ("no", two.nodes[0].name),
+                         ("slow", two.nodes[0].name), ("web", two.nodes[1].name)}
     finally:
         await asyncio.gather(*(c.close() for c in clients))
     assert await agent.ok("close") == "closed"

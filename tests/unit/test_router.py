@@ -22,6 +22,7 @@ class Peer:
         self.attempts = 0
         self.rate = 0.0
         self.lat = self.seen = self.steady = 0.0
+        self.minute = None
         self.provides = set()
         self.is_node = False
         self.sent = []

@@ -479,7 +479,16 @@ export class Client {
   /** A protocol-level round trip to the node. */
   async ping () { await this._control(p.PING, null) }
 
-  async _control (kind, names) {
+  /** What the cluster provides that this client's user may call, by name:
+   * `[{ rpc, providers, nodes: { node: count } }]` (docs/protocol.md, "Discovery"). */
+  async rpcs () { return await this._control(p.DISCOVER, null, [null]) }
+
+  /** The providers of `name` across the cluster: `[{ provider, node, weight, calls_per_s, ms,
+   * outstanding, calls, errors, p50_ms, p99_ms }]`, the last four over about the last minute
+   * (null: not measured); rejects with PermissionDeniedError for a name the user may not call. */
+  async providers (name) { return await this._control(p.DISCOVER, null, [name]) }
+
+  async _control (kind, names, fields = null) {
     if (this.closed) throw new errors.ConnectionLostError('the client is closed')
     if (this._wire === null) {
       await new Promise((resolve, reject) => {
@@ -498,7 +507,7 @@ export class Client {
     return new Promise((resolve, reject) => {
       this._pending.set(ref, { resolve, reject, wire })
       this._deadlines.add(ref, now() + this.openTimeout)
-      wire.send(names === null ? [kind, ref] : [kind, ref, names])
+      wire.send(fields !== null ? [kind, ref, ...fields] : names === null ? [kind, ref] : [kind, ref, names])
     })
   }
 
@@ -564,6 +573,8 @@ export class Client {
       }
     } else if (kind === p.OK) {
       this._finish(msg[1], undefined, undefined)
+    } else if (kind === p.FOUND) {
+      this._finish(msg[1], undefined, msg[2])
     } else if (kind === p.REQUEST || kind === p.STREAM) {
       if (msg.length < 6 || !Number.isInteger(msg[1]) || typeof msg[2] !== 'string') {
         throw new Error(`${kind === p.REQUEST ? 'REQUEST' : 'STREAM'} with the wrong fields`)

@@ -84,6 +84,22 @@ export interface CallAllOptions {
   traceparent?: string
 }
 
+/** One provider of a name (discovery); a node that says only how many: provider null. */
+export interface ProviderInfo {
+  provider: string | null
+  node: string
+  weight?: number
+  calls_per_s?: number
+  ms?: number
+  outstanding?: number
+  /** over about the last minute; null: not measured */
+  calls?: number | null
+  errors?: number | null
+  p50_ms?: number | null
+  p99_ms?: number | null
+  count?: number
+}
+
 /** One provider's reply to callAll: its label (name@session) and node, and its value or error. */
 export interface Reply<R = any> {
   provider: string
@@ -111,6 +127,10 @@ export declare class Client {
   messagesDropped: number
   constructor(urls: string | string[], options?: ConnectOptions)
   call<R = any>(name: string, data?: unknown, options?: CallOptions): Promise<R>
+  /** What the cluster provides that this user may call, by name. */
+  rpcs(): Promise<Array<{ rpc: string, providers: number, nodes: Record<string, number> }>>
+  /** The providers of `name` across the cluster, with their last minute's figures. */
+  providers(name: string): Promise<ProviderInfo[]>
   /** Call `name` on every provider of it: one reply per provider. */
   callAll<R = any>(name: string, data?: unknown, options?: CallAllOptions): Promise<Array<Reply<R>>>
   /** Call `name` as a stream: `for await (const part of client.stream(name, data))`. */

@@ -24,6 +24,8 @@ export const PART = 24 // one part of a stream's answer (RESPONSE, data nil, end
 export const CREDIT = 25 // [25, id, read]: the caller has read this many parts in all
 export const ALL = 26 // call_all: ask every provider of a name
 export const REPLY = 27 // [27, cid, provider, node, data, [code, message, detail?]?]
+export const DISCOVER = 28 // [28, ref, name or nil]: what the cluster provides
+export const FOUND = 29 // [29, ref, what]: DISCOVER's answer
 export const PING = 30
 export const PONG = 31
 

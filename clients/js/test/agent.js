@@ -77,6 +77,8 @@ async function run (cmd) {
     case 'provide': return await client.provide(cmd.name, handlers[cmd.kind]) ?? null
     case 'stream': return await stream(cmd)
     case 'yielded': return yielded
+    case 'rpcs': return await client.rpcs()
+    case 'providers': return await client.providers(cmd.name)
     case 'callAll': {
       const replies = await client.callAll(cmd.name, cmd.data ?? null, { timeout: cmd.timeout, maxReplies: cmd.maxReplies })
       return replies.map((r) => r.error

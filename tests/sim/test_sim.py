@@ -24,14 +24,15 @@ def _quiet() -> None:
 
 def _run(seed: int) -> tuple[int, str, int, list[str]]:
     quiet()
-    result = run_seed(seed, ALL_FAULTS, streams=seed % 3 == 0)
+    result = run_seed(seed, ALL_FAULTS, streams=seed % 5 == 0)
     return seed, result.faults, result.calls, result.violations
 
 
+@pytest.mark.timeout(240)  # about 90 s on this 2-core machine; a hang guard, not a budget
 def test_a_thousand_seeds_hold() -> None:
     """1,000 seeds, each drawing its faults (every kind with a chance of 0.4, so most
     seeds mix several): every call one outcome, its own, never run twice, every table
-    empty at the end; on every third seed a quarter of the calls are streams (every
+    empty at the end; on every fifth seed a quarter of the calls are streams (every
     part its own, in order, within its window) and a tenth call_alls (a reply from each
     provider that ran it, each its own)."""
     with ProcessPoolExecutor(2) as pool:

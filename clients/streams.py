@@ -75,10 +75,10 @@ class Stream:
         return self
 
     async def __anext__(self) -> Any:
+        if self._done:  # ended, or closed: as a finished generator
+            raise StopAsyncIteration
         flow = self._flow
         if flow is None:
-            if self._done:
-                raise StopAsyncIteration
             flow = self._flow = self._client._open_stream(*self._args)
         while True:
             inflow = flow.inflow

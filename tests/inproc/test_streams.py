@@ -89,6 +89,8 @@ async def test_a_consumer_that_stops_reading_stops_the_provider(cluster2):
         assert [await stream.__anext__() for _ in range(20)] == list(range(4, 24))
         await stream.aclose()                # the provider's generator is closed
         await asyncio.wait_for(handler.closed.wait(), 5)
+        with pytest.raises(StopAsyncIteration):  # closed: as a finished generator
+            await stream.__anext__()
     finally:
         await caller.close()
         await provider.close()

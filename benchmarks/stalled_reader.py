@@ -93,6 +93,8 @@ def run(seconds: float, streams: int, window: int, payload: int,
         for proc in procs:
             proc.kill()
             proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
         cluster.stop()
 
 

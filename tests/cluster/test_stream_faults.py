@@ -36,3 +36,4 @@ async def test_a_provider_killed_mid_stream_ends_it_provider_gone_after_its_part
     finally:
         provider.kill()
         provider.wait()
+        provider.stdout.close()  # else its pipe is left to a later test's garbage collection

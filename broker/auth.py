@@ -24,7 +24,10 @@ import os
 import secrets
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from rpcbus.broker.tokens import Grant
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1   # ~50 ms on one core here: OWASP's floor
 _DUMMY_HASH: str | None = None                # verified against for unknown users
@@ -140,6 +143,7 @@ class User:
     rate_messages: int | None   # None: the [limits] default
     rate_bytes: int | None
     max_provided: int | None = None  # names provided at once; None: the [limits] default
+    grant: Grant | None = None       # a JWT user: what its token grants (broker/tokens.py)
 
 
 _USER_KEYS = {"password", "token_sha256", "roles", "call", "provide", "max_connections",
@@ -164,6 +168,7 @@ class Users:
 
     def __init__(self, users: Mapping[str, Any], roles: Mapping[str, Any]) -> None:
         role_perms: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self.roles = role_perms
         for role, entry in roles.items():
             where = f"auth.roles.{role}"
             if not isinstance(entry, Mapping) or set(entry) - {"call", "provide"}:
@@ -194,22 +199,34 @@ class Users:
                     raise AuthConfigError(f"{where}.token_sha256: shared with another user")
             if password is None and token is None:
                 raise AuthConfigError(f"{where}: needs a password or a token_sha256")
-            call = list(_patterns(f"{where}.call", entry.get("call", [])))
-            provide = list(_patterns(f"{where}.provide", entry.get("provide", [])))
             for role in _patterns(f"{where}.roles", entry.get("roles", [])):
                 if role not in role_perms:
                     raise AuthConfigError(f"{where}.roles: no role {role!r} in auth.roles")
-                call += role_perms[role][0]
-                provide += role_perms[role][1]
-            rate = {k: (_count(f"{where}.{k}", entry[k]) if k in entry else None)
-                    for k in ("rate_messages", "rate_bytes", "max_provided")}
-            user = User(name, password, token,
-                        Permissions(tuple(dict.fromkeys(call)), tuple(dict.fromkeys(provide))),
-                        _count(f"{where}.max_connections", entry.get("max_connections", 0)),
-                        rate["rate_messages"], rate["rate_bytes"], rate["max_provided"])
+            user = self._user(name, entry, where, password, token)
             self.by_name[name] = user
             if token is not None:
                 self.by_token[token] = user
+
+    def _user(self, name: str, entry: Mapping[str, Any], where: str,
+              password: str | None = None, token: str | None = None,
+              grant: Grant | None = None) -> User:
+        call = list(_patterns(f"{where}.call", entry.get("call", [])))
+        provide = list(_patterns(f"{where}.provide", entry.get("provide", [])))
+        for role in entry.get("roles", []):
+            if role in self.roles:   # a token's role this node lacks grants nothing
+                call += self.roles[role][0]
+                provide += self.roles[role][1]
+        rate = {k: (_count(f"{where}.{k}", entry[k]) if k in entry else None)
+                for k in ("rate_messages", "rate_bytes", "max_provided")}
+        return User(name, password, token,
+                    Permissions(tuple(dict.fromkeys(call)), tuple(dict.fromkeys(provide))),
+                    _count(f"{where}.max_connections", entry.get("max_connections", 0)),
+                    rate["rate_messages"], rate["rate_bytes"], rate["max_provided"], grant)
+
+    def granted(self, grant: Grant) -> User:
+        """The user a verified token makes, with this table's roles (its claims were
+        checked by broker/tokens.py)."""
+        return self._user(grant.user, grant.claims, "token", grant=grant)
 
     def by_token_value(self, token: str) -> User | None:
         """The user a presented token belongs to (looked up by its digest)."""

@@ -1,7 +1,7 @@
 """The ``rpcbus`` command: ``node``, ``call``, ``demo``, ``cluster up``, ``status``,
 ``config --defaults``, and the secrets helpers ``hash-password``, ``new-token``,
-``new-key``; ``analyze``, ``history-gen`` and ``bench`` come from higher layers (entry
-points, see ``_Main``)."""
+``new-key``, ``token keygen|issue`` (broker/token_cli.py); ``analyze``,
+``history-gen`` and ``bench`` come from higher layers (entry points, see ``_Main``)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import click
 from rpcbus import __version__
 from rpcbus.broker import config as config_mod
 from rpcbus.broker import logs
+from rpcbus.broker.token_cli import token as token_group
 
 COMMANDS = "rpcbus.commands"  # entry points: commands of higher layers (analyze, bench)
 
@@ -492,6 +493,8 @@ def new_key() -> None:
 
     click.echo(make())
 
+
+main.add_command(token_group)
 
 if __name__ == "__main__":
     main()

@@ -72,6 +72,11 @@ class AuthSection:
     max_failures: int = 3
     users: dict = field(default_factory=dict)
     roles: dict = field(default_factory=dict)
+    # JWT tokens (broker/tokens.py): label -> PEM public key file; several for rotation
+    token_keys: dict = field(default_factory=dict)
+    token_issuer: str = "rpcbus"    # "" = any issuer
+    token_audience: str = "rpcbus"  # "" = any audience
+    token_leeway: float = 5.0       # s of slack for the issuer's clock
 
 
 @dataclass
@@ -124,7 +129,8 @@ _CHOICES = {
     ("log", "format"): ("auto", "json", "console"),
 }
 _MAY_BE_UNSET = {("cluster", "seal")}   # "": not chosen (the default); _validate decides
-_MAY_BE_ZERO = {("node", "port"), ("server", "ping_interval"), ("server", "ping_timeout"),
+_MAY_BE_ZERO = {("node", "port"), ("auth", "token_leeway"),
+                ("server", "ping_interval"), ("server", "ping_timeout"),
                 ("limits", "rate_messages"), ("limits", "rate_bytes"),
                 ("limits", "max_provided_per_connection"), ("limits", "max_provided_per_user"),
                 ("limits", "max_connections"), ("limits", "max_connections_per_address"),
@@ -253,6 +259,11 @@ def _validate(config: Config) -> None:
         Users(config.auth.users, config.auth.roles)  # raises on a bad user or role
     except AuthConfigError as exc:
         raise ConfigError(str(exc)) from None
+    from rpcbus.broker import tokens
+    try:
+        tokens.load_keys(config.auth.token_keys)
+    except tokens.TokenConfigError as exc:
+        raise ConfigError(str(exc)) from None
     cluster = config.cluster
     if cluster.redis_url:
         from rpcbus.cluster.redisconn import check_url
@@ -281,10 +292,11 @@ def _validate(config: Config) -> None:
 def check_serving(config: Config) -> None:
     """What a node needs beyond a valid config: someone who may log in, or auth off on
     purpose. Raises ConfigError saying how to fix it."""
-    if config.auth.mode == "users" and not config.auth.users:
+    if config.auth.mode == "users" and not config.auth.users and not config.auth.token_keys:
         raise ConfigError(
-            "auth.mode is \"users\" (the default) but no [auth.users.NAME] is configured: "
-            "add users (docs/security.md), or run without authentication by setting "
+            "auth.mode is \"users\" (the default) but no [auth.users.NAME] and no "
+            "[auth.token_keys] are configured: add users or a token key "
+            "(docs/security.md), or run without authentication by setting "
             "auth.mode = \"none\" explicitly (--auth none, RPCBUS_AUTH_MODE=none)")
 
 

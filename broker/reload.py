@@ -1,8 +1,9 @@
 """What a configuration reload (SIGHUP, ``rpcbus reload``) may change in a running node.
 
 Pure: two ``Config``s in, what to apply and what to ignore out. Users, roles and
-their permissions, the login failure limit, every ``[limits]`` value, the weights
-file and the admin token change live; anything else (ports, the Redis URL, the
+their permissions, the token keys, issuer, audience and leeway, the login
+failure limit, every ``[limits]`` value, the weights file and the admin token
+change live; anything else (ports, the Redis URL, the
 node's name, TLS files, timeouts, the history folder, logging) needs a restart and
 is kept as it was, said in one line (``summary``).
 """
@@ -17,6 +18,8 @@ from rpcbus.broker.config import Config
 
 #: (section, key) a reload applies; a whole section when the key is "*".
 RELOADABLE = frozenset({("auth", "users"), ("auth", "roles"), ("auth", "max_failures"),
+                        ("auth", "token_keys"), ("auth", "token_issuer"),
+                        ("auth", "token_audience"), ("auth", "token_leeway"),
                         ("limits", "*"), ("rpc", "weights_file"),
                         ("server", "admin_token_sha256"), ("server", "drain_timeout")})
 

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from rpcbus import errors
-from rpcbus.broker.session_rules import CUT_OFF_NOTICE, SessionRules
+from rpcbus.broker.session_policy import CUT_OFF_NOTICE
+from rpcbus.broker.session_rules import SessionRules
 from rpcbus.handshake import HttpRequest
 from rpcbus.protocol import ERROR, PART, PONG, REQUEST, RESPONSE, STREAM, ProtocolError, decode
 from rpcbus.transport import CONNECTING, OPEN, CloseCode, FrameData

@@ -14,12 +14,13 @@ Bad input never takes the node down: a malformed message gets
 ``limits.max_invalid_messages`` strikes within ``limits.invalid_window``
 seconds close the connection (code 1008).
 
-Who the client is (broker/gate.py): with auth mode ``users`` the first
-message must be an AUTH with a token or a user and password; a failed AUTH is
-answered AUTH_FAIL (the client learns no more than that) and after
-``auth.max_failures`` of them the connection closes (1008). Then every REQUEST
-is checked against the user's ``call`` globs (PERMISSION_DENIED) and rate limit
-(RATE_LIMITED; the connection stays), every PROVIDE against ``provide``.
+Who the client is (broker/gate.py, broker/session_policy.py, which this class
+extends): with auth mode ``users`` the first message must be an AUTH with a token
+or a user and password; a failed AUTH is answered AUTH_FAIL (a password's says no
+more than that, a token's says why) and after ``auth.max_failures`` of them the
+connection closes (1008). Then every REQUEST is checked against the user's
+``call`` globs (PERMISSION_DENIED) and rate limit (RATE_LIMITED; the connection
+stays), every PROVIDE against ``provide``.
 """
 
 from __future__ import annotations
@@ -27,17 +28,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-import structlog
-
 from rpcbus import errors
-from rpcbus.broker.auth import BUSY, Permissions, token_digest
+from rpcbus.broker.session_policy import SessionPolicy
 from rpcbus.protocol import (
     ACCEPT,
     ACCEPT_UPTO,
     ALL,
     AUTH,
-    AUTH_FAIL,
-    AUTH_OK,
     CANCEL,
     CREDIT,
     DISCOVER,
@@ -48,7 +45,6 @@ from rpcbus.protocol import (
     PART,
     PING,
     PONG,
-    PROTOCOL_VERSION,
     PROVIDE,
     REJECT,
     REQUEST,
@@ -57,25 +53,14 @@ from rpcbus.protocol import (
     UNPROVIDE,
     check_from_client,
     is_id,
-    valid_name,
 )
 
 if TYPE_CHECKING:
-    from rpcbus.broker.auth import User
+    from rpcbus.broker.auth import Permissions, User
     from rpcbus.broker.config import Config
     from rpcbus.broker.gate import Gate
     from rpcbus.broker.limits import WindowLimiter
     from rpcbus.broker.router import Router
-
-log = structlog.get_logger(module="rpcbus.session")
-
-BUSY_HOLD = 0.25   # s an AUTH answered BUSY waits for its answer
-
-# to every client of a node cut off from the cluster (Node._check_cut_off): connect to
-# another node you know (the SDKs do, and stay when none answers)
-CUT_OFF_NOTICE = [ERROR, None, errors.CLUSTER_UNAVAILABLE,
-                  "this node cannot reach the cluster: connect to another node"]
-
 
 class NodeView(Protocol):
     """What the rules read of their node (broker/node.py ``Node``, or the simulator's)."""
@@ -95,7 +80,7 @@ class NodeView(Protocol):
         """What the cluster provides (DISCOVER): names, or ``name``'s providers."""
 
 
-class SessionRules:
+class SessionRules(SessionPolicy):
     """A client of this node, as caller and provider (the router's ``Peer``). ``node`` is
     what the rules read of the node: its config, router, gate, stats and state."""
 
@@ -131,30 +116,11 @@ class SessionRules:
         self.user: User | None = None
         self._perms: Permissions | None = None      # None: everything allowed
         self._login_token: str | None = None        # the digest of the token it logged in with
+        self._rights_ended = ""                     # why, once its token expired
         self._limiter: WindowLimiter | None = None  # None: no rate limit
         self._gated = False                         # either of the two is set
         self._logging_in = False
         self._auth_failures = 0
-
-    # -- what the shell provides ---------------------------------------------------------
-
-    def send(self, msg: list[Any]) -> None:
-        raise NotImplementedError
-
-    def flush(self) -> None:
-        raise NotImplementedError
-
-    def is_open(self) -> bool:
-        raise NotImplementedError
-
-    def close_for_policy(self, reason: str) -> None:
-        raise NotImplementedError
-
-    def later(self, delay: float, callback: Callable[[], None]) -> None:
-        raise NotImplementedError
-
-    def logged_in(self) -> None:
-        """AUTH completed: the shell stops its login timer."""
 
     # -- input -------------------------------------------------------------------------
 
@@ -282,225 +248,10 @@ class SessionRules:
             if self._limiter is None or self._take(None, now, ping=True):
                 self.send([PONG, msg[1] if len(msg) > 1 else None])
         elif kind == AUTH:
-            self.invalid(None, "already authenticated", now)
+            self.reauth(msg[1], now)
         elif kind == PONG and len(msg) > 1 and msg[1] == DRAIN_PING:
             self.node.notice_heard(self)  # what it sent before it heard the notice is read
 
-    # -- who may do what --------------------------------------------------------------
-
-    def _admit(self, ref: int, name: str, now: float) -> bool:
-        """A REQUEST within the user's rate limit and permissions; else answered here.
-        A name the user's permissions have not allowed before is checked for shape and
-        length first: junk never reaches the globs, the caches or the metrics."""
-        if self._limiter is not None and not self._take(ref, now, name):
-            return False
-        perms = self._perms
-        if perms is not None and not perms.allowed_call(name):
-            if not valid_name(name, self._max_name):
-                self.node.stats["invalid_names"] += 1
-                self.send([ERROR, ref, errors.INVALID_MESSAGE,
-                           f"invalid rpc name {name[:64]!r}: 1-{self._max_name} of "
-                           "A-Z a-z 0-9 _ . : / -"])
-                return False
-            if not perms.may_call(name):
-                self.node.stats["permission_denied"] += 1
-                self.send([ERROR, ref, errors.PERMISSION_DENIED,
-                           f"{self._who()} may not call {name!r}"])
-                return False
-        return True
-
-    def _room_for(self, ref: int, new: int) -> bool:
-        """Room for ``new`` more provided names on this connection and for its user;
-        else the PROVIDE is refused whole (LIMIT_EXCEEDED)."""
-        limit = self.node.config.limits.max_provided_per_connection
-        if limit and len(self.provides) + new > limit:
-            why = f"this connection may provide at most {limit} names"
-        else:
-            user = self.user
-            limit = self.node.gate.max_provided(user) if user is not None else 0
-            if user is None or not limit or self.node.gate.provided[user.name] + new <= limit:
-                return True
-            why = f"{self._who()} may provide at most {limit} names on this node"
-        self.node.stats["provide_limited"] += 1
-        self.send([ERROR, ref, errors.LIMIT_EXCEEDED, why])
-        return False
-
-    def _admit_provide(self, ref: int, names: list[str], now: float) -> bool:
-        if self._limiter is not None and not self._take(ref, now):
-            return False
-        if self._perms is not None:
-            denied = [n for n in names if not self._perms.may_provide(n)]
-            if denied:
-                self.node.stats["permission_denied"] += 1
-                self.send([ERROR, ref, errors.PERMISSION_DENIED,
-                           f"{self._who()} may not provide {', '.join(denied[:5])[:256]}"])
-                return False
-        return True
-
-    def _take(self, ref: int | None, now: float, rpc: str | None = None,
-              ping: bool = False) -> bool:
-        """One request against the rate limit. A refusal costs far less than serving:
-        its text is made once per window, and a frame's refused PINGs get one ERROR."""
-        limiter = self._limiter
-        assert limiter is not None
-        if limiter.take(now):
-            return True
-        self.node.stats["rate_limited"] += 1
-        if limiter.first_refusal_in_window():
-            log.warning("rate_limited", session=self.sid, user=self._who(), call_id=ref,
-                        rpc=rpc[:128] if rpc else None, refused_total=limiter.refused)
-            limiter.refusal = (f"over the rate limit of {self._who()}; this window ends in "
-                               f"{max(limiter.end - now, 0):.2f} s")
-        if ping:
-            if self._pings_refused:
-                return False
-            self._pings_refused = True
-        self.send([ERROR, ref, errors.RATE_LIMITED, limiter.refusal])
-        return False
-
-    def _who(self) -> str:
-        return f"user {self.user.name!r}" if self.user is not None else "this connection"
-
-    def _auth(self, params: dict[str, Any], now: float) -> None:
-        name = params.get("name")
-        if name is not None and (type(name) is not str or not 0 < len(name) <= 128):
-            self.invalid(None, "AUTH name must be a string of 1-128 characters", now)
-            return
-        gate = self.node.gate
-        if gate.mode == "none":
-            self._authenticated(None, name)
-            return
-        self._logging_in = True
-        token = params.get("token")
-        self._login_token = token_digest(token) if isinstance(token, str) else None
-        gate.login(params, lambda user, reason: self._checked(user, reason, name),
-                   self.address, lambda: not self.closed)
-
-    def _checked(self, user: User | None, reason: str, name: str | None) -> None:
-        if self.closed:
-            return
-        gate = self.node.gate
-        if user is None and reason == BUSY:  # not checked: the client may try again, after
-            # BUSY_HOLD (another AUTH meanwhile is refused with a strike): a client that
-            # retries at once cannot make its refusals a flood
-            self.later(BUSY_HOLD, self._busy)
-            return
-        self._logging_in = False
-        if user is None:
-            self._auth_failures += 1
-            gate.stats["auth_failures"] += 1
-            log.info("auth_failed", session=self.sid, reason=reason,
-                     failures=self._auth_failures)
-            self.send([AUTH_FAIL, errors.NOT_AUTHENTICATED, "authentication failed"])
-            if self._auth_failures >= gate.max_failures:
-                gate.stats["closed_after_auth_failures"] += 1
-                self.flush()
-                self.close_for_policy("too many failed AUTH attempts")
-            return
-        if user.max_connections and gate.connections[user.name] >= user.max_connections:
-            gate.stats["connections_refused"] += 1
-            log.warning("too_many_connections", session=self.sid, user=user.name,
-                        limit=user.max_connections)
-            self.send([AUTH_FAIL, errors.RATE_LIMITED,
-                       f"user {user.name!r} has its {user.max_connections} connections"])
-            self.flush()
-            self.close_for_policy("too many connections for this user")
-            return
-        gate.connections[user.name] += 1
-        self.user = user
-        self._perms = user.permissions
-        self._authenticated(user, name)
-
-    def rights_changed(self) -> None:
-        """The node reloaded its users: from now on this session has the rights its user
-        has now. A user (or the token it logged in with) no longer there keeps none.
-        Names it may no longer provide are withdrawn (it is told, once); its calls in
-        flight, both ways, finish."""
-        old = self.user
-        if old is None or not self.authenticated:
-            return  # auth none, or still logging in (that checks the new table)
-        users = self.node.gate.users
-        new = (users.by_token.get(self._login_token) if self._login_token is not None
-               else users.by_name.get(old.name))
-        if new is not None and new.name != old.name:
-            new = None
-        perms = new.permissions if new is not None else Permissions((), ())
-        if new is not None:
-            self.user = new
-        self._perms = perms
-        self._limiter = self.node.gate.limiter_for(self.user)
-        self._gated = True
-        denied = sorted(n for n in self.provides if not perms.may_provide(n))
-        if denied:
-            before = len(self.provides)
-            self.router.unprovide(self, denied)
-            self.node.gate.provided[old.name] -= before - len(self.provides)
-            self.send([ERROR, None, errors.PERMISSION_DENIED,
-                       f"{self._who()} may no longer provide {', '.join(denied[:20])}"
-                       + (f" and {len(denied) - 20} more" if len(denied) > 20 else "")])
-        if new is None or denied:
-            log.info("session_rights_changed", session=self.sid, user=old.name,
-                     revoked=new is None, withdrawn=len(denied))
-
-    def _busy(self) -> None:
-        self._logging_in = False
-        if not self.closed:
-            self.send([AUTH_FAIL, errors.BUSY, "the node is busy checking logins; retry"])
-
-    def _authenticated(self, user: User | None, name: str | None) -> None:
-        """``name`` is a display label only: with users, who the client is reaches
-        providers as ``user`` (CallContext.user), and as the start of the caller label
-        and of the load history's provider name, ``user/name`` where the name differs,
-        so a client cannot pass for another user (AUTH name "admin" of user "mallory"
-        is ``mallory/admin@s18``)."""
-        if name is not None:
-            self.provider_name = name
-        if user is not None:
-            self.user_name = user.name
-            self.provider_name = (user.name if name is None or name == user.name
-                                  else f"{user.name}/{name}")
-            self.label = f"{self.provider_name}@{self.sid}"
-        elif name is not None:
-            self.label = f"{name}@{self.sid}"
-        self._limiter = self.node.gate.limiter_for(user)
-        self._gated = self._perms is not None or self._limiter is not None
-        self.authenticated = True
-        self.node.gate.logged_in(self.address)
-        self.logged_in()
-        limits = self.node.config.limits
-        self.send([AUTH_OK, {
-            "node": self.node.name,
-            "session": self.sid,
-            "user": user.name if user is not None else None,
-            "protocol": PROTOCOL_VERSION,
-            "max_frame": limits.max_frame_bytes,
-            "max_frame_messages": limits.max_messages_per_frame,
-            "max_inflight": limits.max_inflight_per_connection,
-            "ack_timeout_ms": int(self.node.config.rpc.ack_timeout * 1000),
-            "response_timeout_ms": int(self.node.config.rpc.response_timeout * 1000),
-            "max_timeout_ms": int(self.node.config.rpc.max_timeout * 1000),
-            "accept_upto": True,   # it takes ACCEPT_UPTO
-        }])
-        if self.node.cut_off:  # the notice its peers had: move on if you know another node
-            self.send(CUT_OFF_NOTICE)
-            self.node.stats["clients_sent_elsewhere"] += 1
-
-    def invalid(self, ref: int | None, reason: str, now: float) -> None:
-        """Answer a malformed message with INVALID_MESSAGE and count a strike."""
-        self.node.stats["invalid_messages"] += 1
-        self.send([ERROR, ref, errors.INVALID_MESSAGE, reason])
-        self._strike(now)
-
-    def _strike(self, now: float) -> None:
-        if now >= self._strike_window_end:
-            self._strikes = 0
-            self._strike_window_end = now + self.node.config.limits.invalid_window
-        self._strikes += 1
-        if self._strikes > self.node.config.limits.max_invalid_messages:
-            self.node.stats["closed_for_garbage"] += 1
-            log.warning("closing_garbage_sender", session=self.sid, strikes=self._strikes)
-            self.flush()
-            self.close_for_policy("too many invalid messages")
 
 
 def _anything(name: str) -> bool:

@@ -54,11 +54,13 @@ import inspect
 import itertools
 import logging
 import ssl
+import time
 from typing import Any, Callable, Sequence, TypedDict, Unpack
 
 from rpcbus import errors
 from rpcbus.backoff import Backoff
 from rpcbus.calling import Calls, Reply, reply_of
+from rpcbus.credentials import RETRY, Credentials, TokenSource, renew_in
 from rpcbus.handlers import (
     ANSWERS,
     ASYNC_PARTS,
@@ -127,6 +129,7 @@ class _Wire(ClientConnection):
     auth: asyncio.Future[dict[str, Any]]
     session: dict[str, Any]                # the node's AUTH_OK
     draining = False                       # its node is shutting down: no new calls here
+    expired = False                        # its session's token expired: rights ended
     serving: Serving                       # its provider side (clients/provider.py)
 
     def frame_received(self, data: FrameData) -> None:
@@ -163,7 +166,10 @@ class Options(TypedDict, total=False):
     name: str | None
     user: str | None
     password: str | None
-    token: str | None
+    # a token, or a function (plain or async) returning one: called for each login and
+    # before a JWT expires, to renew the session's rights on the same connection
+    # (clients/credentials.py)
+    token: TokenSource | None
     open_timeout: float
     grace: float
     max_size: int
@@ -183,7 +189,8 @@ class Client:
 
     def __init__(self, urls: str | Sequence[str], *, name: str | None = None,
                  user: str | None = None, password: str | None = None,
-                 token: str | None = None, open_timeout: float = 10.0, grace: float = 1.0,
+                 token: TokenSource | None = None, open_timeout: float = 10.0,
+                 grace: float = 1.0,
                  max_size: int = 16 << 20, ping_interval: float | None = 20.0,
                  reconnect: bool = True, backoff: Backoff | None = None,
                  on_state: Callable[[str], None] | None = None,
@@ -199,8 +206,9 @@ class Client:
                 raise ValueError(f"not a WebSocket URL (ws:// or wss://): {url!r}")
         self.name = name
         self.state = "connecting"
-        self._credentials = {k: v for k, v in
-                             (("user", user), ("password", password), ("token", token)) if v}
+        self._creds = Credentials(user, password, token)
+        self._renewal: asyncio.TimerHandle | None = None  # the next token renewal
+        self._renewing: asyncio.Task[None] | None = None
         self._open_timeout, self._grace = open_timeout, grace
         self._max_size, self._ping_interval = max_size, ping_interval
         self._reconnect, self._backoff = reconnect, backoff or Backoff(0.05, 5.0)
@@ -304,7 +312,12 @@ class Client:
                 wire.start_keepalive(self._ping_interval, self._ping_interval)
                 wire.owner, wire.url = self, url
                 wire.serving = Serving(wire.send, self._handlers.get)
-                params: dict[str, Any] = {"protocol": PROTOCOL_VERSION, **self._credentials}
+                try:
+                    creds = await self._creds.params()
+                except Exception as exc:  # the application's token function failed
+                    raise errors.NotAuthenticatedError(
+                        None, f"the token function raised {exc!r}") from exc
+                params: dict[str, Any] = {"protocol": PROTOCOL_VERSION, **creds}
                 if self.name:
                     params["name"] = self.name
                 busy = Backoff(0.05, 1.0)
@@ -325,6 +338,7 @@ class Client:
                 max_messages = wire.session.get("max_frame_messages")
                 if type(max_messages) is int and max_messages > 0:
                     wire.max_out_messages = max_messages
+            self._renew_later()
             return wire
         except BaseException:
             if wire is not None:
@@ -377,6 +391,10 @@ class Client:
         self._closed = True
         if self._reconnecting is not None:
             self._reconnecting.cancel()
+        if self._renewal is not None:
+            self._renewal.cancel()
+        if self._renewing is not None:
+            self._renewing.cancel()
         for sent_on, cancel in self._calls.cancels():  # nobody waits for these answers now
             if sent_on.state is OPEN:
                 sent_on.send(cancel)
@@ -681,6 +699,11 @@ class Client:
             if ref is None and code == errors.CLUSTER_UNAVAILABLE:
                 self._node_cut_off(wire)  # a notice: the node cannot reach the cluster
                 return
+            if ref is None and code == errors.NOT_AUTHENTICATED:  # its token expired
+                wire.expired = True
+                if self._creds.renews:
+                    self._renew_later(0.0)
+                    return
             if code == errors.SHUTTING_DOWN:
                 self._node_draining(wire)
                 if ref is None:
@@ -917,6 +940,50 @@ class Client:
             self._set_state("closed")
             return
         self._start_reconnect(avoid=wire.url, at_once=False)
+
+    # -- token renewal (clients/credentials.py) -----------------------------------------
+
+    def _renew_later(self, delay: float | None = None) -> None:
+        """Renew the token after ``delay`` seconds (None: when the current one says)."""
+        if not self._creds.renews or self._closed:
+            return
+        if delay is None:
+            delay = renew_in(self._creds.token or "", time.time())
+            if delay is None:
+                return
+        if self._renewal is not None:
+            self._renewal.cancel()
+        self._renewal = asyncio.get_running_loop().call_later(delay, self._renew_now)
+
+    def _renew_now(self) -> None:
+        self._renewal = None
+        if not self._closed and (self._renewing is None or self._renewing.done()):
+            self._renewing = asyncio.get_running_loop().create_task(
+                self._renew(), name="rpcbus-client-renew-token")
+
+    async def _renew(self) -> None:
+        """A new token from the token function, sent as AUTH on every open connection (the
+        node keeps the session and gives it the new token's rights); names withdrawn when
+        the old one expired are provided again. A failure is logged and tried again
+        after ``RETRY`` seconds."""
+        loop = asyncio.get_running_loop()
+        try:
+            token = await self._creds.fetch()
+            for wire in [w for w in self._wires if w.state is OPEN]:
+                wire.auth = loop.create_future()
+                wire.send([AUTH, {"token": token}])
+                async with asyncio.timeout(self._open_timeout):
+                    await wire.auth
+                if wire.expired:
+                    wire.expired = False
+                    if self._handlers:
+                        wire.send([PROVIDE, next(self._ids), list(self._handlers)])
+        except Exception as exc:  # the token function, a refusal, no answer in time
+            log.warning("token_renewal_failed url=%s error=%r (again in %.0f s)",
+                        self.url, exc, RETRY)
+            self._renew_later(RETRY)
+            return
+        self._renew_later()
 
     def _start_reconnect(self, avoid: str, at_once: bool) -> None:
         self._set_state("reconnecting")

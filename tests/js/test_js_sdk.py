@@ -4,8 +4,12 @@ reconnecting and handing over, auth and permissions."""
 
 import asyncio
 import signal
+import time
 
+import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 
 import rpcbus
 from rpcbus.broker.auth import hash_password, token_digest
@@ -170,6 +174,9 @@ CONFIG = """
 [auth]
 mode = "users"
 
+[auth.token_keys]
+ops = "{token_key}"
+
 [auth.users.worker]
 password = "{worker_hash}"
 provide = ["billing.*"]
@@ -182,12 +189,21 @@ call = ["billing.*"]
 
 
 async def test_password_and_token_logins_and_permissions(js, tmp_path):
+    signer = ed25519.Ed25519PrivateKey.generate()
+    (tmp_path / "ops.pub").write_bytes(signer.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     conf = tmp_path / "node.toml"
     conf.write_text(CONFIG.format(worker_hash=hash_password("w0rker", n=1 << 12),
-                                  frontend_digest=token_digest("front-token")))
+                                  frontend_digest=token_digest("front-token"),
+                                  token_key=tmp_path / "ops.pub"))
     node = NodeProcess("--config", str(conf), env=FAST).start()
     try:
-        worker, front, wrong = await js(), await js(), await js()
+        worker, front, wrong, bearer = await js(), await js(), await js(), await js()
+        jwt_token = jwt.encode({"sub": "dashboard", "call": ["billing.*"], "iss": "rpcbus",
+                                "aud": "rpcbus", "exp": time.time() + 600}, signer,
+                               algorithm="EdDSA")
+        assert (await bearer.ok("connect", urls=[node.url], options={"token": jwt_token})
+                )["user"] == "dashboard"
         assert (await worker.ok("connect", urls=[node.url],
                                 options={"user": "worker", "password": "w0rker"}))["user"] \
             == "worker"
@@ -204,6 +220,21 @@ async def test_password_and_token_logins_and_permissions(js, tmp_path):
         assert got["user"] == "frontend"                     # set by the node, not claimed
         err = await front.error("call", name="admin.reset")
         assert err["code"] == "PERMISSION_DENIED"
+        assert (await bearer.ok("call", name="billing.echo", data=2))["user"] == "dashboard"
+        err = await bearer.error("provide", name="billing.mine", kind="echo")
+        assert err["code"] == "PERMISSION_DENIED"
+
+        # a token function: the JWT is renewed before it expires, on the same connection
+        def short(exp):
+            return jwt.encode({"sub": "relay", "call": ["billing.*"], "iss": "rpcbus",
+                               "aud": "rpcbus", "iat": int(time.time()), "exp": exp},
+                              signer, algorithm="EdDSA")
+        relay = await js()
+        await relay.ok("connect", urls=[node.url],
+                       tokens=[short(time.time() + 3), short(time.time() + 600)])
+        renewed = await asyncio.to_thread(node.wait_event, "session_token_renewed", 20)
+        assert renewed["user"] == "relay" and renewed["after_expiry"] is False
+        assert (await relay.ok("call", name="billing.echo", data=3))["data"] == 3
     finally:
         assert node.stop() == 0
 

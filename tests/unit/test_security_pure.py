@@ -1,6 +1,7 @@
 """The pure parts of security: password hashes, users and globs, rate limits, batch seals."""
 
 import base64
+import json
 import time
 
 import msgpack
@@ -191,3 +192,64 @@ def test_a_receiver_refuses_batches_sealed_before_it_started():
         assert restarted.open("t", sender.seal("t", b"y"))[0] == b"y"   # sealed after it
     finally:
         time.time_ns = real_time
+
+
+def _pem(key, private=False):
+    from cryptography.hazmat.primitives import serialization as ser
+    if private:
+        return key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8,
+                                 ser.NoEncryption())
+    return key.public_key().public_bytes(ser.Encoding.PEM,
+                                         ser.PublicFormat.SubjectPublicKeyInfo)
+
+
+def test_token_keys_are_checked_at_load_and_a_token_is_judged_by_the_clock_given(tmp_path):
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+    from rpcbus.broker.tokens import TokenError, Tokens, load_keys
+
+    signer = ed25519.Ed25519PrivateKey.generate()
+    (tmp_path / "k.pub").write_bytes(_pem(signer))
+    (tmp_path / "k.key").write_bytes(_pem(signer, private=True))
+    (tmp_path / "weak.pub").write_bytes(_pem(rsa.generate_private_key(65537, 1024)))
+    for keys, needle in [({"k": str(tmp_path / "k.key")}, "that is a private key"),
+                         ({"k": str(tmp_path / "none.pub")}, "No such file"),
+                         ({"k": str(tmp_path / "weak.pub")}, "1024 bits: 2048 at least"),
+                         ({"k": str(tmp_path / "k.pub"), "again": str(tmp_path / "k.pub")},
+                          "the same key as auth.token_keys.k")]:
+        with pytest.raises(config.ConfigError, match=needle):
+            config.load(None, env={"RPCBUS_AUTH_TOKEN_KEYS": json.dumps(keys)})
+    only_tokens = config.load(None, env={
+        "RPCBUS_AUTH_TOKEN_KEYS": json.dumps({"k": str(tmp_path / "k.pub")})})
+    config.check_serving(only_tokens)                        # a token key is enough to serve
+
+    tokens = Tokens(load_keys({"k": str(tmp_path / "k.pub")}), leeway=5)
+    token = jwt.encode({"sub": "app", "exp": 1000, "nbf": 500, "iss": "rpcbus",
+                        "aud": ["other", "rpcbus"], "call": ["a.*"], "roles": ["ops"]},
+                       signer, algorithm="EdDSA")
+    grant = tokens.verify(token, now=1004.9)                 # within the leeway
+    assert (grant.user, grant.expires, grant.claims["call"]) == ("app", 1005.0, ["a.*"])
+    assert Users({}, {"ops": {"call": ["ops.*"]}}).granted(grant).permissions.call == \
+        ("a.*", "ops.*")
+    with pytest.raises(TokenError, match="expired at 1970-01-01T00:16:40Z"):
+        tokens.verify(token, now=1005.1)
+    with pytest.raises(TokenError, match="not valid before"):
+        tokens.verify(token, now=494)
+    assert tokens.holds(grant) == ""
+    assert "audience" in Tokens(tokens.keys, audience="mine").holds(grant)
+    assert "removed" in Tokens({}).holds(grant)
+
+
+def test_the_sdk_renews_a_jwt_a_minute_before_exp_or_a_fifth_of_its_life():
+    from rpcbus.credentials import RENEW_BEFORE, jwt_times, renew_in
+
+    def unsigned(claims):
+        body = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+        return f"eyJhbGciOiJFZERTQSJ9.{body}.sig"
+    now = 1_000_000.0
+    assert renew_in(unsigned({"iat": now, "exp": now + 3600}), now) == 3600 - RENEW_BEFORE
+    assert renew_in(unsigned({"iat": now, "exp": now + 10}), now) == 8.0
+    assert renew_in(unsigned({"exp": now - 5}), now) == 0.0        # expired: at once
+    assert renew_in("static-token", now) is None
+    assert jwt_times(unsigned({"sub": "x", "exp": True})) is None

@@ -24,6 +24,7 @@
 // the answer.
 
 import { Backoff } from './backoff.js'
+import { fetchToken, renewIn, RETRY_MS } from './credentials.js'
 import { Deadlines } from './deadlines.js'
 import { Held } from './staleness.js'
 import * as errors from './errors.js'
@@ -71,7 +72,14 @@ export class Client {
     const o = options
     this.name = o.name ?? null
     this.credentials = {}
-    for (const key of ['user', 'password', 'token']) if (o[key]) this.credentials[key] = o[key]
+    for (const key of ['user', 'password']) if (o[key]) this.credentials[key] = o[key]
+    if (o.token != null && typeof o.token !== 'string' && typeof o.token !== 'function') {
+      throw new TypeError('token must be a string or a function returning one')
+    }
+    this._tokenSource = o.token || null // a string, or a function returning one (renewed)
+    this._token = null // the last token fetched
+    this._renewal = null // the timer of the next token renewal
+    this._renewing = false
     this.openTimeout = o.openTimeout ?? 10000
     this.grace = o.grace ?? 1000
     this.reconnect = o.reconnect ?? true
@@ -186,6 +194,13 @@ export class Client {
     try {
       await Promise.race([new Promise((resolve) => { ws.onopen = resolve }), failed])
       const params = { protocol: p.PROTOCOL_VERSION, ...this.credentials }
+      if (this._tokenSource !== null) {
+        try {
+          params.token = this._token = await fetchToken(this._tokenSource)
+        } catch (err) {
+          throw new errors.NotAuthenticatedError(`the token function failed: ${err}`)
+        }
+      }
       if (this.name) params.name = this.name
       const busy = new Backoff(50, 1000)
       for (;;) { // AUTH_FAIL BUSY: the node could not check it now; again, later
@@ -210,7 +225,51 @@ export class Client {
     wire.staleness.staleAfterMs = (s.ack_timeout_ms ?? 1000) / 2
     if (Number.isInteger(s.max_frame) && s.max_frame > 0) wire.maxFrame = s.max_frame
     if (Number.isInteger(s.max_frame_messages) && s.max_frame_messages > 0) wire.maxMessages = s.max_frame_messages
+    this._renewLater()
     return wire
+  }
+
+  // -- token renewal (src/credentials.js) -------------------------------------------------
+
+  /** Renew the token after `delayMs` (undefined: when the current one says). */
+  _renewLater (delayMs) {
+    if (typeof this._tokenSource !== 'function' || this.closed) return
+    const delay = delayMs ?? renewIn(this._token, Date.now())
+    if (delay === null) return
+    clearTimeout(this._renewal)
+    this._renewal = setTimeout(() => { this._renewal = null; this._renew() }, delay)
+    if (typeof this._renewal === 'object' && this._renewal.unref) this._renewal.unref()
+  }
+
+  /** A new token from the token function, sent as AUTH on every open connection; names
+   * withdrawn when the old one expired are provided again. A failure is logged and tried
+   * again after RETRY_MS. */
+  async _renew () {
+    if (this._renewing || this.closed) return
+    this._renewing = true
+    try {
+      const token = this._token = await fetchToken(this._tokenSource)
+      for (const wire of this._wires()) {
+        if (!wire.open) continue
+        const auth = new Promise((resolve, reject) => { wire.auth = { resolve, reject } })
+        wire.send([p.AUTH, { token }])
+        let timer
+        await Promise.race([auth, new Promise((resolve, reject) => {
+          timer = setTimeout(() => reject(new Error('no answer to AUTH')), this.openTimeout)
+        })]).finally(() => clearTimeout(timer))
+        if (wire.expired) {
+          wire.expired = false
+          if (this._handlers.size) wire.send([p.PROVIDE, this._ids++, [...this._handlers.keys()]])
+        }
+      }
+    } catch (err) {
+      this.log.warn(`token_renewal_failed url=${this._lastUrl} error=${err} (again in ${RETRY_MS / 1000} s)`)
+      this._renewing = false
+      this._renewLater(RETRY_MS)
+      return
+    }
+    this._renewing = false
+    this._renewLater()
   }
 
   /** Make `wire` the connection for new calls; send what waited for one. */
@@ -262,6 +321,7 @@ export class Client {
   async close () {
     if (this.closed) return
     this.closed = true
+    clearTimeout(this._renewal)
     for (const [ref, entry] of this._pending) { // nobody waits for these answers now
       if (entry.msg !== undefined && entry.wire !== null && entry.wire.open) entry.wire.send([p.CANCEL, ref])
     }
@@ -598,6 +658,13 @@ export class Client {
       if (ref == null && code === 'CLUSTER_UNAVAILABLE') {
         this._nodeCutOff(wire) // a notice: the node cannot reach the cluster
         return
+      }
+      if (ref == null && code === 'NOT_AUTHENTICATED') { // its token expired
+        wire.expired = true
+        if (typeof this._tokenSource === 'function') {
+          this._renewLater(0)
+          return
+        }
       }
       if (code === 'SHUTTING_DOWN') {
         this._nodeDraining(wire)

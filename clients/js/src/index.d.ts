@@ -12,7 +12,9 @@ export interface ConnectOptions {
   name?: string
   user?: string
   password?: string
-  token?: string
+  /** A token, or a function returning one (called for each login, and before a JWT
+   * expires: the new one renews the session's rights without reconnecting). */
+  token?: string | (() => string | Promise<string>)
   /** ms to open a connection and authenticate (default 10000). */
   openTimeout?: number
   /** ms the client waits past a call's timeout before failing it itself (default 1000). */

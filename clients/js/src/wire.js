@@ -15,6 +15,7 @@ export class Wire {
     this.session = null // the node's AUTH_OK
     this.draining = false // its node is shutting down: no new calls here
     this.lost = false
+    this.expired = false // its session's token expired: rights ended until renewed
     this.out = []
     this.scheduled = false
     this.maxFrame = 1 << 20

@@ -63,6 +63,10 @@ async function stream (cmd) {
 async function run (cmd) {
   switch (cmd.op) {
     case 'connect':
+      if (cmd.tokens) { // a token function: each login and renewal takes the next
+        const tokens = [...cmd.tokens]
+        cmd.options = { ...cmd.options, token: async () => tokens.length > 1 ? tokens.shift() : tokens[0] }
+      }
       client = await connect(cmd.urls, { ...cmd.options, onState: (state) => out({ event: 'state', state, url: client ? client.url : null }) })
       return { url: client.url, user: client.session.user, node: client.session.node }
     case 'call': {

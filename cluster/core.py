@@ -148,7 +148,7 @@ class ClusterCore:
             self.stats["cache_misses"] += 1
             if not discover:
                 return []
-            publish, done = self.cache.begin_query(name, self.membership.live(), now,
+            publish, done = self.cache.begin_query(name, self.membership.answering(), now,
                                                    self._settled_at)
             if publish:
                 self._query(name)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcbus.cluster.messages import READY
+from rpcbus.cluster.messages import READY, STARTING
 
 
 @dataclass
@@ -68,9 +68,11 @@ class Membership:
         self._offset.pop(name, None)
         self._started.pop(name, None)
 
-    def live(self) -> list[str]:
-        """Peers that are ready (this node not included)."""
-        return [m.name for m in self.members.values() if m.state == READY]
+    def answering(self) -> list[str]:
+        """Peers whose answer to a query counts: ready or still starting (a peer this node
+        last heard as starting may serve clients already, its "ready" still on its way;
+        it answers queries either way), not stopping."""
+        return [m.name for m in self.members.values() if m.state in (READY, STARTING)]
 
     def grace(self, now: float) -> None:
         """This node could not listen for a while: count every peer as just heard."""

@@ -18,7 +18,8 @@ minute), how long, how bad (``value``: its mean latency or failure rate over the
 minutes, ``peers_value``: the median of the others' figure over them, ``factor``), the
 calls it touched (``affected``: every call of a slow episode, the failed calls over the
 peers' rate of a failing one) and whether it was still going at the end of the history
-(``ongoing``: its last bad minute within ``GAP`` minutes of the newest).
+(``ongoing``: its last bad minute within ``GAP`` minutes of the newest minute of the
+provider's serving nodes: each node's own timeline, ``Rpc.newest``).
 """
 
 from __future__ import annotations
@@ -41,9 +42,8 @@ SCHEMA = ("rpc STRING, provider STRING, kind STRING, start BIGINT, end BIGINT, "
           "peers_value DOUBLE, factor DOUBLE, affected DOUBLE, ongoing BOOLEAN")
 
 
-def episodes(arranged: list[Rpc], newest: int) -> list[dict[str, Any]]:
-    """The episodes of every rpc (analytics/findings.py ``rpcs``); ``newest``: the
-    history's newest minute (``ongoing``)."""
+def episodes(arranged: list[Rpc]) -> list[dict[str, Any]]:
+    """The episodes of every rpc (analytics/findings.py ``arrange``)."""
     from rpcbus.analytics.findings import FAIL_FACTOR, FAIL_MARGIN, SLOW_FACTOR
 
     out = []
@@ -65,7 +65,7 @@ def episodes(arranged: list[Rpc], newest: int) -> list[dict[str, Any]]:
                                  ("failing", failing, peers_failure)):
             for i in np.flatnonzero(bad.any(axis=1)):
                 for run in _runs(r.minutes, np.flatnonzero(bad[i])):
-                    out.append(_episode(r, int(i), run, kind, peers[i, run], newest))
+                    out.append(_episode(r, int(i), run, kind, peers[i, run]))
     return out
 
 
@@ -76,8 +76,8 @@ def _runs(minutes: np.ndarray, at: np.ndarray) -> list[np.ndarray]:
     return [run for run in np.split(at, breaks) if len(run) >= MIN_MINUTES]
 
 
-def _episode(r: Rpc, i: int, run: np.ndarray, kind: str, peers: np.ndarray,
-             newest: int) -> dict[str, Any]:
+def _episode(r: Rpc, i: int, run: np.ndarray, kind: str,
+             peers: np.ndarray) -> dict[str, Any]:
     """One episode: provider ``i`` of ``r`` over the columns ``run``, ``peers`` the
     others' median figure in each of them."""
     g = r.grid
@@ -91,4 +91,4 @@ def _episode(r: Rpc, i: int, run: np.ndarray, kind: str, peers: np.ndarray,
             "calls": calls, "failed": failed, "value": value, "peers_value": peers_value,
             "factor": value / peers_value if peers_value else None,
             "affected": calls if kind == "slow" else max(0.0, failed - peers_value * calls),
-            "ongoing": end - 60 >= newest - 60 * GAP}
+            "ongoing": end - 60 >= int(r.newest[i]) - 60 * GAP}

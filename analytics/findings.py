@@ -4,21 +4,25 @@ recommended weights and clock skew (analytics/skew.py); docs/history.md has ever
 in words. Pure: numpy over the rollup on the driver (analytics/series.py), no Spark.
 
 - ``fairness``: per rpc and provider, the calls it got against the calls its weight
-  should have given it. Minute by minute, a provider present (from its first to its
-  last minute with any row for the rpc; exactly the minutes with a row on a node that
-  writes presence rows) expects the rpc's calls of that minute times
-  its weight over the weights of every provider present; summed over the span that
-  is ``expected_calls``. ``ratio`` = calls / expected; per rpc the spread of the
-  ratios: ``cv`` (standard deviation over mean) and ``max_over_mean``. Flagged
-  (``took`` "more" or "less") when the ratio is off by more than ``FAIR_TOLERANCE``
-  and by more than ``FAIR_Z`` standard deviations of a weighted random choice. A
-  provider that took less while others of its rpc took more names them (``because_of``):
-  the report names the cause once. ``present_minutes`` / ``idle_minutes`` show starvation.
-  Under the ``local-first`` policy (any row of the rpc says so) the providers of each
-  serving node are judged among themselves (``among``: the node; null under
-  ``cluster``): that policy keeps calls on the caller's node, so how calls split between
-  nodes follows where the callers are, not the weights; and it sends a slow or failing
-  provider less by design, so one the outliers name is judged alone (never flagged).
+  should have given it. Minute by minute, a provider present (from its first to its last
+  minute with any row for the rpc; exactly the minutes with a row on a node that writes
+  presence rows, and there for the part of the minute its windows span) expects a share
+  of the rpc's calls of that minute: the part of the minute it was there times its
+  weight over its own and the others' weights, each times the part it was there (the
+  shares scaled to add up to the minute's calls); summed over the span that is
+  ``expected_calls`` (``present_s``: the seconds it was there). A provider connected 20
+  s of a minute expects a third of a whole minute's share, not all of it. ``ratio`` =
+  calls / expected; per rpc the spread of the ratios: ``cv`` (standard deviation over
+  mean) and ``max_over_mean``. Flagged (``took`` "more" or "less") when the ratio is off
+  by more than ``FAIR_TOLERANCE`` and by more than ``FAIR_Z`` standard deviations of a
+  weighted random choice. A provider that took less while others of its rpc took more
+  names them (``because_of``): the report names the cause once. ``present_minutes`` /
+  ``idle_minutes`` show starvation. Under the ``local-first`` policy (any row of the rpc
+  says so) the providers of each serving node are judged among themselves (``among``:
+  the node; null under ``cluster``): that policy keeps calls on the caller's node, so
+  how calls split between nodes follows where the callers are, not the weights; and it
+  sends a slow or failing provider less by design, so one the outliers name is judged
+  alone (never flagged).
 - ``outliers``: a provider whose p99 is over ``SLOW_FACTOR`` times the median p99 of
   the rpc's other providers (``kind`` "slow"), or whose failure rate (errors and
   timeouts over calls) is at least ``FAIL_MARGIN`` above and ``FAIL_FACTOR`` times
@@ -30,14 +34,17 @@ in words. Pure: numpy over the rollup on the driver (analytics/series.py), no Sp
 - ``peak_minutes``: the ``PEAKS`` busiest minutes (by rate: a partial minute counts its
   real span) of each rpc, and of all rpcs together (rpc ``*``).
 - ``weights``: a recommended weight per rpc and provider, from the recent state (each
-  minute counts ``0.5 ** (age / half_life)``, age from the newest minute; the minutes up
-  to an episode that ended ``RECOVERED`` minutes before no longer count): the score
+  minute counts ``0.5 ** (age / half_life)``, age from the newest minute of the
+  provider's serving nodes; the minutes up to an episode that ended ``RECOVERED``
+  minutes before no longer count, nor those before an episode still going): the score
   ``(1 - excess failure rate) ** 4 * min(1, LATENCY_BAND * others' median mean latency
   / own mean latency)`` (excess: over the others' median and ``FAILURE_NOISE``) over the
   best score of the rpc's providers (the best weighs 1), at least ``MIN_WEIGHT``,
   rounded to 3 decimals. ``weights.json`` is what ``rpc.weights_file`` loads
   (broker/weights.py).
 - ``clock_skew``: nodes whose clocks look off (analytics/skew.py).
+- ``silent``: nodes and providers that stopped being seen while the rest went on
+  (analytics/silence.py).
 
 Every table is a list of dicts of plain Python values (None for null), the columns of
 ``SCHEMAS`` (the Parquet tables' Spark DDL).
@@ -55,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from rpcbus.analytics import episodes as episodes_mod
-from rpcbus.analytics import skew
+from rpcbus.analytics import silence, skew
 from rpcbus.analytics.rollup import COUNTS, QUANTILE_COLUMNS, QUANTILES
 from rpcbus.analytics.series import Merged, Series, failed, merge, others_median, quantiles, ratio
 
@@ -85,8 +92,8 @@ SCHEMAS = {
     "fairness": "rpc STRING, provider STRING, calls BIGINT, rpc_calls BIGINT, "
                 "expected_calls DOUBLE, share DOUBLE, expected_share DOUBLE, ratio DOUBLE, "
                 "weight DOUBLE, providers BIGINT, cv DOUBLE, max_over_mean DOUBLE, "
-                "present_minutes BIGINT, idle_minutes BIGINT, took STRING, because_of STRING, "
-                "among STRING",
+                "present_minutes BIGINT, present_s DOUBLE, idle_minutes BIGINT, took STRING, "
+                "because_of STRING, among STRING",
     "outliers": "rpc STRING, provider STRING, calls BIGINT, peers BIGINT, kind STRING, "
                 "value DOUBLE, peers_median DOUBLE",
     "episodes": episodes_mod.SCHEMA,
@@ -97,9 +104,11 @@ SCHEMAS = {
                     "failure_rate DOUBLE, p50_s DOUBLE, p99_s DOUBLE",
     "weights": "rpc STRING, provider STRING, calls BIGINT, recent_failure_rate DOUBLE, "
                "peers_failure_rate DOUBLE, recent_latency_s DOUBLE, peers_latency_s DOUBLE, "
-               "speed DOUBLE, score DOUBLE, weight DOUBLE, current DOUBLE, recovered_at BIGINT",
+               "speed DOUBLE, score DOUBLE, weight DOUBLE, current DOUBLE, "
+               "current_since BIGINT, previous DOUBLE, recovered_at BIGINT",
     "clock_skew": "node STRING, offset_s DOUBLE, method STRING, relative_to STRING, "
                   "correlation DOUBLE, first_window DOUBLE, last_window DOUBLE",
+    "silent": silence.SCHEMA,
 }
 
 
@@ -108,10 +117,13 @@ class Rpc:
     """One rpc on a grid: its providers (sorted) x its minutes (every minute with a row),
     ``grid``: per cell the sums over serving nodes (``calls``, ``failed``, ``lat_sum``,
     ``sampled``, ``weight_sum``, ``nrows``, ``local_first``: rows of nodes under that
-    policy) and ``has`` (a row that minute, 1/0);
+    policy), ``has`` (a row that minute, 1/0) and ``span`` (the seconds from its first
+    window's start to its last window's end in that minute, at most 60);
     ``totals``: per provider, everything over the span; ``by_minute``: everything per
     minute over the providers; ``exact``: per provider, served by a node that writes
-    presence rows; ``served_by``: per provider, its serving nodes."""
+    presence rows; ``served_by``: per provider, its serving nodes; ``newest``: per
+    provider, the newest minute of its serving nodes' own timelines (a node whose clock
+    is ahead, or one that went silent, moves no other provider's "now")."""
 
     name: str
     providers: list[str]
@@ -121,6 +133,7 @@ class Rpc:
     by_minute: Merged
     exact: np.ndarray
     served_by: list[list[str]]
+    newest: np.ndarray
 
 
 def arrange(series: list[Series]) -> Rpc:
@@ -134,7 +147,7 @@ def arrange(series: list[Series]) -> Rpc:
     by_minute = merge(series)
     grid = {c: np.zeros((len(providers), len(by_minute.minutes)))
             for c in ("calls", "failed", "lat_sum", "sampled", "weight_sum", "nrows",
-                      "local_first", "has")}
+                      "local_first", "has", "span")}
     for i, group in enumerate(mine):
         own = merge(group)
         at = np.searchsorted(by_minute.minutes, own.minutes)
@@ -143,11 +156,14 @@ def arrange(series: list[Series]) -> Rpc:
                           ("sampled", own.cols["latency_sampled"]),
                           ("weight_sum", own.cols["weight_sum"]),
                           ("nrows", own.cols["nrows"]),
-                          ("local_first", own.cols["local_first"]), ("has", 1.0)):
+                          ("local_first", own.cols["local_first"]), ("has", 1.0),
+                          ("span", np.clip(own.cols["window_end"] - own.cols["window_start"],
+                                           0.0, 60.0))):
             grid[c][i, at] = values
     return Rpc(series[0].rpc, providers, by_minute.minutes, grid,
                [merge(group, by_minute=False) for group in mine], by_minute,
-               np.zeros(len(providers), bool), [sorted({s.served_by for s in g}) for g in mine])
+               np.zeros(len(providers), bool), [sorted({s.served_by for s in g}) for g in mine],
+               np.zeros(len(providers), np.int64))
 
 
 def tables(arranged: list[Rpc], nodes: dict[str, Merged], recording: set[str],
@@ -161,21 +177,30 @@ def tables(arranged: list[Rpc], nodes: dict[str, Merged], recording: set[str],
     # A node that records presence writes a row (no calls, peak_in_flight 0) per window
     # for every provider connected to it: its providers are present exactly in the minutes
     # they have a row. Elsewhere (older nodes), from the first to the last minute with one.
+    own = {n: int(np.nanmax(m.cols["window_end"]) - 1) // 60 * 60 for n, m in nodes.items()}
     arranged = [replace(r, exact=np.array([any(n in recording for n in nodes_)
-                                           for nodes_ in r.served_by], bool))
+                                           for nodes_ in r.served_by], bool),
+                        newest=np.array([max((own[n] for n in nodes_ if n in own),
+                                             default=newest) for nodes_ in r.served_by],
+                                        np.int64))
                 for r in sorted(arranged, key=lambda r: r.name)]
     per_provider = [{"rpc": r.name, "provider": p, **figures(t)[0],
                      "served_by": ",".join(r.served_by[i])}
                     for r in arranged for i, (p, t) in enumerate(zip(r.providers, r.totals,
                                                                      strict=True))]
-    found = episodes_mod.episodes(arranged, newest)
+    found = episodes_mod.episodes(arranged)
     odd = outliers(per_provider)
+    skewed = clock_skew(nodes)
+    offsets = {f["node"]: f["offset_s"] for f in skewed}
     made = {"per_provider": per_provider,
             "fairness": fairness(arranged, {(x["rpc"], x["provider"]) for x in odd}),
             "outliers": odd, "episodes": found,
             "hot_rpcs": hot_rpcs(arranged, span), "peak_minutes": peak_minutes(arranged, span),
-            "weights": weights(arranged, half_life, newest, found),
-            "clock_skew": clock_skew(nodes)}
+            "weights": weights(arranged, half_life, found),
+            "clock_skew": skewed,
+            "silent": silence.nodes({n: float(np.nanmax(m.cols["window_end"]))
+                                     for n, m in nodes.items()}, offsets)
+            + silence.providers(arranged)}
     return {name: typed(rows, SCHEMAS[name]) for name, rows in made.items()}
 
 
@@ -263,8 +288,20 @@ def _judged(r: Rpc, idx: np.ndarray, among: str | None) -> list[dict[str, Any]]:
     present = ((columns[None, :] >= first[:, None]) & (columns[None, :] <= last[:, None])
                & (~exact[:, None] | has))
     weight = np.where(present, np.where(has, w, w_avg[:, None]), 0.0)
-    expected_cells = np.where(present, ratio(g["calls"].sum(axis=0), weight.sum(axis=0))
-                              [None, :] * weight, np.nan)
+    # the part of the minute each was there: its span over the longest of the minute's
+    # (a history's partial first minute is whole for all); 1 where presence is not
+    # recorded. In the seconds it is there it expects its weight over its own and the
+    # others' weights, each as present as it was; the minute's calls are shared out so.
+    with np.errstate(invalid="ignore"):
+        longest = np.nanmax(np.where(has, g["span"], np.nan), axis=0)
+    there = np.where(has & exact[:, None], np.clip(ratio(g["span"], longest[None, :]),
+                                                   0.0, 1.0), 1.0)
+    there = np.where(np.isnan(there), 1.0, there)
+    others = (weight * there).sum(axis=0)[None, :] - weight * there
+    raw = np.where(present, there * ratio(weight, weight + others), 0.0)
+    raw = np.where(np.isnan(raw), 0.0, raw)
+    expected_cells = np.where(present, ratio(g["calls"].sum(axis=0), raw.sum(axis=0))
+                              [None, :] * raw, np.nan)
     counted = ~np.isnan(expected_cells)
     expected = np.where(counted.any(axis=1), np.nansum(expected_cells, axis=1), np.nan)
     calls = g["calls"].sum(axis=1)
@@ -285,6 +322,7 @@ def _judged(r: Rpc, idx: np.ndarray, among: str | None) -> list[dict[str, Any]]:
                      "weight": float(w_avg[j]), "providers": len(idx), "cv": spread,
                      "max_over_mean": top, "among": among,
                      "present_minutes": int(present[j].sum()),
+                     "present_s": float((there[j] * present[j] * 60).sum()),
                      "idle_minutes": int((present[j] & (g["calls"][j] == 0)).sum()),
                      "took": ("more" if q > 1 else "less") if flagged else None})
     # A provider that took less while another of the rpc took more lost its calls to
@@ -365,24 +403,35 @@ def peak_minutes(arranged: list[Rpc], span: tuple[float, float]) -> list[dict[st
     return out
 
 
-def weights(arranged: list[Rpc], half_life: float, newest: int,
+def weights(arranged: list[Rpc], half_life: float,
             found: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Recommended weights from the recent state: minutes decay with ``half_life``, and
-    the minutes up to the end of an episode (``found``) that ended ``RECOVERED`` minutes or
-    more before ``newest`` no longer count (the provider recovered); a mean latency within
-    ``LATENCY_BAND`` times the peers' does not lower the weight (a difference inside the
-    histogram's resolution is noise)."""
-    healed: dict[tuple[str, str], int] = {}
+    """Recommended weights from the recent state, each provider's "now" its serving
+    nodes' newest minute (``Rpc.newest``): minutes decay with ``half_life``; the minutes
+    up to the end of an episode (``found``) that ended ``RECOVERED`` minutes or more
+    before now no longer count (the provider recovered), nor those before an episode
+    still going (its state is the episode's); a mean latency within ``LATENCY_BAND``
+    times the peers' does not lower the weight (a difference inside the histogram's
+    resolution is noise). ``current`` is the weight in use in the provider's newest
+    minute; ``current_since`` the minute it took that weight, and ``previous`` the one
+    before, when it changed within the span."""
+    newest = {(r.name, p): int(r.newest[i]) for r in arranged
+              for i, p in enumerate(r.providers)}
+    healed: dict[tuple[str, str], int] = {}    # recovered: its minutes up to here
+    cut: dict[tuple[str, str], int] = {}       # the minutes that count start here
     for ep in found:
-        if ep["end"] - 60 <= newest - 60 * RECOVERED:
-            key = (ep["rpc"], ep["provider"])
+        key = (ep["rpc"], ep["provider"])
+        if ep["ongoing"]:
+            cut[key] = max(cut.get(key, ep["start"]), ep["start"])
+        elif ep["end"] - 60 <= newest[key] - 60 * RECOVERED:
             healed[key] = max(healed.get(key, ep["end"]), ep["end"])
+            cut[key] = max(cut.get(key, ep["end"]), ep["end"])
     out = []
     for r in arranged:
         g = r.grid
-        since = np.array([healed.get((r.name, p), -math.inf) for p in r.providers])
+        since = np.array([cut.get((r.name, p), -math.inf) for p in r.providers])
         kept = (g["has"] > 0) & (r.minutes[None, :] >= since[:, None])
-        decay = np.where(kept, 0.5 ** ((newest - r.minutes) / half_life)[None, :], 0.0)
+        age = (r.newest[:, None] - r.minutes[None, :]) / half_life
+        decay = np.where(kept, 0.5 ** np.maximum(age, 0.0), 0.0)
         fail = ratio((decay * g["failed"]).sum(1), (decay * g["calls"]).sum(1))
         latency = ratio((decay * g["lat_sum"]).sum(1), (decay * g["sampled"]).sum(1))
         peers_latency, _ = others_median(latency[:, None])
@@ -402,15 +451,31 @@ def weights(arranged: list[Rpc], half_life: float, newest: int,
                          "peers_failure_rate": float(peers_fail[i, 0]),
                          "recent_latency_s": lat, "peers_latency_s": peers_lat, "speed": speed,
                          "score": (1.0 - excess) ** FAILURE_POWER * speed,
-                         "current": _div(g["weight_sum"][i][kept[i]].sum(),
-                                         g["nrows"][i][kept[i]].sum()),
-                         "recovered_at": healed.get((r.name, p))})
+                         **_in_use(r, i), "recovered_at": healed.get((r.name, p))})
         best = max((x["score"] for x in rows), default=0.0)
         for x in rows:   # rounded half up, as Spark's round
             x["weight"] = max(MIN_WEIGHT, math.floor(x["score"] / best * 1000 + 0.5) / 1000
                               if best > 0 else 0.0)
         out += rows
     return out
+
+
+def _in_use(r: Rpc, i: int) -> dict[str, Any]:
+    """The weight provider ``i`` had in its newest minute with a row, since when (the
+    first minute not at the weight before, a minute mixing the two included) and the
+    weight before it."""
+    at = np.flatnonzero(r.grid["nrows"][i] > 0)
+    if not len(at):
+        return {"current": math.nan, "current_since": None, "previous": math.nan}
+    w = np.round(r.grid["weight_sum"][i, at] / r.grid["nrows"][i, at], 3)
+    changed = np.flatnonzero(w != w[-1])
+    if not len(changed):
+        return {"current": float(w[-1]), "current_since": None, "previous": math.nan}
+    k, since = int(changed[-1]), int(changed[-1]) + 1
+    while k > 0 and min(w[k - 1], w[-1]) < w[k] < max(w[k - 1], w[-1]):
+        since, k = k, k - 1    # a minute of rows at both weights: the change began there
+    return {"current": float(w[-1]), "current_since": int(r.minutes[at[since]]),
+            "previous": float(w[k])}
 
 
 def clock_skew(nodes: dict[str, Merged]) -> list[dict[str, Any]]:

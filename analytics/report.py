@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from rpcbus.analytics.report_findings import duration, findings
+from rpcbus.analytics.report_findings import duration, findings, in_use
 from rpcbus.analytics.report_findings import ms as _ms
 from rpcbus.analytics.report_findings import pct as _pct
 from rpcbus.analytics.report_findings import when as _when
@@ -29,7 +29,7 @@ from rpcbus.analytics.report_findings import when as _when
 TOP = 24          # bars on a chart: every flagged pair, then the busiest others
 HEAT_MAX = 40     # rows and columns of the heatmap
 TABLES = ("per_provider", "fairness", "outliers", "episodes", "hot_rpcs", "peak_minutes",
-          "weights", "clock_skew")
+          "weights", "clock_skew", "silent")
 
 
 def write(out: str, directory: str | None, tables: dict[str, list[dict[str, Any]]],
@@ -107,7 +107,7 @@ def _weights_table(weights: list[dict[str, Any]]) -> str:
         return float(w["weight"] - (w.get("current") or 1.0))
 
     def row(w: dict[str, Any]) -> list[str]:
-        return [w["rpc"], w["provider"], f"{w.get('current') or 1.0:g}", f"{w['weight']:g}",
+        return [w["rpc"], w["provider"], in_use(w), f"{w['weight']:g}",
                 f"{change(w):+.3g}" if abs(change(w)) >= 0.0005 else "", f"{w['calls']:,}",
                 _pct(w["recent_failure_rate"]), _ms(w["recent_latency_s"])]
 

@@ -23,18 +23,20 @@ STARVED_IDLE = 0.5     # a provider that took less and got no call in this share
 
 
 def findings(t: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """The flagged findings of the tables (``clock_skew``, ``outliers``, ``episodes``,
-    ``fairness``, ``hot_rpcs``, ``peak_minutes``, ``weights``), one sentence each
-    (HTML-escaped), most severe first."""
+    """The flagged findings of the tables (``clock_skew``, ``silent``, ``outliers``,
+    ``episodes``, ``fairness``, ``hot_rpcs``, ``peak_minutes``, ``weights``), one
+    sentence each (HTML-escaped), most severe first."""
     said: list[tuple[int, float, str]] = []
     said += _skew(t.get("clock_skew", []))
+    said += _silent(t.get("silent", []))
     said += _slow_and_failing(t["outliers"], t.get("episodes", []))
     said += _fairness(t["fairness"])
     said += _hot_and_peaks(t["hot_rpcs"], t["peak_minutes"])
     said += _weights(t["weights"])
     if not [s for s in said if s[0] in (DATA, PROBLEM)]:
         said.append((DATA, 0, "Nothing stands out: no provider is unfairly loaded, slow or "
-                              "failing against its peers, and the nodes' clocks agree."))
+                              "failing against its peers, none went silent, and the nodes' "
+                              "clocks agree."))
     return [text for _, _, text in sorted(said, key=lambda s: (s[0], -s[1]))]
 
 
@@ -51,6 +53,25 @@ def _skew(rows: list[dict[str, Any]]) -> list[tuple[int, float, str]]:
                     f"{duration(abs(s['offset_s']))} {ahead} ({how} sit that far from "
                     f"{against}): its rows are stamped by its own clock, so times, the "
                     f"span and per-minute figures mixing nodes are off by as much."))
+    return out
+
+
+def _silent(rows: list[dict[str, Any]]) -> list[tuple[int, float, str]]:
+    e = html.escape
+    out = []
+    for s in rows:
+        if s["kind"] == "node":
+            out.append((DATA, s["silent_s"] * 1000,
+                        f"<b>Silent:</b> node <b>{e(s['name'])}</b> wrote no history after "
+                        f"{when(s['since'])}, {duration(s['silent_s'])} before the other "
+                        f"nodes stopped: it stopped, lost its disk or its history folder, or "
+                        f"was cut off; its providers' figures end there."))
+        else:
+            out.append((PROBLEM, s["silent_s"],
+                        f"<b>{e(s['name'])}</b> went silent on <b>{e(s['rpc'])}</b> "
+                        f"(node {e(s['node'])}) after {when(s['since'])}: no row for "
+                        f"{duration(s['silent_s'])} while its node and the rpc's other "
+                        f"providers went on (it left, or hangs without answering)."))
     return out
 
 
@@ -196,11 +217,22 @@ def _weights(weights: list[dict[str, Any]]) -> list[tuple[int, float, str]]:
         if (w["recent_failure_rate"] or 0) > (w.get("peers_failure_rate") or 0):
             why.append(f"recent failure rate {pct(w['recent_failure_rate'])}")
         if not why:
-            why.append("it recovered" if w.get("recovered_at") else "its peers changed")
+            why.append("it recovered" if w.get("recovered_at") else
+                       f"it serves as well as its peers now (recent mean latency "
+                       f"{ms(w['recent_latency_s'])} against {ms(w['peers_latency_s'])})"
+                       if w["weight"] > current else "its peers serve better now")
         out.append((ADVICE, abs(w["weight"] - current) * w["calls"],
-                    f"Recommended weight {w['weight']:g} (now {current:g}) for "
+                    f"Recommended weight {w['weight']:g} (now {in_use(w)}) for "
                     f"<b>{e(w['provider'])}</b> on <b>{e(w['rpc'])}</b>: {'; '.join(why)}."))
     return out
+
+
+def in_use(w: dict[str, Any]) -> str:
+    """The weight a provider has now, and since when when it changed in the span."""
+    current = w.get("current") or 1.0
+    if w.get("current_since") is None:
+        return f"{current:g}"
+    return f"{current:g}, set at {when(w['current_since'])}; {w['previous']:g} before"
 
 
 def when(t: float, clock_only: bool = False) -> str:

@@ -10,11 +10,14 @@ among three or more is named, and the others are not).
 - **ends**: the node's first window starts and its last window ends both off the other
   nodes' by the same amount (at least ``MIN_OFFSET`` s, the two within
   ``max(MIN_OFFSET, 10 %)`` of each other). Exact to a window, but only when the nodes
-  ran over the same span (a cluster that runs all the time).
+  ran over the same span (a cluster that runs all the time). Ends that both agree
+  (within ``MIN_OFFSET``) are evidence the other way: the clocks agree, and the load
+  is not looked at (two rpcs' bursts line up by chance more often than clocks drift).
 - **load**: the node's calls per minute line up best with another's when shifted by a
   whole number of minutes (Pearson correlation at least ``MIN_CORRELATION`` there and
   ``MIN_GAIN`` better than unshifted, each node with calls in at least ``MIN_OVERLAP``
-  of the compared minutes): callers spread their load over every node, so a burst shows
+  of the compared minutes, and the shifted series overlapping over at least half the
+  shorter one's minutes): callers spread their load over every node, so a burst shows
   on all of them in the same minute. To a minute.
 
 With two nodes there is no majority: the finding names both (``relative_to``).
@@ -44,7 +47,7 @@ def find(nodes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             ends = _ends(nodes[a], nodes[b])
-            load, corr = _load(nodes[a], nodes[b])
+            load, corr = _load(nodes[a], nodes[b]) if ends != 0.0 else (None, None)
             pairs[(a, b)] = (ends, load, corr)
             pairs[(b, a)] = (None if ends is None else -ends, None if load is None else -load,
                              corr)
@@ -69,14 +72,18 @@ def _majority(offsets: list[float | None]) -> float | None:
     """The offset from the cluster: the median of the pairwise offsets (None: 0) and the
     node's own 0; None when under ``MIN_OFFSET``."""
     if len(offsets) == 1:
-        return offsets[0]
+        return offsets[0] or None
     middle = statistics.median([0.0, *(o or 0.0 for o in offsets)])
     return middle if abs(middle) >= MIN_OFFSET else None
 
 
 def _ends(me: dict[str, Any], other: dict[str, Any]) -> float | None:
+    """The offset both ends agree on; 0.0 when both are within ``MIN_OFFSET`` (the
+    clocks agree); None when they tell nothing (different spans)."""
     d1 = float(me["first"] - other["first"])
     d2 = float(me["last"] - other["last"])
+    if abs(d1) < MIN_OFFSET and abs(d2) < MIN_OFFSET:
+        return 0.0
     if abs(d1) < MIN_OFFSET or abs(d2) < MIN_OFFSET or (d1 > 0) != (d2 > 0):
         return None
     if abs(d1 - d2) > max(MIN_OFFSET, 0.1 * max(abs(d1), abs(d2))):
@@ -101,14 +108,18 @@ def _load(me: dict[str, Any], other: dict[str, Any]) -> tuple[float | None, floa
     a0, a1 = _covered(me["calls"], lo)
     b0, b1 = _covered(other["calls"], lo)
 
+    need = max(MIN_OVERLAP, min(a1 - a0, b1 - b0) // 2)
+
     def corr(lag: int) -> float | None:
         start, end = max(a0, b0 + lag), min(a1, b1 + lag)    # mine[i] against theirs[i-lag]
-        if end - start < MIN_OVERLAP:
+        if end - start < need:
             return None
         x, y = mine[start:end], theirs[start - lag:end - lag]
         # a node that worked only a few of these minutes (a starved provider's node: one
         # burst, then idle) lines its burst up with anyone's busiest minute: no evidence
         if min(np.count_nonzero(x), np.count_nonzero(y)) < MIN_OVERLAP:
+            return None
+        if x.std() == 0 or y.std() == 0:   # a flat series correlates with nothing
             return None
         return float(np.corrcoef(x, y)[0, 1])
 

@@ -75,10 +75,13 @@ def minute(r):
 def fairness(rows):
     per_min = defaultdict(lambda: [0, []])
     busy = defaultdict(bool)          # (provider, rpc, node, minute): any call or peak
+    windows = defaultdict(lambda: [math.inf, -math.inf])   # its windows' first start, last end
     for r in rows:
         g = per_min[(r["rpc"], r["provider"], minute(r))]
         g[0] += r["calls"]
         g[1].append(r["weight"])
+        ends = windows[(r["rpc"], r["provider"], minute(r))]
+        ends[0], ends[1] = min(ends[0], r["window_start"]), max(ends[1], r["window_end"])
         busy[(r["provider"], r["rpc"], r["served_by"], minute(r))] |= bool(
             r["calls"] or r["peak_in_flight"])
     recording = {k[2] for k, b in busy.items() if not b}      # nodes writing presence rows
@@ -96,8 +99,15 @@ def fairness(rows):
         present = {p: w.get((rpc, p, m), statistics.fmean(s["ws"]))
                    for (r, p), s in span.items() if r == rpc and s["first"] <= m <= s["last"]
                    and ((r, p) not in exact or (r, p, m) in per_min)}
-        for p, wp in present.items():
-            expected[(rpc, p)] += n * wp / sum(present.values())
+        spans = {p: min(60.0, max(0.0, windows[(rpc, p, m)][1] - windows[(rpc, p, m)][0]))
+                 for p in present if (rpc, p, m) in per_min}
+        longest = max(spans.values(), default=0.0)
+        there = {p: spans[p] / longest if (rpc, p) in exact and p in spans and longest else 1.0
+                 for p in present}    # the part of the minute it was there
+        raw = {p: there[p] * wp / (wp + sum(present[q] * there[q] for q in present if q != p))
+               for p, wp in present.items()}
+        for p in present:
+            expected[(rpc, p)] += n * raw[p] / sum(raw.values())
             present_min[(rpc, p)] += 1
             idle_min[(rpc, p)] += per_min.get((rpc, p, m), [0])[0] == 0
     out = {}
@@ -197,17 +207,25 @@ def episodes(rows):
 
 
 def weights(rows, found):
-    newest = max(minute(r) for r in rows)
+    # each provider's "now": the newest minute of its serving nodes' own rows
+    node_newest, served = defaultdict(int), defaultdict(set)
+    for r in rows:
+        node_newest[r["served_by"]] = max(node_newest[r["served_by"]], minute(r))
+        served[(r["rpc"], r["provider"])].add(r["served_by"])
+    newest = {k: max(node_newest[n] for n in nodes) for k, nodes in served.items()}
     since = {}
     for ep in found:
-        if ep["end"] - 60 <= newest - 60 * findings.RECOVERED:
-            key = (ep["rpc"], ep["provider"])
+        key = (ep["rpc"], ep["provider"])
+        if ep["ongoing"]:             # weighed on the episode alone
+            since[key] = max(since.get(key, 0), ep["start"])
+        elif ep["end"] - 60 <= newest[key] - 60 * findings.RECOVERED:
             since[key] = max(since.get(key, 0), ep["end"])
     acc = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for r in rows:
-        if minute(r) < since.get((r["rpc"], r["provider"]), 0):
+        key = (r["rpc"], r["provider"])
+        if minute(r) < since.get(key, 0):
             continue
-        d = 0.5 ** ((newest - minute(r)) / HALF_LIFE)
+        d = 0.5 ** (max(0, newest[key] - minute(r)) / HALF_LIFE)
         a = acc[(r["rpc"], r["provider"])]
         a[0] += d * r["calls"]
         a[1] += d * (r["errors"] + r["ack_timeouts"] + r["response_timeouts"])
@@ -370,41 +388,6 @@ def test_the_weights_file_loads_in_a_node_and_the_report_says_what_was_found(job
     assert "<b>p4</b> took more than its share" in report
     assert "Its peers took less as a result: p" in report and "took less than" not in report
     assert "2 skipped" in report
-
-
-def test_the_same_job_runs_under_spark_submit_as_docs_history_md_says(tmp_path):
-    """The documented cluster recipe, with a local master: ``rpcbus analyze-bundle`` zips
-    the SDK core and the analytics (no node) for --py-files and prints the application
-    file; the master is left to spark-submit. The zip holds no node module. (This venv
-    also has the package installed, so it does not prove the zip alone would do; it
-    proves the job runs as a spark-submit application.)"""
-    import os
-    import subprocess
-    import sys
-    import zipfile
-
-    bundle = tmp_path / "rpcbus.zip"
-    bin_dir = os.path.dirname(sys.executable)
-    made = subprocess.run([os.path.join(bin_dir, "rpcbus"), "analyze-bundle", str(bundle)],
-                          capture_output=True, text=True, check=True)
-    app = made.stdout.split()[3]                       # spark-submit --py-files ZIP APP ...
-    names = zipfile.ZipFile(bundle).namelist()
-    assert "rpcbus/schema.py" in names and "rpcbus/analytics/analysis.py" in names
-    assert not [n for n in names if n.startswith(("rpcbus/broker", "rpcbus/cluster"))]
-    history, out = tmp_path / "history", tmp_path / "out"
-    generate(str(history), nodes=2, providers=3, rpcs=2, hours=0.25, seed=3)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-           "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": ""}
-    proc = subprocess.run(
-        [os.path.join(bin_dir, "spark-submit"), "--master", "local[1]", "--py-files",
-         str(bundle), app, "--history", str(history),
-         "--out", str(out), "--no-report"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "done in" in proc.stdout
-    assert load_weights(str(out / "weights.json")).rpcs                 # a usable file
-    for table in ("per_minute", "per_hour", "fairness", "weights"):
-        assert any(p.suffix == ".parquet" for p in (out / table).iterdir())
 
 
 def test_histories_at_the_edges_run_and_say_what_they_hold(spark, tmp_path):

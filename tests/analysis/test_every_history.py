@@ -1,0 +1,115 @@
+"""Histories on which the analysis once misled an operator: each provider judged on its
+own node's timeline (a node's clock an hour ahead moves no one else's "now"), a slowdown
+still going or lasting a whole life lowers the weight, the weight in use and since when,
+and a node or provider that went silent."""
+
+import pytest
+
+from rpcbus.analytics import analysis
+from rpcbus.analytics.historygen import generate
+
+from .conftest import PYSPARK_WARNINGS, history_row, write_rows
+from .test_operator_findings import tables
+
+pytestmark = PYSPARK_WARNINGS
+T0 = 1_795_000_000          # history_row's first window
+
+
+def findings_said(out):
+    report = (out / "report" / "report.html").read_text()
+    return report[report.index("<h2>Findings"):report.index("</ul>")], report
+
+
+def test_a_whole_life_slowdown_beside_a_clock_an_hour_ahead_lowers_the_weight(
+        spark, tmp_path):
+    history, out = tmp_path / "history", tmp_path / "out"
+    # seed 9: svc1.call is served by p1 (on n1), p2 (n2) and p3 (n3); p1 ~10x slower
+    generate(str(history), nodes=3, providers=4, rpcs=1, hours=2, window=60, seed=9,
+             slow=("p1",), skew={"n3": 3600})
+    analysis.analyze(spark, str(history), str(out))
+    episodes, weights, skew = tables(spark, out, "episodes", "weights", "clock_skew")
+    [n3] = skew
+    assert (n3["node"], n3["offset_s"]) == ("n3", 3600.0)
+    slow = [e for e in episodes if e["provider"] == "p1"]
+    assert slow and all(e["kind"] == "slow" for e in slow) and slow[-1]["ongoing"]
+    got = {w["provider"]: w for w in weights}
+    assert got["p1"]["weight"] < 0.5 and got["p1"]["recovered_at"] is None
+    assert got["p2"]["weight"] == got["p3"]["weight"] == 1.0
+    said, report = findings_said(out)
+    assert "<b>p1</b> is slow on <b>svc1.call</b>" in said
+    assert "Recommended weight" in said and "No weight would change" not in report
+
+
+def test_an_ongoing_slowdown_a_changed_weight_and_silent_nodes_and_providers(
+        spark, tmp_path):
+    """Two hours of 10 s windows, one rpc: a on n1, b on n2 (its weight set from 1 to 0.25
+    at the hour), c on n3 (10x slower for the last 10 minutes), d on n1 (gone after 80
+    minutes, n1 going on), e on n4 (n4 writes nothing after 60 minutes)."""
+    rows = {}
+
+    def row(w, provider, node, calls=40, weight=1.0, slow=False):
+        r = history_row(w, "svc", provider, calls, node)
+        r.update(weight=weight, latency_sum_s=r["latency_sampled"] * (0.02 if slow else 0.002))
+        hour = 11 + int(r["window_start"] - (T0 - 400)) // 3600    # T0 is 11:06:40
+        rows.setdefault((hour, node), []).append(r)
+    for w in range(720):
+        row(w, "a", "n1", calls=0 if 8 <= w < 14 else 40)     # a minute of presence rows
+        row(w, "b", "n2", weight=0.25 if w >= 360 else 1.0, calls=10 if w >= 360 else 40)
+        row(w, "c", "n3", slow=w >= 660)
+        if w < 480:
+            row(w, "d", "n1")
+        if w < 360:
+            row(w, "e", "n4")
+    for (hour, node), mine in rows.items():    # files per node and hour, as nodes write
+        write_rows(tmp_path / "history" / "date=2026-11-18" / f"hour={hour}"
+                   / f"node={node}" / "part.jsonl", mine)
+    out = tmp_path / "out"
+    analysis.analyze(spark, str(tmp_path / "history"), str(out))
+    episodes, weights, silent, skew = tables(spark, out, "episodes", "weights", "silent",
+                                             "clock_skew")
+    assert skew == []
+    [c] = [e for e in episodes if e["provider"] == "c"]
+    assert (c["kind"], c["ongoing"]) == ("slow", True) and 8 <= c["minutes"] <= 11
+    got = {w["provider"]: w for w in weights}
+    assert got["c"]["weight"] < 0.5                    # judged on the slowdown: now
+    b = got["b"]
+    assert (b["current"], b["previous"]) == (0.25, 1.0) and b["weight"] == 1.0
+    assert b["current_since"] == T0 + 3600 - (T0 + 3600) % 60
+    found = {(s["kind"], s["name"]): s for s in silent}
+    assert set(found) == {("node", "n4"), ("provider", "d")}
+    assert found[("node", "n4")]["since"] == T0 + 3600
+    assert found[("node", "n4")]["silent_s"] == pytest.approx(3600, abs=60)
+    assert found[("provider", "d")]["node"] == "n1"
+    assert found[("provider", "d")]["silent_s"] == pytest.approx(2400, abs=120)
+
+    said, _ = findings_said(out)
+    assert "<b>Silent:</b> node <b>n4</b> wrote no history after" in said
+    assert "<b>d</b> went silent on <b>svc</b> (node n1)" in said
+    assert "(now 0.25, set at 2026-11-18 12:06 UTC; 1 before) for <b>b</b>" in said
+    assert "it serves as well as its peers now" in said
+
+
+def test_a_provider_connected_20_s_of_every_other_minute_blames_no_one(spark, tmp_path):
+    """f is served by p3 and p4 all along and by p5 only in the first 20 s of every
+    other minute; in the windows all three are there each gets a third of the calls.
+    Presence judged per minute once expected a whole minute's share of p5."""
+    rows = []
+    for w in range(360):                                  # an hour of 10 s windows
+        flapper = (w // 6) % 2 == 0 and w % 6 < 2
+        for provider in ("p3", "p4", *(("p5",) if flapper else ())):
+            rows.append(history_row(w, "f", provider, 20 if flapper else 30))
+        if w == 7:
+            rows.append(history_row(w, "g", "idle", 0))    # n1 writes presence rows
+    write_rows(tmp_path / "history" / "date=2026-11-18" / "hour=11" / "node=n1"
+               / "part.jsonl", [r for r in rows if r["window_start"] < T0 - 400 + 3600])
+    write_rows(tmp_path / "history" / "date=2026-11-18" / "hour=12" / "node=n1"
+               / "part.jsonl", [r for r in rows if r["window_start"] >= T0 - 400 + 3600])
+    out = tmp_path / "out"
+    analysis.analyze(spark, str(tmp_path / "history"), str(out))
+    [fairness] = tables(spark, out, "fairness")
+    got = {f["provider"]: f for f in fairness if f["rpc"] == "f"}
+    assert not [f for f in got.values() if f["took"]], got
+    assert got["p5"]["ratio"] == pytest.approx(1.0, abs=0.05)
+    assert got["p5"]["present_s"] == pytest.approx(30 * 20, abs=60)   # 30 minutes x 20 s
+    said, _ = findings_said(out)
+    assert "took more" not in said and "took less" not in said

@@ -20,7 +20,9 @@ reads: ``hdfs://``, ``s3a://``) once, into a per-minute rollup, and writes under
 A latency percentile here comes from the merged (added) histograms, never an average
 of percentiles: the bucket that holds it exactly, the value within interpolated
 (analytics/rollup.py). Rows of another schema version, or that cannot be parsed, are
-left out and counted (``rows_skipped``).
+left out and counted (``rows_skipped``); so is a line over ``MAX_LINE`` bytes, which
+the reader skips unread (a node's row is a few hundred bytes; a line of 300 MB once
+ran the JVM out of memory).
 
 The same job runs on a Spark cluster (docs/history.md): ship the packages with
 ``--py-files`` and give ``spark-submit`` this file::
@@ -47,6 +49,8 @@ from rpcbus.analytics.rollup import COUNTS, KEYS, per_period, rollup
 WRITERS = 4   # tables Spark writes at once
 PART_BYTES = 64 << 20   # the rollup comes to the driver in parts of about this (_part_bytes)
 PERIODS = {"per_minute": 60, "per_hour": 3600}
+MAX_LINE = 1 << 20      # bytes: a longer line is skipped by the reader (_oversized counts)
+MAX_ROW = 16 << 10      # bytes a row of the history may take at most (a node's: ~0.7 KB)
 
 
 def schema() -> str:
@@ -82,6 +86,9 @@ def session(master: str | None = "local[*]", conf: dict[str, str] | None = None)
             # most HotSpot compiles, runs interpreted: the percentiles of per_minute
             # (rollup.quantiles) did, 3 times slower than split into small methods
             .config("spark.sql.codegen.hugeMethodLimit", "8000")
+            # Hadoop's line reader skips a longer line without holding it (_oversized)
+            .config("spark.hadoop.mapreduce.input.linerecordreader.line.maxlength",
+                    str(MAX_LINE))
             .getOrCreate())
 
 
@@ -116,12 +123,17 @@ def read_history(spark: Any, history: str, fmt: str = "auto", since: float | Non
     if since is not None or until is not None or hours is not None:
         paths = hour_folders(spark, history, since, until, hours)
     if paths == []:       # laid out by hour, and no hour of the span is there
-        rows = spark.createDataFrame([], schema()).withColumn("_file", F.lit(0).cast("long"))
+        rows = (spark.createDataFrame([], schema()).withColumn("_file", F.lit(0).cast("long"))
+                .withColumn("_fsize", F.lit(0).cast("long")))
     else:
-        reader = spark.read.schema(schema()).option("recursiveFileLookup", "true")
+        reader = spark.read.option("recursiveFileLookup", "true")
         paths = paths or [history]
-        rows = reader.parquet(*paths) if fmt == "parquet" else reader.json(paths)
-        rows = rows.withColumn("_file", F.xxhash64("_metadata.file_path"))
+        if fmt == "parquet":
+            rows = reader.schema(schema()).parquet(*paths)
+        else:
+            rows = reader.schema(schema()).json(paths)
+        rows = (rows.withColumn("_file", F.xxhash64("_metadata.file_path"))
+                .withColumn("_fsize", F.col("_metadata.file_size")))
     return rows.withColumn("weight", F.coalesce(F.col("weight"), F.lit(1.0)))
 
 
@@ -195,9 +207,11 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     if sum(r[3] for r in counted if r[0]) and _copies(every, rows_of):
         every.unpersist()
         every, counted = _rollup_once(rows.dropDuplicates(
-            [c for c in rows.columns if c != "_file"]))
-    written = {"rows_read": sum(read.values()),
-               "rows_skipped": sum(n for ok, n in read.items() if not ok),
+            [c for c in rows.columns if c not in ("_file", "_fsize")]))
+    json_lines = fmt == "json" or (fmt == "auto" and not _has_parquet(history))
+    oversized = _oversized(spark, every, history, since, until) if json_lines else 0
+    written = {"rows_read": sum(read.values()) + oversized,
+               "rows_skipped": sum(n for ok, n in read.items() if not ok) + oversized,
                "rows_duplicate": sum(read[r[0]] - r[1] for r in counted if r[0])}
     newest = max([r[2] for r in counted if r[0]], default=0)
     span = (min([r[4] for r in counted if r[0]], default=0.0),
@@ -208,7 +222,7 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
             f"no usable history rows under {history}"
             + (" in the span asked for" if since is not None or until is not None else "")
             + f" ({written['rows_read']:,} read, {written['rows_skipped']:,} skipped)")
-    minutes = every.where(F.col("_ok")).drop("_ok", "_suspect")
+    minutes = every.where(F.col("_ok")).drop("_ok", "_suspect", "_file", "_fsize")
 
     def write(name: str, table: Any) -> None:
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", "writes")
@@ -295,11 +309,69 @@ def _copies(every: Any, rows_of: Any) -> bool:
     keys = F.broadcast(suspect.select(*KEYS, "minute"))
     for where in (hours, None):
         rows = rows_of(where).where(F.col("_ok")).join(keys, [*KEYS, "minute"], "left_semi")
-        alike = rows.groupBy(*(c for c in rows.columns if c != "_file")).count()
+        alike = rows.groupBy(*(c for c in rows.columns if c not in ("_file", "_fsize"))).count()
         found, most = alike.agg(F.sum("count"), F.max("count")).collect()[0]
         if (found or 0) >= expected:
             break
     return bool(most and most > 1)
+
+
+def _oversized(spark: Any, every: Any, history: str, since: float | None,
+               until: float | None) -> int:
+    """Lines over ``MAX_LINE`` the reader skipped, counted from what is missing: per file
+    whose rows the rollup holds (from that file alone), its size less its rows at the
+    history's usual bytes per row (the median file's, x 1.25, at most ``MAX_ROW``); at
+    least half ``MAX_LINE`` missing is at
+    least one such line. A file of that size with no row at all holds only such lines.
+    A line longer than a split of its file (``spark.sql.files.maxPartitionBytes``, 128
+    MB) comes out as pieces at the splits' ends, unreadable rows (counted so): a file
+    with unreadable rows adds nothing more. (Keeping the raw text of unreadable lines to
+    tell the pieces apart cost 10 % of the job at 10M rows.) A lower bound, then: one
+    line per file, however many it holds.
+    Returns the lines to add to the rows read and skipped; the files are said once."""
+    from pyspark.sql import functions as F
+
+    files = (every.where(F.col("_suspect") == 0).groupBy("_file")
+             .agg(F.sum("nrows").alias("rows"), F.max("_fsize").alias("size"),
+                  F.sum(F.when(~F.col("_ok"), F.col("nrows")).otherwise(0)).alias("bad"))
+             .collect())
+    usual = [r["size"] / r["rows"] for r in files if r["rows"] >= 100]
+    per_row = min(1.25 * float(np.median(usual)) if usual else 2048.0, MAX_ROW)
+    flagged = [r for r in files if r["size"] - r["rows"] * per_row >= MAX_LINE / 2]
+    sizes = sorted(r["size"] for r in files)
+    folders = (hour_folders(spark, history, since, until)
+               if since is not None or until is not None else None)
+    unseen = 0
+    for size in _big_files(spark, [history] if folders is None else folders):
+        at = int(np.searchsorted(sizes, size))
+        if at < len(sizes) and sizes[at] == size:
+            sizes.pop(at)                 # a file with rows, judged above
+        else:
+            unseen += 1
+    lines = sum(1 for r in flagged if not r["bad"])
+    if flagged or unseen:
+        print(f"  warning: {len(flagged) + unseen:,} history file(s) hold lines over "
+              f"{MAX_LINE >> 20} MiB, skipped unread (a node never writes one: a damaged "
+              "or foreign file)", flush=True)
+    return lines + unseen
+
+
+def _big_files(spark: Any, paths: list[str]) -> list[int]:
+    """The sizes of the files under ``paths`` of ``MAX_LINE`` bytes or more."""
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    out = []
+    for path in paths:
+        root = jvm.org.apache.hadoop.fs.Path(path)
+        fs = root.getFileSystem(conf)
+        if not fs.exists(root):
+            continue
+        found = fs.listFiles(root, True)
+        while found.hasNext():
+            size = found.next().getLen()
+            if size >= MAX_LINE:
+                out.append(int(size))
+    return out
 
 
 def _rollup_once(rows: Any) -> tuple[Any, list[Any]]:
@@ -397,7 +469,8 @@ def run(history: str, out: str, since: str | None = None, until: str | None = No
     finally:
         stop(spark)
     print(f"  {written.pop('rows_read'):,} history rows read, "
-          f"{written.pop('rows_skipped'):,} skipped (other schema version or unreadable), "
+          f"{written.pop('rows_skipped'):,} skipped (other schema version, unreadable or "
+          f"over {MAX_LINE >> 20} MiB), "
           f"{written.pop('rows_duplicate'):,} duplicates left out")
     for name, n in written.items():
         print(f"  {name}: {n:,} rows -> {out}/{name}")

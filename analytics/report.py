@@ -135,7 +135,8 @@ def _rows(history: dict[str, int] | None) -> str:
         return ""
     text = f" {history['rows_read']:,} history rows read."
     left = [f"{history[k]:,} {why}" for k, why in (
-        ("rows_skipped", "skipped (another schema version, or unreadable)"),
+        ("rows_skipped", "skipped (another schema version, unreadable, or a line over "
+                         "1 MiB)"),
         ("rows_duplicate", "exact copies of another row (a file copied twice?)"))
         if history.get(k)]
     if left:

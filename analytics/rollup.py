@@ -37,16 +37,18 @@ def rollup(rows: Any, keys: list[str], extra: list[Any] = (), raw: bool = False)
     routing node's). With ``raw``, ``_suspect`` is 1 where the rows came from more than
     one file (``_file``): a node files its rows of one minute in one file unless it was
     restarted in that minute, so a copied file makes every minute it holds suspect
-    (``analyze`` then looks for copies row by row)."""
+    (``analyze`` then looks for copies row by row). ``_file`` and ``_fsize``: one of the
+    files and its size (the file of a group that is not suspect: analysis._oversized)."""
     from pyspark.sql import functions as F
 
     if not raw:
         return _sums(rows, keys, F.max("peak_in_flight"), extra)
     peak = F.max(F.coalesce("provider_peak_in_flight", "peak_in_flight"))
-    files = [F.min("_file").alias("_f0"), F.max("_file").alias("_f1")]
+    files = [F.min("_file").alias("_file"), F.max("_file").alias("_f1"),
+             F.max("_fsize").alias("_fsize")]
     return (_sums(rows, keys, peak, [*extra, *files])
-            .withColumn("_suspect", (F.col("_f0") != F.col("_f1")).cast("long"))
-            .drop("_f0", "_f1"))
+            .withColumn("_suspect", (F.col("_file") != F.col("_f1")).cast("long"))
+            .drop("_f1"))
 
 
 def _sums(rows: Any, keys: list[str], peak: Any, extra: list[Any]) -> Any:

@@ -7,9 +7,10 @@ For each size, Spark writes a synthetic history (the nodes' schema: 200 provider
 them; JSON lines like the nodes' own files, or ``--format parquet``; generation is timed
 apart), then times, in the same session and run:
 
-- **bare**: one ``groupBy(provider, rpc, node, minute).agg(sum(calls),
-  percentile_approx(mean latency))`` pass over the rows, written as Parquet — the
-  least any per-minute analysis must do;
+- **bare**: Spark's own reader (``spark.read.json`` with the schema), then one
+  ``groupBy(provider, rpc, node, minute).agg(sum(calls), percentile_approx(mean
+  latency))`` pass over the rows, written as Parquet — the least any per-minute
+  analysis must do;
 - **whole**: the whole analysis (``rpcbus.analytics.analysis.analyze``: every table, findings,
   weights.json and the report);
 - **last 50 min**: the whole analysis with ``since`` 50 minutes before the history's
@@ -84,7 +85,8 @@ def generate(spark: Any, n: int, path: str, fmt: str = "json") -> float:
 def bare(spark: Any, path: str, out: str, fmt: str) -> None:
     from pyspark.sql import functions as F
 
-    rows = analysis.read_history(spark, path, fmt)
+    reader = spark.read.schema(analysis.schema()).option("recursiveFileLookup", "true")
+    rows = reader.parquet(path) if fmt == "parquet" else reader.json(path)   # Spark's own
     (rows.withColumn("minute", (F.floor(F.col("window_start") / 60) * 60).cast("long"))
      .groupBy("provider", "rpc", "served_by", "minute")
      .agg(F.sum("calls").alias("calls"),

@@ -943,14 +943,17 @@ class Client:
 
     # -- token renewal (clients/credentials.py) -----------------------------------------
 
-    def _renew_later(self, delay: float | None = None) -> None:
-        """Renew the token after ``delay`` seconds (None: when the current one says)."""
+    def _renew_later(self, delay: float | None = None, least: float = 0.0) -> None:
+        """Renew the token after ``delay`` seconds (None: when the current one says, but
+        not before ``least``: a token function that hands out a token near its expiry
+        again is asked again only every ``RETRY`` seconds)."""
         if not self._creds.renews or self._closed:
             return
         if delay is None:
             delay = renew_in(self._creds.token or "", time.time())
             if delay is None:
                 return
+            delay = max(delay, least)
         if self._renewal is not None:
             self._renewal.cancel()
         self._renewal = asyncio.get_running_loop().call_later(delay, self._renew_now)
@@ -983,7 +986,7 @@ class Client:
                         self.url, exc, RETRY)
             self._renew_later(RETRY)
             return
-        self._renew_later()
+        self._renew_later(least=RETRY)
 
     def _start_reconnect(self, avoid: str, at_once: bool) -> None:
         self._set_state("reconnecting")

@@ -3,6 +3,8 @@ own node's timeline (a node's clock an hour ahead moves no one else's "now"), a 
 still going or lasting a whole life lowers the weight, the weight in use and since when,
 and a node or provider that went silent."""
 
+import json
+
 import pytest
 
 from rpcbus.analytics import analysis
@@ -113,3 +115,22 @@ def test_a_provider_connected_20_s_of_every_other_minute_blames_no_one(spark, tm
     assert got["p5"]["present_s"] == pytest.approx(30 * 20, abs=60)   # 30 minutes x 20 s
     said, _ = findings_said(out)
     assert "took more" not in said and "took less" not in said
+
+
+def test_a_line_far_over_a_row_is_skipped_unread_and_counted(spark, tmp_path, capsys):
+    """A 24 MB line among a node's rows (one of 300 MB once ran the JVM out of memory),
+    and a file of nothing but a 2 MB line: each skipped unread, counted once, said
+    once."""
+    hour = tmp_path / "history" / "date=2026-11-18" / "hour=11"
+    rows = [history_row(w, "svc", "a", 40) for w in range(200)]
+    write_rows(hour / "node=n1" / "part.jsonl", rows)
+    with open(hour / "node=n1" / "part.jsonl", "a") as f:
+        f.write('{"schema_version": 1, "rpc": "' + "x" * (24 << 20) + '"}\n')
+        f.write(json.dumps(history_row(200, "svc", "a", 40)) + "\n")   # read on after it
+    (hour / "node=n2").mkdir()
+    (hour / "node=n2" / "junk.jsonl").write_text("y" * (2 << 20) + "\n")
+    written = analysis.analyze(spark, str(tmp_path / "history"), str(tmp_path / "out"),
+                               report=False)
+    assert (written["rows_read"], written["rows_skipped"]) == (203, 2)
+    [said] = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert "2 history file(s) hold lines over 1 MiB" in said

@@ -231,11 +231,14 @@ export class Client {
 
   // -- token renewal (src/credentials.js) -------------------------------------------------
 
-  /** Renew the token after `delayMs` (undefined: when the current one says). */
-  _renewLater (delayMs) {
+  /** Renew the token after `delayMs` (undefined: when the current one says, but not before
+   * `leastMs`: a token function that hands out a token near its expiry again is asked again
+   * only every RETRY_MS). */
+  _renewLater (delayMs, leastMs = 0) {
     if (typeof this._tokenSource !== 'function' || this.closed) return
-    const delay = delayMs ?? renewIn(this._token, Date.now())
+    let delay = delayMs ?? renewIn(this._token, Date.now())
     if (delay === null) return
+    if (delayMs === undefined) delay = Math.max(delay, leastMs)
     clearTimeout(this._renewal)
     this._renewal = setTimeout(() => { this._renewal = null; this._renew() }, delay)
     if (typeof this._renewal === 'object' && this._renewal.unref) this._renewal.unref()
@@ -269,7 +272,7 @@ export class Client {
       return
     }
     this._renewing = false
-    this._renewLater()
+    this._renewLater(undefined, RETRY_MS)
   }
 
   /** Make `wire` the connection for new calls; send what waited for one. */

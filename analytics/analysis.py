@@ -453,21 +453,30 @@ def run(history: str, out: str, since: str | None = None, until: str | None = No
         report: bool = True, report_dir: str | None = None) -> dict[str, int]:
     """The whole job (``rpcbus analyze``, analytics/commands.py, says what each argument
     means): a Spark session, the tables, weights and report, a summary on stdout; returns
-    the rows written per table. Spark's errors propagate after the session is stopped."""
+    the rows written per table. Spark's own log goes to a file (analytics/sparklog.py);
+    its errors raise ``Failed`` (one line naming that file) after the session is
+    stopped."""
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
+    from rpcbus.analytics import sparklog
+
     started = time.monotonic()
-    spark = session(master)
+    log_path, log_conf = sparklog.to_file()
+    spark = session(master, log_conf)
     spark.sparkContext.setLogLevel("ERROR")
     try:
         with _Progress(spark):
             written = analyze(spark, history, out, _instant(since), _instant(until),
                               half_life, fmt, report, report_dir)
     except (PySparkException, Py4JJavaError) as exc:   # said while the JVM that holds
-        raise Failed(_spark_error(exc, history)) from None   # its text still runs
+        kept = sparklog.kept(log_path)                     # its text still runs
+        raise Failed(_spark_error(exc, history)
+                     + (f" (Spark's log: {log_path})" if kept else "")) from None
     finally:
         stop(spark)
+    if sparklog.kept(log_path):
+        print(f"  Spark's warnings and errors -> {log_path}")
     print(f"  {written.pop('rows_read'):,} history rows read, "
           f"{written.pop('rows_skipped'):,} skipped (other schema version, unreadable or "
           f"over {MAX_LINE >> 20} MiB), "

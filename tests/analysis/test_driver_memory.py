@@ -6,6 +6,7 @@ traceback."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,4 +60,8 @@ def test_a_job_spark_aborts_is_one_line_and_exit_1(history, tmp_path):
     said = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert len(said) == 1 and said[0] == proc.stderr.strip().splitlines()[-1]
     assert said[0].startswith("Error: Spark failed: Job aborted"), said
-    assert "Traceback" not in proc.stderr
+    # no trace on the terminal, Python's or the JVM's: Spark's log is in the file named
+    assert "Traceback" not in proc.stderr and "\tat org.apache" not in proc.stderr
+    assert "Exception" not in proc.stderr.replace(said[0], "")
+    log = said[0].rsplit("(Spark's log: ", 1)[1].rstrip(")")
+    assert "\tat org.apache.spark" in Path(log).read_text()

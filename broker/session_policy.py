@@ -188,17 +188,9 @@ class SessionPolicy:
             return
         self._logging_in = False
         if user is None:
-            self._auth_failures += 1
-            gate.stats["auth_failures"] += 1
-            log.info("auth_failed", session=self.sid, reason=reason,
-                     failures=self._auth_failures)
             # a token's refusal says why (nothing secret in it); a password's does not
-            self.send([AUTH_FAIL, errors.NOT_AUTHENTICATED, "authentication failed" + (
-                f": {reason}" if self._login_token is not None else "")])
-            if self._auth_failures >= gate.max_failures:
-                gate.stats["closed_after_auth_failures"] += 1
-                self.flush()
-                self.close_for_policy("too many failed AUTH attempts")
+            self._refuse_auth("auth_failed", reason, "authentication failed" + (
+                f": {reason}" if self._login_token is not None else ""))
             return
         if user.max_connections and gate.connections[user.name] >= user.max_connections:
             gate.stats["connections_refused"] += 1
@@ -213,7 +205,24 @@ class SessionPolicy:
         self.user = user
         self._perms = user.permissions
         self._authenticated(user, name)
-        left = gate.seconds_left(user)
+        self._watch_expiry(user)
+
+    def _refuse_auth(self, event: str, reason: str, told: str) -> None:
+        """An AUTH refused: counted, logged as ``event``, answered AUTH_FAIL ``told``;
+        after ``auth.max_failures`` of them the connection closes."""
+        gate = self.node.gate
+        self._auth_failures += 1
+        gate.stats["auth_failures"] += 1
+        log.info(event, session=self.sid, reason=reason, failures=self._auth_failures)
+        self.send([AUTH_FAIL, errors.NOT_AUTHENTICATED, told])
+        if self._auth_failures >= gate.max_failures:
+            gate.stats["closed_after_auth_failures"] += 1
+            self.flush()
+            self.close_for_policy("too many failed AUTH attempts")
+
+    def _watch_expiry(self, user: User) -> None:
+        """A token user's rights end when its token expires (``_token_expired``)."""
+        left = self.node.gate.seconds_left(user)
         if left is not None:
             self.later(max(left, 0.0), self._token_expired)
 
@@ -349,23 +358,15 @@ class SessionPolicy:
             reason, new = (f"the token is for user {new.name!r}: a session's user never "
                            "changes (connect again)"), None
         if new is None:
-            self._auth_failures += 1
-            gate.stats["auth_failures"] += 1
-            log.info("token_renewal_refused", session=self.sid, reason=reason)
-            self.send([AUTH_FAIL, errors.NOT_AUTHENTICATED, f"token not renewed: {reason}"])
-            if self._auth_failures >= gate.max_failures:
-                gate.stats["closed_after_auth_failures"] += 1
-                self.flush()
-                self.close_for_policy("too many failed AUTH attempts")
+            self._refuse_auth("token_renewal_refused", reason, f"token not renewed: {reason}")
             return
         ended, self._rights_ended = self._rights_ended, ""
         self._set_rights(new)
         gate.stats["tokens_renewed"] += 1
         log.info("session_token_renewed", session=self.sid, user=new.name, after_expiry=bool(ended))
         self.send([AUTH_OK, self._welcome()])
-        left = gate.seconds_left(new)
-        if ended and left is not None:   # else the timer set at login moves itself on
-            self.later(max(left, 0.0), self._token_expired)
+        if ended:   # else the timer set at login moves itself on
+            self._watch_expiry(new)
 
     def invalid(self, ref: int | None, reason: str, now: float) -> None:
         """Answer a malformed message with INVALID_MESSAGE and count a strike."""

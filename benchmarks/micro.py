@@ -21,13 +21,14 @@ from rpcbus.protocol import REQUEST, check_from_client, decode, encode
 
 class _Peer:
     __slots__ = ("label", "closed", "inflight", "calls", "provides", "out", "is_node",
-                 "provider_name", "hrows", "accepted_upto")
+                 "provider_name", "hrows", "accepted_upto", "runs_before_accept")
 
     def __init__(self, label: str) -> None:
         self.label, self.closed, self.inflight, self.is_node = label, False, 0, False
         self.provider_name = label
         self.calls: dict[int, Any] = {}
         self.accepted_upto = 0
+        self.runs_before_accept = False
         self.hrows: dict[Any, Any] = {}
         self.provides: set[str] = set()
         self.out: list[list[Any]] = []

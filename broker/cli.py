@@ -112,15 +112,18 @@ def use_uvloop(wanted: bool) -> str:
 @click.option("--auth", "auth_mode", type=click.Choice(["users", "none"]), default=None,
               help="users: only [auth.users] may connect (the default); none: anyone may "
               "do anything (for a laptop; logged as a warning).")
+@click.option("--deepstream", is_flag=True, default=None,
+              help="Serve deepstream's own clients on /deepstream ([deepstream] enabled).")
 def node(host: str | None, port: int | None, name: str | None, redis_url: str | None,
-         config_file: str | None, auth_mode: str | None) -> None:
+         config_file: str | None, auth_mode: str | None, deepstream: bool | None) -> None:
     """Run one broker node until SIGTERM or Ctrl-C (then drain and exit 0); SIGHUP reads
     the configuration again (users, permissions, limits, weights: docs/operations.md)."""
     from rpcbus.broker.node import Node
 
     overrides: dict[str, dict[str, Any]] = {
         "node": {"host": host, "port": port, "name": name},
-        "cluster": {"redis_url": redis_url}, "auth": {"mode": auth_mode}}
+        "cluster": {"redis_url": redis_url}, "auth": {"mode": auth_mode},
+        "deepstream": {"enabled": deepstream or None}}
     try:
         cfg = config_mod.load(config_file, overrides=overrides)
         node_ = Node(cfg)

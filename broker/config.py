@@ -100,6 +100,13 @@ class HistorySection:
 
 
 @dataclass
+class DeepstreamSection:
+    enabled: bool = False           # serve deepstream's own clients (docs/deepstream.md)
+    path: str = "/deepstream"       # the client port's path they connect to
+    response_timeout: float = 10.0  # s a deepstream client's call may take (it sends none)
+
+
+@dataclass
 class LogSection:
     level: str = "info"
     format: str = "auto"
@@ -115,6 +122,7 @@ class Config:
     server: ServerSection = field(default_factory=ServerSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
     history: HistorySection = field(default_factory=HistorySection)
+    deepstream: DeepstreamSection = field(default_factory=DeepstreamSection)
     log: LogSection = field(default_factory=LogSection)
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
@@ -244,6 +252,11 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"node.port: must be 0-65535, got {config.node.port}")
     if config.rpc.response_timeout > config.rpc.max_timeout:
         raise ConfigError("rpc.response_timeout: must not exceed rpc.max_timeout")
+    if config.deepstream.response_timeout > config.rpc.max_timeout:
+        raise ConfigError("deepstream.response_timeout: must not exceed rpc.max_timeout")
+    ds_path = config.deepstream.path
+    if not ds_path.startswith("/") or ds_path == "/" or "?" in ds_path:
+        raise ConfigError(f"deepstream.path: a path such as /deepstream, got {ds_path!r}")
     for module, level in config.log.levels.items():
         if level not in _CHOICES[("log", "level")]:
             raise ConfigError(f"log.levels.{module}: must be one of "

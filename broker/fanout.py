@@ -34,6 +34,7 @@ class Gather:
     origin = ""
     hrows: dict[Any, Any] = {}
     accepted_upto = 0
+    runs_before_accept = False
     load = attempts = 0
     rate = lat = seen = steady = 0.0
     minute: MinuteStats | None = None  # a caller, never a provider

@@ -30,13 +30,14 @@ import secrets
 import ssl
 import time
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import structlog
 
 from rpcbus import errors
 from rpcbus.broker import discovery, endpoints
 from rpcbus.broker.config import Config, ConfigError
+from rpcbus.broker.ds_session import DeepstreamSession
 from rpcbus.broker.gate import Gate
 from rpcbus.broker.history import SCAN_INTERVAL
 from rpcbus.broker.notify import Notifier
@@ -448,6 +449,19 @@ class Node:
         """The answer to a plain HTTP request on the client port (broker/endpoints.py),
         or None to take it as a WebSocket client."""
         return endpoints.answer(self, request)
+
+    def deepstream(self, session: Session, request: HttpRequest) -> HttpAnswer | None:
+        """A request for ``[deepstream] path``: with ``[deepstream] enabled`` the session
+        becomes a DeepstreamSession (deepstream's protocol from its first frame), else 404
+        saying how to enable it."""
+        if not self.config.deepstream.enabled:
+            return 404, (b"deepstream's protocol is not enabled on this node: set "
+                         b"[deepstream] enabled = true (or rpcbus node --deepstream)\n"), {}
+        if not request.wants_websocket:
+            return 426, b"this path speaks deepstream's protocol over WebSocket\n", {}
+        session.__class__ = DeepstreamSession  # the path comes after the connection
+        cast(DeepstreamSession, session).became_deepstream()
+        return None
 
     def not_ready(self) -> str | None:
         """Why this node should get no traffic now (``/readyz``), or None when ready."""

@@ -124,6 +124,10 @@ class Peer(Protocol):
     steady: float           # ``lat`` smoothed over time: judges a local provider slow
     minute: MinuteStats | None  # a provider here: its last minute (discovery), else None
     seen: float             # ``lat`` when an attempt there last ended (kept here)
+    # as a provider: it may run a call before it accepts it (a deepstream client), so an
+    # attempt there is never moved: not at its ack timeout (ACCEPT_TIMEOUT), not when it
+    # leaves (PROVIDER_GONE)
+    runs_before_accept: bool
 
     @property
     def closed(self) -> bool: ...
@@ -247,7 +251,8 @@ class RouterStats:
                  "ack_timeouts", "rejects", "provider_gone", "retries", "late", "foreign",
                  "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled",
                  "ack_checks", "calls_ok", "calls_failed", "duplicate_ids", "local_calls",
-                 "remote_calls", "parts", "stream_overruns", "parts_lost")
+                 "remote_calls", "parts", "stream_overruns", "parts_lost",
+                 "accept_timeouts")
     ok: int
     provider_errors: int
     no_provider: int
@@ -276,6 +281,8 @@ class RouterStats:
     parts: int            # stream parts passed on to their callers
     stream_overruns: int  # streams ended: their provider sent a part past its credit
     parts_lost: int       # streams ended: a part from another node never came (or twice)
+    accept_timeouts: int  # calls ended ACCEPT_TIMEOUT: a provider that may run a call
+    #                       before it accepts (deepstream's) did not accept in time
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -284,7 +291,8 @@ class RouterStats:
     def failed(self) -> int:
         """Calls that ended with an error (``ok + failed()``: every call ended)."""
         return (self.provider_errors + self.no_provider + self.response_timeouts
-                + self.provider_gone + self.cluster_unavailable + self.invalid_names)
+                + self.provider_gone + self.cluster_unavailable + self.invalid_names
+                + self.accept_timeouts)
 
     def as_dict(self) -> dict[str, int]:
         return {**{name: getattr(self, name) for name in self.__slots__},
@@ -517,7 +525,8 @@ class Router:
             self._end_attempt(call)
             if call.hrow is not None:
                 self._history_end(call, Outcome.ERRORS)  # errors: the provider left
-            if call.accepted or call.acked or call.id <= peer.accepted_upto:
+            if (call.accepted or call.acked or call.id <= peer.accepted_upto
+                    or peer.runs_before_accept):
                 self.stats.provider_gone += 1
                 self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
                                       f"the provider of {call.name!r} is gone"])
@@ -1010,6 +1019,12 @@ class Router:
                 msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
                        f"cannot tell whether node {call.provider.label} started the call: "
                        "this node does not hear the cluster bus"]
+            elif call.provider.runs_before_accept:  # it may be running it: never moved
+                self.stats.ack_timeouts += 1
+                self.stats.accept_timeouts += 1
+                msg = [ERROR, call.cid, errors.ACCEPT_TIMEOUT,
+                       f"the provider of {call.name!r} did not accept the call in time "
+                       "(it may have run)"]
             else:
                 self.stats.ack_timeouts += 1
                 msg = None
@@ -1017,8 +1032,9 @@ class Router:
             if self.local_first and call.provider is not None:
                 self._took(call.provider, call)
             if call.hrow is not None:
-                self._history_end(
-                    call, Outcome.RESPONSE_TIMEOUTS if msg is not None else Outcome.ACK_TIMEOUTS)
+                self._history_end(call, Outcome.RESPONSE_TIMEOUTS
+                                  if msg is not None and msg[2] != errors.ACCEPT_TIMEOUT
+                                  else Outcome.ACK_TIMEOUTS)
             provider = call.provider
             if provider is not None and not provider.closed:
                 provider.send([CANCEL, attempt])

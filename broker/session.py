@@ -86,6 +86,8 @@ class Session(ServerConnection, SessionRules):
         self.answer_and_close(status, text.encode() + b"\n")
 
     def http_request(self, request: HttpRequest) -> HttpAnswer | None:
+        if request.path.partition("?")[0] == self.node.config.deepstream.path:
+            return self.node.deepstream(self, request)  # this becomes a DeepstreamSession
         return self.node.http(request)
 
     def upgraded(self) -> None:
@@ -194,9 +196,20 @@ class Session(ServerConnection, SessionRules):
 
     def flush(self) -> None:
         super().flush()
+        self._resume_if_room()
+
+    def _resume_if_room(self) -> None:
         if self._reading_paused and self.inflight <= self._max_inflight // 2 and not self.closed:
             self._reading_paused = False
             self.transport.resume_reading()
+
+    def _pause_if_full(self) -> None:
+        """Backpressure: with ``limits.max_inflight_per_connection`` calls pending, stop
+        reading until half of them finish (``_resume_if_room``, at a flush)."""
+        if self.inflight >= self._max_inflight and not self._reading_paused and not self.closed:
+            self._reading_paused = True
+            self.node.stats["reads_paused"] += 1
+            self.transport.pause_reading()
 
     def unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
         """A message msgpack cannot pack (data nested deeper than it packs): whoever
@@ -249,7 +262,4 @@ class Session(ServerConnection, SessionRules):
         except Exception:  # a bug here must cost one frame, never the node
             self.node.stats["internal_errors"] += 1
             log.exception("frame_handling_failed", session=self.sid)
-        if self.inflight >= self._max_inflight and not self._reading_paused and not self.closed:
-            self._reading_paused = True
-            self.node.stats["reads_paused"] += 1
-            self.transport.pause_reading()
+        self._pause_if_full()

@@ -84,6 +84,11 @@ class SessionRules(SessionPolicy):
     """A client of this node, as caller and provider (the router's ``Peer``). ``node`` is
     what the rules read of the node: its config, router, gate, stats and state."""
 
+    # An rpcbus SDK accepts a call before it runs it, and sends a call refused
+    # SHUTTING_DOWN to another node (broker/ds_session.py's deepstream clients do neither)
+    runs_before_accept = False
+    moves_on_drain = True
+
     def __init__(self, node: NodeView, sid: str) -> None:
         limits = node.config.limits
         self.node = node
@@ -129,7 +134,7 @@ class SessionRules(SessionPolicy):
         router, or answered here (an error, OK, PONG, AUTH_OK)."""
         router = self.router
         router.new_batch()  # a draw of a target holds within one frame's calls at most
-        serving = self.authenticated and not self.node.draining
+        serving = self.authenticated and not (self.node.draining and self.moves_on_drain)
         self._pings_refused = False      # this frame's refused PINGs get one answer
         for msg in msgs:
             # Fast paths for the messages every call carries: the checks are the
@@ -180,7 +185,7 @@ class SessionRules(SessionPolicy):
                            "the first message must be AUTH"])
                 self._strike(now)
         elif kind == REQUEST or kind == STREAM:  # draining, or with meta (the fast path
-            if self.node.draining:                 # takes plain REQUESTs)
+            if self.node.draining and self.moves_on_drain:  # takes plain REQUESTs)
                 self.send([ERROR, msg[1], errors.SHUTTING_DOWN, "the node is shutting down"])
             elif not self._gated or self._admit(msg[1], msg[2], now):
                 meta = msg[5] if len(msg) == 6 else None
@@ -188,7 +193,7 @@ class SessionRules(SessionPolicy):
                                None if meta is None else meta.get("traceparent"),
                                0 if meta is None or kind == REQUEST else meta["window"])
         elif kind == ALL:
-            if self.node.draining:
+            if self.node.draining and self.moves_on_drain:
                 self.send([ERROR, msg[1], errors.SHUTTING_DOWN, "the node is shutting down"])
             elif not self._gated or self._admit(msg[1], msg[2], now):
                 meta = msg[5] if len(msg) == 6 else {}

@@ -16,6 +16,7 @@ from rpcbus.calling import Reply
 from rpcbus.client import CallContext, Client, Options, connect
 from rpcbus.errors import (
     CODES,
+    AcceptTimeoutError,
     AppError,
     BusyError,
     ClusterUnavailableError,
@@ -46,7 +47,7 @@ __version__ = "0.2.0"  # the one place: setup.cfg and ``rpcbus --version`` read 
 _logging.getLogger("rpcbus").addHandler(_logging.NullHandler())
 
 __all__ = [
-    "__version__", "AppError", "BusyError", "CODES", "CallContext", "Client",
+    "__version__", "AcceptTimeoutError", "AppError", "BusyError", "CODES", "CallContext", "Client",
     "ClusterUnavailableError",
     "ConnectFailedError", "ConnectionLostError", "InvalidMessageError", "LimitExceededError",
     "NoProviderError", "NotAuthenticatedError", "PayloadTooLargeError", "PermissionDeniedError",

@@ -5,7 +5,10 @@ The tree::
     RpcError                      code: any string; the root, catch it to catch them all
     ├── NoProviderError           NO_PROVIDER        nobody provides the name (or all refused)
     ├── ResponseTimeoutError      RESPONSE_TIMEOUT   no answer within the call's deadline
-    │                                                (also a TimeoutError)
+    │   │                                            (also a TimeoutError)
+    │   └── AcceptTimeoutError    ACCEPT_TIMEOUT     a provider that may run a call before
+    │                                                it accepts (a deepstream client) did
+    │                                                not accept it in time: it may have run
     ├── ProviderError             PROVIDER_ERROR     the provider's handler raised
     ├── ProviderGoneError         PROVIDER_GONE      the provider left after accepting the call
     ├── InvalidMessageError       INVALID_MESSAGE    the node refused what we sent
@@ -45,6 +48,7 @@ from typing import Any
 
 NO_PROVIDER = "NO_PROVIDER"
 RESPONSE_TIMEOUT = "RESPONSE_TIMEOUT"
+ACCEPT_TIMEOUT = "ACCEPT_TIMEOUT"
 PROVIDER_ERROR = "PROVIDER_ERROR"
 PROVIDER_GONE = "PROVIDER_GONE"
 INVALID_MESSAGE = "INVALID_MESSAGE"
@@ -85,6 +89,10 @@ class NoProviderError(RpcError):
 
 class ResponseTimeoutError(RpcError, TimeoutError):
     code = RESPONSE_TIMEOUT
+
+
+class AcceptTimeoutError(ResponseTimeoutError):
+    code = ACCEPT_TIMEOUT
 
 
 class ProviderError(RpcError):
@@ -145,6 +153,7 @@ _BY_CODE: dict[str, type[RpcError]] = {
     for cls in (
         NoProviderError,
         ResponseTimeoutError,
+        AcceptTimeoutError,
         ProviderError,
         ProviderGoneError,
         InvalidMessageError,

@@ -41,6 +41,7 @@ class RemoteNode:
     user_name = None   # a node is never a caller here (INVOKEs stand for callers)
     origin = ""        # nor the origin of a call
     hrows: dict[Any, Any] = {}  # never added to: the load history is of clients only
+    runs_before_accept = False  # it acknowledges an INVOKE before any provider runs it
 
     def __init__(self, link: "ClusterCore", name: str, incarnation: int) -> None:
         self.link = link
@@ -107,6 +108,7 @@ class RemoteCaller:
     provider_name = ""
     hrows: dict[Any, Any] = {}  # never added to: a caller, never a provider
     accepted_upto = 0           # a caller, never a provider
+    runs_before_accept = False
     load = attempts = 0
     rate = lat = seen = steady = 0.0
     minute: Any = None

@@ -18,6 +18,7 @@ class Peer:
         self.inflight = 0
         self.calls = {}
         self.accepted_upto = 0
+        self.runs_before_accept = False
         self.load = 0
         self.attempts = 0
         self.rate = 0.0
@@ -386,4 +387,37 @@ def test_the_busiest_rpcs_with_cumulative_counts_and_every_calls_latency():
     assert b_buckets[5] == sum(b_buckets) == 24
     histograms = r.rpc_stats.by_name["b"].histograms()
     assert list(histograms) == ["PROVIDER_ERROR"] and histograms["PROVIDER_ERROR"][0][5] == 24
+    assert_empty(r, caller)
+
+
+def test_a_provider_that_runs_before_it_accepts_never_has_its_call_moved():
+    """A deepstream client runs a call before its ACCEPT: silent past the ack timeout, the
+    call ends ACCEPT_TIMEOUT (it may have run) instead of going to the other provider;
+    gone before accepting, PROVIDER_GONE. An ACCEPT in time keeps the call, as for any."""
+    r, caller, ds, other = make(rand=lambda: 0.0), Peer("c"), Peer("ds"), Peer("other")
+    ds.runs_before_accept = True
+    r.provide(ds, ["x"])
+    r.provide(other, ["x"])
+    r.request(caller, 1, "x", None, None, now=0.0)
+    [req] = requests_to(ds)
+    r.tick(1.02)
+    assert ds.take() == [[CANCEL, req[1]]] and requests_to(other) == []
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 1, errors.ACCEPT_TIMEOUT] and "may have run" in err[3]
+    assert r.stats.accept_timeouts == 1 and r.stats.failed() == 1
+
+    r.request(caller, 2, "x", None, None, now=2.0)
+    [req] = requests_to(ds)
+    r.accept(ds, req[1], 2.1)
+    r.tick(3.5)                                     # accepted: only the deadline applies
+    assert caller.take() == [] and requests_to(other) == []
+    r.respond(ds, req[1], "ok")
+    assert caller.take() == [[RESPONSE, 2, "ok"]]
+
+    r.request(caller, 3, "x", None, None, now=4.0)
+    [req] = requests_to(ds)
+    ds.closed = True
+    r.drop_peer(ds, 4.1)                            # not accepted, but it may have run
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 3, errors.PROVIDER_GONE] and requests_to(other) == []
     assert_empty(r, caller)

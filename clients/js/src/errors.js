@@ -2,7 +2,7 @@
 // The same tree as the Python SDK's rpcbus.errors: catch RpcError for all of them.
 
 export const CODES = Object.freeze([
-  'NO_PROVIDER', 'RESPONSE_TIMEOUT', 'PROVIDER_ERROR', 'PROVIDER_GONE', 'INVALID_MESSAGE',
+  'NO_PROVIDER', 'RESPONSE_TIMEOUT', 'ACCEPT_TIMEOUT', 'PROVIDER_ERROR', 'PROVIDER_GONE', 'INVALID_MESSAGE',
   'NOT_AUTHENTICATED', 'PERMISSION_DENIED', 'RATE_LIMITED', 'CLUSTER_UNAVAILABLE',
   'SHUTTING_DOWN', 'CONNECTION_LOST', 'CONNECT_FAILED', 'PAYLOAD_TOO_LARGE',
   'LIMIT_EXCEEDED', 'BUSY',
@@ -38,6 +38,15 @@ export const DID_NOT_RUN = Object.freeze(new Set(['NO_PROVIDER', 'SHUTTING_DOWN'
 
 export const NoProviderError = kind('NoProviderError', 'NO_PROVIDER')
 export const ResponseTimeoutError = kind('ResponseTimeoutError', 'RESPONSE_TIMEOUT')
+/** A provider that may run a call before it accepts it (a deepstream client) did not
+ * accept it in time: it may have run. A ResponseTimeoutError too. */
+export class AcceptTimeoutError extends ResponseTimeoutError {
+  constructor (message = '') {
+    super(message || 'ACCEPT_TIMEOUT')
+    this.code = 'ACCEPT_TIMEOUT'
+  }
+}
+byCode.set('ACCEPT_TIMEOUT', AcceptTimeoutError)
 export const ProviderError = kind('ProviderError', 'PROVIDER_ERROR')
 export const ProviderGoneError = kind('ProviderGoneError', 'PROVIDER_GONE')
 export const InvalidMessageError = kind('InvalidMessageError', 'INVALID_MESSAGE')

@@ -169,6 +169,8 @@ export declare class RpcError extends Error {
 declare class CodedError extends RpcError { constructor(message?: string) }
 export declare class NoProviderError extends CodedError {}
 export declare class ResponseTimeoutError extends CodedError {}
+/** A provider that may run a call before it accepts it (a deepstream client) did not accept it in time: it may have run. */
+export declare class AcceptTimeoutError extends ResponseTimeoutError {}
 export declare class ProviderError extends CodedError {}
 export declare class ProviderGoneError extends CodedError {}
 export declare class InvalidMessageError extends CodedError {}

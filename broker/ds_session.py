@@ -1,0 +1,156 @@
+"""A deepstream client's connection (``@deepstream/client``, unchanged): the shell of
+broker/ds_rules.py, which translates its protocol to rpcbus's.
+
+A ``Session`` becomes a ``DeepstreamSession`` when its upgrade request names
+``[deepstream] path`` (``Node.deepstream``): the path is read after the TCP
+connection, and its Session, exist. Everything a session does stays: the gate's
+counts, byte budgets before login, strikes for bad input (a frame that is not
+deepstream's protobuf, a message out of turn: one each, the connection closes 1008
+past ``limits.max_invalid_messages``), rate limits, permissions, backpressure, the
+router. What differs:
+
+- each frame holds deepstream's length-delimited protobuf (broker/ds_wire.py), and
+  each message sent is a frame of its own (the client reads one per frame); all of a
+  loop tick's frames leave in one write;
+- as a provider it may run a call before it accepts it (its handler runs first, its
+  ACCEPT follows), so the router never moves an attempt sent to it
+  (``runs_before_accept``: ACCEPT_TIMEOUT, or PROVIDER_GONE when it leaves);
+- it cannot move to another node when this one drains (``moves_on_drain``): its calls
+  are served until it holds none, both ways, then it is closed (1001) and reconnects
+  as the client does; one still busy is closed with the rest at the drain deadline;
+- when its token expires it is closed (1008): it cannot renew a token in place, and
+  logging in again with an expired one fails where the application sees it.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any
+
+import structlog
+
+from rpcbus import errors
+from rpcbus.broker import ds_wire
+from rpcbus.broker.ds_rules import DeepstreamRules
+from rpcbus.broker.ds_wire import DsMessage, DsProtocolError
+from rpcbus.broker.session import Session
+from rpcbus.protocol import AUTH
+from rpcbus.transport import OPEN, CloseCode, FrameData, ws_header
+
+log = structlog.get_logger(module="rpcbus.session")
+
+
+class DeepstreamSession(Session):
+    """One deepstream client (see the module docstring)."""
+
+    runs_before_accept = True
+    moves_on_drain = False
+    rules: DeepstreamRules
+    _frames: list[bytes]
+
+    def became_deepstream(self) -> None:
+        """Its upgrade request named the deepstream path: from the first frame on, it
+        speaks deepstream's protocol."""
+        config = self.node.config
+        self.rules = DeepstreamRules(int(config.deepstream.response_timeout * 1000),
+                                     config.auth.max_failures, self.node.stats)
+        self._frames = []
+        self.node.stats["deepstream_connections"] += 1
+
+    # -- in ----------------------------------------------------------------------------
+
+    def text_received(self) -> None:
+        self.invalid(None, "text frames (deepstream's JSON transport) are not served: use "
+                     "the binary protocol, the client's default", self.loop.time())
+
+    def frame_received(self, data: FrameData) -> None:
+        now = self.loop.time()
+        node = self.node
+        node.router.read_at = perf_counter()  # its calls' start, for their latency
+        try:
+            msgs = ds_wire.decode(bytes(data), self._max_frame_messages)
+        except DsProtocolError as exc:
+            node.stats["deepstream_bad_frames"] += 1
+            self.invalid(None, f"not deepstream's protobuf: {exc}", now)
+            return
+        node.stats["messages_in"] += len(msgs)
+        if self._limiter is not None:
+            self._limiter.received(now, len(data))
+        rules = self.rules
+        try:
+            for m in msgs:
+                into, replies, problem = rules.inbound(m)
+                for reply in replies:
+                    self._write(reply)
+                if problem:
+                    self.invalid(None, problem, now)
+                if into:
+                    self.handle(into, now)
+                if not self.is_open():
+                    return
+        except Exception:  # a bug here must cost one frame, never the node
+            node.stats["internal_errors"] += 1
+            log.exception("frame_handling_failed", session=self.sid)
+        self._pause_if_full()
+
+    # -- out ---------------------------------------------------------------------------
+
+    def send(self, msg: list[Any]) -> None:
+        """An rpcbus message for this client: written as deepstream's, in this tick."""
+        rules = self.rules
+        for m in rules.outbound(msg):
+            self._write(m)
+        if rules.refused:  # a call for it whose data JSON cannot carry: not run
+            refused, rules.refused = rules.refused, []
+            for attempt, why in refused:
+                self.node.stats["deepstream_unwritable"] += 1
+                self.router.refuse_attempt(self, attempt, errors.INVALID_MESSAGE, why)
+        if rules.relogin:  # AUTH_FAIL BUSY: the client cannot ask again; the node does
+            rules.relogin = False
+            self.later(0.0, self._relogin)
+        if rules.heard_drain:  # it cannot answer the drain's PING: nothing to wait for
+            rules.heard_drain = False
+            self.loop.call_soon(self.node.notice_heard, self)
+        if (rules.draining or rules.close_reason) and not self._frames:
+            self.loop.call_soon(self.flush)  # its closing is looked at there
+
+    def _write(self, m: DsMessage) -> None:
+        payload = ds_wire.encode(m)
+        frames = self._frames
+        frames.append(ws_header(len(payload), 0) + payload)
+        if len(frames) == 1:
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        frames = self._frames
+        if frames:
+            self._frames = []
+            if self.state is OPEN:
+                self.transport.write(b"".join(frames))
+                self.frames_out += len(frames)
+                self.messages_out += len(frames)
+                if self.transport.get_write_buffer_size() > self.max_write_buffer:
+                    self.on_slow_consumer()
+            else:
+                self.dropped_out += len(frames)
+        self._resume_if_room()
+        rules = self.rules
+        if self.closed or self.state is not OPEN:
+            return
+        if rules.close_reason:
+            self.fail_now(CloseCode.POLICY_VIOLATION, rules.close_reason)
+        elif rules.draining and rules.idle():
+            self.node.stats["deepstream_closed_draining"] += 1
+            self.fail_now(CloseCode.GOING_AWAY, "node shutting down")
+
+    # -- the shell's hooks ---------------------------------------------------------------
+
+    def _relogin(self) -> None:
+        if not self.closed and not self.authenticated and not self._logging_in:
+            self.handle([[AUTH, self.rules.login]], self.loop.time())
+
+    def _auth_timeout(self) -> None:
+        if not self.authenticated and not self.closed:  # deepstream's word for it first
+            self._write(DsMessage(ds_wire.T_CONNECTION, ds_wire.C_AUTHENTICATION_TIMEOUT))
+            self.flush()
+        super()._auth_timeout()

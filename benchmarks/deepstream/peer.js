@@ -8,7 +8,8 @@
 //   {"id": 3, "op": "provide", "name": "x", "kind": "echo" | "add" | "error" | "reject"
 //     | "noaccept" | "late" | "slow" | "leave" | "once"}
 //   {"id": 4, "op": "unprovide", "name": "x"}
-//   {"id": 5, "op": "snapshot" | "has", "name": "r"}: a record (the node refuses records)
+//   {"id": 5, "op": "snapshot" | "has", "name": "r"}: a record (the node refuses records);
+//     {"op": "presence"}: presence.getAll(); {"op": "subscribe", "name": "e"}: an event
 //   {"id": 6, "op": "ran"}: how many calls each provided name ran here
 //   {"id": 7, "op": "load", "name": "x", "calls": n, "inflight": k, "data": ...}: n makes,
 //     k at a time; answers {"ok": {"calls", "errors", "seconds", "firstError"}}
@@ -89,6 +90,8 @@ async function run (cmd) {
     case 'unprovide': client.rpc.unprovide(cmd.name); return null
     case 'snapshot': return await client.record.snapshot(cmd.name)
     case 'has': return await client.record.has(cmd.name)
+    case 'presence': return await client.presence.getAll()
+    case 'subscribe': client.event.subscribe(cmd.name, () => {}); return null
     case 'ran': return ran
     case 'load': return await load(cmd)
     case 'state': return client.getConnectionState()

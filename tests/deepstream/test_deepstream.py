@@ -6,6 +6,8 @@ its clients."""
 
 import asyncio
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from websockets.asyncio.client import connect as ws_connect
@@ -152,13 +154,23 @@ async def test_every_deepstream_error_and_no_call_runs_twice(two, ds):
         for i in range(6):
             assert await caller.ok("make", name="e.reject", data=i) == i
         assert await caller.error("make", name="e.alone", data=1) == "NO_RPC_PROVIDER"
-        # records are not served: the client's promise fails at once
+        # records and presence are not served: the client's promise fails at once; an
+        # event subscription is refused with an error event
         for op in ("snapshot", "has"):
             assert await caller.error(op, name="some/record") == "MESSAGE_DENIED"
-
-    ran = await provider.ok("ran")
-    assert ran == {"e.noaccept": 3, "e.slow": 3, "e.late": 1}, ran
-    assert (await spare.ok("ran"))["e.reject"] == 7
+        assert await caller.error("presence") == "MESSAGE_DENIED"
+        await caller.ok("subscribe", name="news")
+        await caller.event(lambda e: e["event"] == "error" and e["topic"] == "EVENT"
+                           and e["kind"] == "MESSAGE_DENIED")
+        ran = await provider.ok("ran")   # each call ran once, none twice
+        assert ran == {"e.noaccept": 3, "e.slow": 3, "e.late": 1}, ran
+        assert (await spare.ok("ran"))["e.reject"] == 7
+        # what it no longer provides is no longer called
+        await provider.ok("unprovide", name="e.slow")
+        async with asyncio.timeout(5):
+            while (await caller.send("make", name="e.slow", data={"ms": 1, "value": 1})
+                   ).get("error") != "NO_RPC_PROVIDER":
+                await asyncio.sleep(0.05)
 
 
 async def test_a_provider_that_leaves_after_accepting_and_a_caller_that_leaves(two, ds):
@@ -277,6 +289,15 @@ async def test_hostile_frames_cost_their_sender_only(two, ds):
         after = stats(node)["io"]
         assert after["deepstream_bad_frames"] - before.get("deepstream_bad_frames", 0) >= 3
         assert after["closed_for_garbage"] > before.get("closed_for_garbage", 0)
+
+
+def test_a_node_without_it_says_how_to_turn_it_on():
+    with NodeProcess(env=FAST) as node:
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(node.url.replace("ws://", "http://") + "/deepstream",
+                                   timeout=5)
+    assert answer.value.code == 404
+    assert b"[deepstream] enabled = true" in answer.value.read()
 
 
 async def test_clients_reconnect_to_a_restarted_node_and_provide_again(ds):

@@ -40,6 +40,7 @@ from rpcbus.protocol import (
     AUTH_FAIL,
     AUTH_OK,
     CANCEL,
+    DEFAULT_MAX_NAME,
     DRAIN_PING,
     ERROR,
     OK,
@@ -52,6 +53,7 @@ from rpcbus.protocol import (
     RESPONSE,
     STREAM,
     UNPROVIDE,
+    valid_name,
 )
 
 # where the conversation is
@@ -95,13 +97,16 @@ class _Bulk:
 class DeepstreamRules:
     """One deepstream client: ``inbound`` reads its messages, ``outbound`` writes rpcbus's
     to it. ``timeout_ms`` is the deadline its calls get, ``max_failures``
-    ``auth.max_failures``, ``stats`` the node's counters (late answers, refused topics).
+    ``auth.max_failures``, ``stats`` the node's counters (late answers, refused topics),
+    ``max_name`` ``limits.max_name_length``.
     What ``outbound`` asks of the shell it leaves in ``refused`` (attempts whose data
     JSON cannot carry: the router ends them, not run), ``relogin`` (an AUTH answered
     BUSY: send ``login`` again), ``heard_drain`` and ``close_reason``."""
 
-    def __init__(self, timeout_ms: int, max_failures: int, stats: Counter[str]) -> None:
+    def __init__(self, timeout_ms: int, max_failures: int, stats: Counter[str],
+                 max_name: int = DEFAULT_MAX_NAME) -> None:
         self.stats = stats
+        self.max_name = max_name
         self.phase = CHALLENGE
         self.timeout_ms = timeout_ms
         self.max_failures = max_failures
@@ -189,14 +194,23 @@ class DeepstreamRules:
             names = m.names
             if not names:
                 return [], [], "PROVIDE and UNPROVIDE need names"
-            bulk = _Bulk(action, cid, len(names))
+            # a name deepstream takes and rpcbus does not (a space, say) is refused here,
+            # like one the user may not provide: no strike for what deepstream allows
+            good = [name for name in names if valid_name(name, self.max_name)]
+            bulk = _Bulk(action, cid, len(good))
+            replies = [DsMessage(w.T_RPC, w.R_MESSAGE_DENIED, original_action=action,
+                                 name=name, correlation_id=cid, is_error=True)
+                       for name in names if not valid_name(name, self.max_name)]
+            if not good:
+                return [], [*replies, DsMessage(w.T_RPC, action, correlation_id=cid,
+                                                is_ack=True)], ""
             msgs = []
             kind = PROVIDE if action == w.R_PROVIDE else UNPROVIDE
-            for name in names:
+            for name in good:
                 self._seq += 1
                 self._bulks[self._seq] = (bulk, name)
                 msgs.append([kind, self._seq, [name]])
-            return msgs, [], ""
+            return msgs, replies, ""
         return [], [], f"unexpected RPC action {action}"
 
     def _answer(self, m: DsMessage) -> tuple[list[list[Any]], list[DsMessage], str]:

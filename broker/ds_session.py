@@ -53,7 +53,8 @@ class DeepstreamSession(Session):
         speaks deepstream's protocol."""
         config = self.node.config
         self.rules = DeepstreamRules(int(config.deepstream.response_timeout * 1000),
-                                     config.auth.max_failures, self.node.stats)
+                                     config.auth.max_failures, self.node.stats,
+                                     config.limits.max_name_length)
         self._frames = []
         self.node.stats["deepstream_connections"] += 1
 

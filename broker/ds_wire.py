@@ -15,7 +15,7 @@ built with the fields it has, never changed after.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # -- topics and actions (@deepstream/protobuf types/*.ts) --------------------------------
 
@@ -190,7 +190,7 @@ def encode(msg: DsMessage) -> bytes:
     """One frame's payload: the length-delimited envelope holding ``msg``."""
     body = b""
     for slot, tag, kind in _WRITE[msg[0]]:
-        value = msg[slot]
+        value: Any = msg[slot]
         if value is None or value is False:
             continue
         if kind == _STR:

@@ -154,6 +154,13 @@ async def test_every_deepstream_error_and_no_call_runs_twice(two, ds):
         for i in range(6):
             assert await caller.ok("make", name="e.reject", data=i) == i
         assert await caller.error("make", name="e.alone", data=1) == "NO_RPC_PROVIDER"
+        # a name deepstream allows and rpcbus does not: refused by name, no strike
+        await spare.ok("provide", name="get user", kind="echo")
+        refused = await spare.event(lambda e: e["event"] == "error"
+                                    and e["kind"] == "MESSAGE_DENIED")
+        assert refused["error"]["name"] == "get user"
+        assert (await caller.error("make", name="get user", data=1))["code"] == \
+            "INVALID_MESSAGE"
         # records and presence are not served: the client's promise fails at once; an
         # event subscription is refused with an error event
         for op in ("snapshot", "has"):

@@ -139,7 +139,7 @@ def test_calls_it_makes_get_exactly_one_answer_in_its_words():
         errors.RATE_LIMITED: rpc(w.R_REQUEST_ERROR, correlation_id="c", name="n",
                                  data='{"code":"RATE_LIMITED","message":"slow down"}'),
     }
-    for i, (code, answer) in enumerate(outcomes.items(), 1):
+    for code, answer in outcomes.items():
         into, _, _ = rules.inbound(rpc(w.R_REQUEST, correlation_id="c", name="n",
                                        data="[1]"))
         assert into == [[REQUEST, into[0][1], "n", [1], 2500]]
@@ -202,6 +202,16 @@ def test_provide_answers_once_per_message_and_names_each_refusal():
             is_error=True)]
     assert rules.outbound([OK, into[2][1]]) == [rpc(w.R_PROVIDE, correlation_id="7",
                                                     is_ack=True)]
+    # a name deepstream allows and rpcbus does not: refused here, without a strike
+    into, out, problem = rules.inbound(rpc(w.R_PROVIDE, correlation_id="8",
+                                           names=("get user", "ok.name")))
+    assert into == [[PROVIDE, into[0][1], ["ok.name"]]] and not problem
+    assert out == [rpc(w.R_MESSAGE_DENIED, original_action=w.R_PROVIDE, name="get user",
+                       correlation_id="8", is_error=True)]
+    assert rules.outbound([OK, into[0][1]]) == [rpc(w.R_PROVIDE, correlation_id="8",
+                                                    is_ack=True)]
+    into, out, _ = rules.inbound(rpc(w.R_UNPROVIDE, correlation_id="9", names=(" ",)))
+    assert into == [] and [m.action for m in out] == [w.R_MESSAGE_DENIED, w.R_UNPROVIDE]
 
 
 def test_login_refusals_busy_pings_notices_and_what_is_not_served():

@@ -65,7 +65,7 @@ STALL = 0.25           # broker/node.py: a sweep this late means the process was
 STALL_HOLD = 0.2
 APP_CODE = "SIM_SAID_NO"  # the application error every 16th call of a caller answers
 DID_NOT_RUN = errors.DID_NOT_RUN
-DOCUMENTED = DID_NOT_RUN | {errors.RESPONSE_TIMEOUT, errors.PROVIDER_GONE,
+DOCUMENTED = DID_NOT_RUN | {errors.RESPONSE_TIMEOUT, errors.ACCEPT_TIMEOUT, errors.PROVIDER_GONE,
                             errors.CONNECTION_LOST, errors.CLUSTER_UNAVAILABLE,
                             errors.PROVIDER_ERROR, APP_CODE}
 

@@ -2,14 +2,13 @@
 lockfile) against real rpcbus node processes: a Node.js agent
 (benchmarks/deepstream/peer.js) driven over its stdin/stdout, one JSON line per command."""
 
-import asyncio
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from ..js.conftest import JsAgent
+from ..js.conftest import agents
 
 PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "deepstream"
 
@@ -32,17 +31,6 @@ def node_exe():
 async def ds():
     """Start deepstream clients: ``client = await ds()``; each must exit 0 and print
     nothing on stderr."""
-    exe = node_exe()
-    agents = []
-
-    async def start():
-        proc = await asyncio.create_subprocess_exec(
-            exe, str(PEERS / "peer.js"), cwd=str(PEERS), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        agents.append(JsAgent(proc))
-        return agents[-1]
-
-    yield start
-    for agent in agents:
-        code, err = await agent.stop()
-        assert code == 0 and not err, f"the deepstream agent exited {code}: {err}"
+    async with agents(node_exe(), str(PEERS / "peer.js"), cwd=str(PEERS),
+                      what="deepstream agent") as start:
+        yield start

@@ -2,6 +2,7 @@
 (clients/js/test/agent.js) driven over its stdin/stdout, one JSON line per command."""
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -88,20 +89,27 @@ class JsAgent:
         return self.proc.returncode, (await self.proc.stderr.read()).decode()
 
 
-@pytest.fixture
-async def js():
-    """Start JS agents: ``agent = await js()``; each must exit 0 without errors."""
-    exe = node_exe()
-    agents = []
+@contextlib.asynccontextmanager
+async def agents(*argv, cwd=None, what="JS agent"):
+    """``start()`` runs ``argv`` as a JsAgent; on leaving, each must exit 0 and have
+    printed nothing on stderr."""
+    started = []
 
     async def start():
         proc = await asyncio.create_subprocess_exec(
-            exe, str(JS / "test" / "agent.js"), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        agents.append(JsAgent(proc))
-        return agents[-1]
+            *argv, cwd=cwd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        started.append(JsAgent(proc))
+        return started[-1]
 
     yield start
-    for agent in agents:
+    for agent in started:
         code, err = await agent.stop()
-        assert code == 0 and not err, f"the JS agent exited {code}: {err}"
+        assert code == 0 and not err, f"the {what} exited {code}: {err}"
+
+
+@pytest.fixture
+async def js():
+    """Start JS agents: ``agent = await js()``; each must exit 0 without errors."""
+    async with agents(node_exe(), str(JS / "test" / "agent.js")) as start:
+        yield start

@@ -137,6 +137,32 @@ async def test_deadlines_and_abort_signals_reach_the_provider_across_nodes(two, 
         await agent.event(lambda e: e.get("event") == "aborted" and e["rpc"] == "js.hang")
 
 
+async def test_clients_with_one_url_wait_out_a_draining_node_without_a_loop(js):
+    """Each SDK with one URL whose node drains leaves it once and backs off (issue 42 saw
+    12 sessions in a second): the draining node answers new handshakes 503."""
+    node = NodeProcess(env={**FAST, "RPCBUS_SERVER_DRAIN_TIMEOUT": "4"}).start()
+    try:
+        agent = await js()
+        await agent.ok("connect", urls=[node.url])
+        async with rpcbus.connect(node.url) as keeper, rpcbus.connect(node.url) as one:
+            async def slow(d):
+                await asyncio.sleep(2.5)   # keeps the node draining
+                return d
+            await keeper.provide("slow", slow)
+            call = asyncio.ensure_future(keeper.call("slow", 1, timeout=10))
+            await asyncio.sleep(0.2)
+            node.signal(signal.SIGTERM)
+            await agent.event(lambda e: e.get("state") == "reconnecting")
+            await asyncio.sleep(1.5)                           # a loop would show by now
+            closed = node.events("session_closed")
+            assert len(closed) <= 3, closed                    # js, one, keeper: once each
+            assert one.state != "connected"
+            assert await call == 1                             # what was under way finished
+        assert node.wait_exit() == 0
+    finally:
+        node.kill()
+
+
 async def test_the_client_moves_to_the_next_url_when_its_node_dies_or_drains(js):
     c = LocalCluster(nodes=3, env=FAST).start()
     try:

@@ -34,7 +34,9 @@ def test_a_thousand_seeds_hold() -> None:
     seeds mix several): every call one outcome, its own, never run twice, every table
     empty at the end; on every fifth seed a quarter of the calls are streams (every
     part its own, in order, within its window) and a tenth call_alls (a reply from each
-    provider that ran it, each its own)."""
+    provider that ran it, each its own); on one seed in seven a provider runs every call
+    as it reads it and accepts it after, as deepstream's client does (sim/run.py
+    ``RunsFirstProvider``), and none of its calls may run twice."""
     with ProcessPoolExecutor(2) as pool:
         results = list(pool.map(_run, range(1, SEEDS + 1), chunksize=25))
     calls = sum(r[2] for r in results)
@@ -62,6 +64,10 @@ def test_a_thousand_seeds_hold() -> None:
          "though it may have run"),
     (160, "a replayed INVOKE that reached a draining node after it took the first was "
           "refused, and its origin sent the call elsewhere"),
+    (4, "a call at a provider that runs it before accepting (deepstream's client) was "
+        "moved at its ack timeout and ran twice"),
+    (11, "a call at a provider that runs it before accepting, moved at its ack timeout "
+         "and refused elsewhere, answered NO_PROVIDER though it ran"),
 ])
 def test_seeds_that_found_bugs_hold(seed: int, bug: str) -> None:
     result = run_seed(seed, ALL_FAULTS)

@@ -161,6 +161,11 @@ class SessionRules(SessionPolicy):
                 if len(msg) == 3 and type(msg[1]) is int and serving:
                     router.part(self, msg[1], msg[2])
                     continue
+            elif kind == ACCEPT:  # one call's (deepstream's clients send one per call);
+                # taken while draining too: calls under way finish
+                if len(msg) == 2 and type(msg[1]) is int and self.authenticated:
+                    router.accept(self, msg[1], now)
+                    continue
             self._handle_other(msg, now)
             if not self.is_open():
                 return

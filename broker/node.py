@@ -453,12 +453,18 @@ class Node:
     def deepstream(self, session: Session, request: HttpRequest) -> HttpAnswer | None:
         """A request for ``[deepstream] path``: with ``[deepstream] enabled`` the session
         becomes a DeepstreamSession (deepstream's protocol from its first frame), else 404
-        saying how to enable it."""
+        saying how to enable it; 503 while the node starts or drains, as for every client
+        (a draining node closes its deepstream clients once idle: taking them back would
+        loop)."""
         if not self.config.deepstream.enabled:
             return 404, (b"deepstream's protocol is not enabled on this node: set "
                          b"[deepstream] enabled = true (or rpcbus node --deepstream)\n"), {}
         if not request.wants_websocket:
             return 426, b"this path speaks deepstream's protocol over WebSocket\n", {}
+        if self.draining:  # as for any client: it backs off and comes back (elsewhere)
+            return 503, b"draining: connect to another node\n", {}
+        if not self.ready:
+            return 503, b"starting: try again shortly\n", {}
         session.__class__ = DeepstreamSession  # the path comes after the connection
         cast(DeepstreamSession, session).became_deepstream()
         return None

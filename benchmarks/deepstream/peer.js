@@ -25,6 +25,13 @@ const out = (obj) => process.stdout.write(JSON.stringify(obj) + '\n')
 
 function count (name) { ran[name] = (ran[name] || 0) + 1 }
 
+// an error event's value: a message as the client gives it, or its text when it is no
+// plain data (a failed connection's request object)
+function plain (value) {
+  if (typeof value !== 'object' || value === null) return String(value)
+  try { return JSON.parse(JSON.stringify(value)) } catch (e) { return String(value) }
+}
+
 const providers = {
   echo: (name) => (data, response) => { count(name); response.send(data === undefined ? null : data) },
   add: (name) => (data, response) => { count(name); response.send(data.a + data.b) },
@@ -56,7 +63,7 @@ function login (params) {
 function connect (cmd) {
   client = new DeepstreamClient(cmd.url, cmd.options || {})
   client.on('connectionStateChanged', (state) => out({ event: 'state', state }))
-  client.on('error', (error, event, topic) => out({ event: 'error', error: typeof error === 'object' ? error : String(error), kind: event, topic }))
+  client.on('error', (error, event, topic) => out({ event: 'error', error: plain(error), kind: event, topic }))
   return login(cmd.login)
 }
 

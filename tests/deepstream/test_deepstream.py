@@ -5,13 +5,14 @@ leaves after accepting, a caller that leaves, hostile frames, a node restarted u
 its clients."""
 
 import asyncio
+import signal
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import rpcbus
 from rpcbus.broker.auth import hash_password, token_digest
@@ -298,13 +299,37 @@ async def test_hostile_frames_cost_their_sender_only(two, ds):
         assert after["closed_for_garbage"] > before.get("closed_for_garbage", 0)
 
 
-def test_a_node_without_it_says_how_to_turn_it_on():
+async def test_the_path_says_how_to_turn_it_on_and_refuses_while_draining(ds):
     with NodeProcess(env=FAST) as node:
         with pytest.raises(urllib.error.HTTPError) as answer:
-            urllib.request.urlopen(node.url.replace("ws://", "http://") + "/deepstream",
-                                   timeout=5)
+            await asyncio.to_thread(urllib.request.urlopen,
+                                    node.url.replace("ws://", "http://") + "/deepstream",
+                                    timeout=5)
     assert answer.value.code == 404
     assert b"[deepstream] enabled = true" in answer.value.read()
+
+    # a draining node takes no new deepstream client: it would close it once idle, and
+    # the client would come back, in a loop
+    node = NodeProcess(env={**DS, "RPCBUS_SERVER_DRAIN_TIMEOUT": "3"}).start()
+    try:
+        client = await connected(ds, node)
+        async with rpcbus.connect(node.url) as py:
+            await py.provide("py.slow", _slow)
+            call = asyncio.ensure_future(client.send("make", name="py.slow", data=1.0))
+            async with asyncio.timeout(5):
+                while not (await py.providers("py.slow"))[0]["outstanding"]:
+                    await asyncio.sleep(0.02)
+            node.signal(signal.SIGTERM)
+            await asyncio.to_thread(node.wait_event, "node_draining")
+            with pytest.raises(InvalidStatus) as refused:
+                async with ws_connect(ds_url(node)):
+                    pass
+            assert refused.value.response.status_code == 503
+            assert (await call)["ok"] == 1.0      # what it had under way is answered
+            await client.event(lambda e: e.get("state") == "RECONNECTING")
+        assert await asyncio.to_thread(node.wait_exit) == 0
+    finally:
+        node.kill()
 
 
 async def test_clients_reconnect_to_a_restarted_node_and_provide_again(ds):

@@ -20,6 +20,7 @@ from rpcbus.broker.local import LocalCluster
 from rpcbus.broker.process import NodeProcess
 
 from ..cluster.conftest import FAST, stats
+from ..integration.test_operations import samples
 
 DS = {**FAST, "RPCBUS_DEEPSTREAM_ENABLED": "true", "RPCBUS_DEEPSTREAM_RESPONSE_TIMEOUT": "2.0"}
 # reconnect every 0.2 s, not after 4 s, 8 s, ...; calls made meanwhile wait for it
@@ -173,6 +174,12 @@ async def test_every_deepstream_error_and_no_call_runs_twice(two, ds):
         ran = await provider.ok("ran")   # each call ran once, none twice
         assert ran == {"e.noaccept": 3, "e.slow": 3, "e.late": 1}, ran
         assert (await spare.ok("ran"))["e.reject"] == 7
+        # counted in the metrics as any call (each node counts its own callers' calls)
+        metrics = await asyncio.to_thread(samples, node)
+        assert metrics[("rpcbus_calls_total", frozenset(
+            {"rpc": "e.reject", "outcome": "ok"}.items()))] == 7
+        assert metrics[("rpcbus_calls_total", frozenset(
+            {"rpc": "e.noaccept", "outcome": "ACCEPT_TIMEOUT"}.items()))] == 2
         # what it no longer provides is no longer called
         await provider.ok("unprovide", name="e.slow")
         async with asyncio.timeout(5):
@@ -277,7 +284,9 @@ enabled = true
 
 async def test_hostile_frames_cost_their_sender_only(two, ds):
     node = two.nodes[0]
-    client = await connected(ds, node)
+    # its heartbeat: PING every 0.1 s, reconnecting after 0.2 s without a message; each
+    # PING is answered, so an idle client stays
+    client = await connected(ds, node, options={"heartbeatInterval": 100})
     await client.ok("provide", name="calm.echo", kind="echo")
     async with rpcbus.connect(node.url) as py:
         await wait_routable(py, "calm.echo", 1)
@@ -294,6 +303,7 @@ async def test_hostile_frames_cost_their_sender_only(two, ds):
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
         assert await py.call("calm.echo", "still here", timeout=3) == "still here"
         assert await client.ok("make", name="calm.echo", data="me too") == "me too"
+        assert [e for e in client.events if e["event"] == "state"][-1]["state"] == "OPEN"
         after = stats(node)["io"]
         assert after["deepstream_bad_frames"] - before.get("deepstream_bad_frames", 0) >= 3
         assert after["closed_for_garbage"] > before.get("closed_for_garbage", 0)

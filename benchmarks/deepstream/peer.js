@@ -14,7 +14,8 @@
 //   {"id": 7, "op": "load", "name": "x", "calls": n, "inflight": k, "data": ...}: n makes,
 //     k at a time; answers {"ok": {"calls", "errors", "seconds", "firstError"}}
 //   {"id": 8, "op": "state"} | {"id": 9, "op": "close"}
-// Events: {"event": "state", "state"}, {"event": "error", "error", "topic"}.
+// Events: {"event": "state", "state"}, {"event": "error", "error", "kind", "topic"},
+// {"event": "reauthenticationFailure", "reason"}.
 'use strict'
 const { DeepstreamClient } = require('@deepstream/client')
 const readline = require('readline')
@@ -64,6 +65,7 @@ function connect (cmd) {
   client = new DeepstreamClient(cmd.url, cmd.options || {})
   client.on('connectionStateChanged', (state) => out({ event: 'state', state }))
   client.on('error', (error, event, topic) => out({ event: 'error', error: plain(error), kind: event, topic }))
+  client.on('reauthenticationFailure', (reason) => out({ event: 'reauthenticationFailure', reason: plain(reason) }))
   return login(cmd.login)
 }
 

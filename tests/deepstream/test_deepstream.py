@@ -10,7 +10,10 @@ import time
 import urllib.error
 import urllib.request
 
+import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -307,6 +310,42 @@ async def test_hostile_frames_cost_their_sender_only(two, ds):
         after = stats(node)["io"]
         assert after["deepstream_bad_frames"] - before.get("deepstream_bad_frames", 0) >= 3
         assert after["closed_for_garbage"] > before.get("closed_for_garbage", 0)
+
+
+async def test_a_jwt_that_expires_closes_its_client_which_cannot_log_in_again(ds, tmp_path):
+    """A deepstream client cannot renew a token in place: at its JWT's expiry the node
+    closes it (1008), its names are withdrawn, and its reconnect's login with the same
+    token is refused, which the client reports (docs/deepstream.md)."""
+    signer = ed25519.Ed25519PrivateKey.generate()
+    (tmp_path / "ops.pub").write_bytes(signer.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    conf = tmp_path / "node.toml"
+    conf.write_text(f"""
+[auth]
+token_leeway = 0.0
+[auth.token_keys]
+ops = "{tmp_path / 'ops.pub'}"
+[deepstream]
+enabled = true
+""")
+    def token(user, ttl):
+        return jwt.encode({"sub": user, "call": ["*"], "provide": ["*"], "iss": "rpcbus",
+                           "aud": "rpcbus", "exp": time.time() + ttl}, signer,
+                          algorithm="EdDSA")
+    with NodeProcess("--config", str(conf), env=FAST) as node:
+        client = await connected(ds, node, {"token": token("relay", 3)}, options=QUICK)
+        await client.ok("provide", name="relay.echo", kind="echo")
+        async with asyncio.timeout(5):  # its PROVIDE leaves within 0.1 s (it batches them)
+            while "error" in await client.send("make", name="relay.echo", data=1):
+                await asyncio.sleep(0.05)
+        failed = await client.event(lambda e: e["event"] == "reauthenticationFailure",
+                                    timeout=15)
+        assert "expired" in failed["reason"]["reason"], failed
+        expired = await asyncio.to_thread(node.wait_event, "session_token_expired")
+        assert expired["user"] == "relay"
+        async with rpcbus.connect(node.url, token=token("ops", 600)) as py:
+            with pytest.raises(rpcbus.NoProviderError):   # its names went with it
+                await py.call("relay.echo", 1, timeout=2)
 
 
 async def test_the_path_says_how_to_turn_it_on_and_refuses_while_draining(ds):

@@ -172,11 +172,10 @@ class DeepstreamRules:
         action, cid = m.action, m.correlation_id
         if action == w.R_REQUEST:
             name = m.name
-            if not cid or len(cid) > 128 or cid in self._open or not name:
-                why = ("a REQUEST needs a name and a correlationId of 1-128 characters"
-                       if not cid or len(cid) > 128 or not name else
-                       f"correlationId {cid[:64]!r} belongs to a call still in flight")
-                return [], [], why
+            if not cid or len(cid) > 128 or not name:
+                return [], [], "a REQUEST needs a name and a correlationId of 1-128 characters"
+            if cid in self._open:
+                return [], [], f"correlationId {cid[:64]!r} belongs to a call still in flight"
             try:
                 data = None if m.data is None else _from_json(m.data)
             except (ValueError, RecursionError):
@@ -196,11 +195,16 @@ class DeepstreamRules:
                 return [], [], "PROVIDE and UNPROVIDE need names"
             # a name deepstream takes and rpcbus does not (a space, say) is refused here,
             # like one the user may not provide: no strike for what deepstream allows
-            good = [name for name in names if valid_name(name, self.max_name)]
+            good: list[str] = []
+            replies = []
+            for name in names:
+                if valid_name(name, self.max_name):
+                    good.append(name)
+                else:
+                    replies.append(DsMessage(w.T_RPC, w.R_MESSAGE_DENIED,
+                                             original_action=action, name=name,
+                                             correlation_id=cid, is_error=True))
             bulk = _Bulk(action, cid, len(good))
-            replies = [DsMessage(w.T_RPC, w.R_MESSAGE_DENIED, original_action=action,
-                                 name=name, correlation_id=cid, is_error=True)
-                       for name in names if not valid_name(name, self.max_name)]
             if not good:
                 return [], [*replies, DsMessage(w.T_RPC, action, correlation_id=cid,
                                                 is_ack=True)], ""
@@ -328,7 +332,7 @@ class DeepstreamRules:
                 return DsMessage(w.T_RPC, w.R_REQUEST_ERROR, data=_to_json(value),
                                  correlation_id=cid, name=name)
             except (TypeError, ValueError, RecursionError):
-                code, text = app_code, text  # its data cannot be JSON: code and text only
+                code = app_code  # its data cannot be JSON: its code and text only
         return self._answer_error(cid, name, code, text)
 
     @staticmethod

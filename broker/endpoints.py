@@ -63,11 +63,16 @@ def answer(node: Node, request: HttpRequest) -> HttpAnswer | None:
             return 302, b"see /dashboard\n", {"Location": "/dashboard"}
         return _text(404, "not found: this port serves WebSocket clients and /healthz "
                           "/readyz /metrics /stats /cluster /dashboard")
+    return not_taking(node)  # else the WebSocket handshake
+
+
+def not_taking(node: Node) -> HttpAnswer | None:
+    """503 for a new client (either protocol) while ``node`` drains or starts, else None."""
     if node.draining:  # still listening, so that /readyz can say so; no new clients
         return _text(503, "draining: connect to another node")
-    if not node.ready:  # waiting for the cluster bus (the SDK tries again)
+    if not node.ready:  # waiting for the cluster bus (the SDKs try again)
         return _text(503, "starting: try again shortly")
-    return None  # everything else: the WebSocket handshake
+    return None
 
 
 def _admin(node: Node, request: HttpRequest) -> bool:

@@ -461,10 +461,9 @@ class Node:
                          b"[deepstream] enabled = true (or rpcbus node --deepstream)\n"), {}
         if not request.wants_websocket:
             return 426, b"this path speaks deepstream's protocol over WebSocket\n", {}
-        if self.draining:  # as for any client: it backs off and comes back (elsewhere)
-            return 503, b"draining: connect to another node\n", {}
-        if not self.ready:
-            return 503, b"starting: try again shortly\n", {}
+        refused = endpoints.not_taking(self)  # as for any client: it backs off, comes back
+        if refused is not None:
+            return refused
         session.__class__ = DeepstreamSession  # the path comes after the connection
         cast(DeepstreamSession, session).became_deepstream()
         return None

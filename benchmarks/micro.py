@@ -21,7 +21,9 @@ from rpcbus.protocol import REQUEST, check_from_client, decode, encode
 
 class _Peer:
     __slots__ = ("label", "closed", "inflight", "calls", "provides", "out", "is_node",
-                 "provider_name", "hrows", "accepted_upto", "runs_before_accept")
+                 "provider_name", "hrows", "accepted_upto", "runs_before_accept", "load",
+                 "attempts", "lat", "seen", "steady", "minute", "pace", "user_name",
+                 "origin")
 
     def __init__(self, label: str) -> None:
         self.label, self.closed, self.inflight, self.is_node = label, False, 0, False
@@ -29,6 +31,12 @@ class _Peer:
         self.calls: dict[int, Any] = {}
         self.accepted_upto = 0
         self.runs_before_accept = False
+        self.load = self.attempts = 0
+        self.lat = self.seen = self.steady = 0.0
+        self.minute: Any = None
+        self.pace: Any = None
+        self.user_name: str | None = None
+        self.origin = ""
         self.hrows: dict[Any, Any] = {}
         self.provides: set[str] = set()
         self.out: list[list[Any]] = []

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rpcbus.protocol import ERROR, RESPONSE
 
 if TYPE_CHECKING:
+    from rpcbus.broker.admission import Pace
     from rpcbus.broker.discovery import MinuteStats
     from rpcbus.broker.router import Call, Router
 
@@ -38,6 +39,7 @@ class Gather:
     load = attempts = 0
     rate = lat = seen = steady = 0.0
     minute: MinuteStats | None = None  # a caller, never a provider
+    pace: Pace | None = None           # likewise
 
     def __init__(self, router: "Router", parent: "Call", max_replies: int) -> None:
         self.router = router

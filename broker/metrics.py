@@ -48,6 +48,10 @@ _ROUTER = {
     "parts": "Stream parts passed on to their callers.",
     "stream_overruns": "Streams ended because their provider sent past its credit.",
     "parts_lost": "Streams ended because a part from another node was lost on the bus.",
+    "overloaded": "Calls that ended OVERLOADED: shed, or no free slot in time (not run).",
+    "waited": "Calls that waited for a free slot at a provider or node.",
+    "shed": "Calls shed on arrival OVERLOADED: their name's waits stood over target.",
+    "busy": "Attempts a provider or node turned away unrun: full (BUSY) or read late.",
 }
 # node I/O counters: name -> help
 _IO = {

@@ -78,6 +78,10 @@ class Node:
             affinity=config.cluster.affinity,
             policy=config.cluster.policy,
             clock=time.perf_counter if config.server.per_rpc_metrics else None,
+            ack_timeout_max=config.rpc.ack_timeout_max,
+            queue_target=config.rpc.queue_target,
+            queue_interval=config.rpc.queue_interval,
+            max_concurrency=config.rpc.max_concurrency,
         )
         self.router.name = self.name
         self.link: Any = None  # the ClusterLink when cluster.redis_url is set

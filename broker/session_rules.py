@@ -106,6 +106,7 @@ class SessionRules(SessionPolicy):
         self.attempts = 0                # attempts ever sent here
         self.rate = 0.0                  # attempts sent per second, smoothed
         self.lat = 0.0                   # seconds an attempt takes here, smoothed
+        self.pace: Any = None            # its ack timeout and limit (the router's)
         self.steady = 0.0                # ``lat`` smoothed over time (router.tick)
         self.minute: Any = None          # its last minute as a provider (router.provide)
         self.seen = 0.0                  # ``lat`` when an attempt here last ended
@@ -214,7 +215,7 @@ class SessionRules(SessionPolicy):
         elif kind == ACCEPT:
             router.accept(self, msg[1], now)
         elif kind == REJECT:
-            router.reject(self, msg[1], now)
+            router.reject(self, msg[1], now, msg[2] if len(msg) == 3 else "")
         elif kind == ERROR:  # a provider's failure: PROVIDER_ERROR, its answer too large,
             code = msg[2]    # or the application's own error (code and data beside)
             if code == errors.APP_ERROR and len(msg) == 5:

@@ -88,6 +88,8 @@ from rpcbus.protocol import (
     PONG,
     PROTOCOL_VERSION,
     PROVIDE,
+    REJECT,
+    REJECT_BUSY,
     REPLY,
     REQ_CALLER,
     REQ_DATA,
@@ -239,6 +241,12 @@ class Client:
         self._last_error = ""
         self._last_exc: Exception | None = None
         self.stale_requests = 0               # REQUESTs refused unrun: read too late
+        self.busy_requests = 0                # REQUESTs refused unrun: workers all taken
+        self.expired_handlers = 0             # handlers not started: their deadline passed
+        self._thread_jobs = 0                 # plain-function handlers queued or running
+        self._service = 0.0                   # s one of them takes, smoothed
+        self._frame_jobs = 0                  # those taken in the frame being read
+        self._full = self._workers_full       # Serving.request's ``full``, bound once
         self.messages_dropped = 0             # from the node, undecodable (logged)
         self._starting_seen = False           # the last pass met a node saying "soon"
 
@@ -662,6 +670,7 @@ class Client:
         if wire.serving.starting:
             # The calls' ACCEPTs go to the socket first: no handler code has run yet, so
             # however long one holds this loop, the node knows every call here started.
+            self._frame_jobs = 0
             starting = wire.serving.take_starting()
             wire.flush()
             for attempt, name, entry, request in starting:
@@ -689,11 +698,13 @@ class Client:
             now = wire.loop.time()
             if not wire.serving.request(msg, now,
                                         not self._closed and wire.state is OPEN,
-                                        self._held.late_by(now)):
+                                        self._held.late_by(now), self._full):
+                # a REQUEST read after its ack window: refused unrun, and the node sends
+                # it elsewhere or later (part of overload, not an error: info)
                 self.stale_requests += 1
                 if self.stale_requests & (self.stale_requests - 1) == 0:  # 1, 2, 4, 8, ...
-                    log.warning("stale_requests_refused url=%s total=%d", wire.url,
-                                self.stale_requests)
+                    log.info("stale_requests_refused url=%s total=%d", wire.url,
+                             self.stale_requests)
         elif kind == ERROR:
             ref, code, message = msg[1], msg[2], msg[3]
             if ref is None and code == errors.CLUSTER_UNAVAILABLE:
@@ -769,7 +780,8 @@ class Client:
                 wire.send(failure(attempt, name, exc))
                 return
         else:
-            work = self._in_thread(handler, args)
+            work = self._in_thread(handler, args,
+                                   time.monotonic() + request[REQ_TIME_LEFT_MS] / 1000)
         # a coroutine is its own task: one cancelled before it starts then ends there
         task = wire.loop.create_task(work if inspect.iscoroutine(work) else awaited(work))
         wire.serving.started(attempt, task)
@@ -786,7 +798,8 @@ class Client:
                        f"{name!r} answers in parts: call it with stream()"])
             return
         if parts == ANSWERS:
-            answer = handler(*args) if is_async else self._in_thread(handler, args)
+            answer = handler(*args) if is_async else self._in_thread(
+                handler, args, time.monotonic() + request[REQ_TIME_LEFT_MS] / 1000)
             work = one_part(wire.send, attempt, answer)
         else:
             flow = wire.serving.stream(attempt, request[REQ_WINDOW])
@@ -807,11 +820,45 @@ class Client:
                 self._handler_threads, thread_name_prefix="rpcbus-handler")
         return self._threads
 
-    async def _in_thread(self, handler: Handler, args: tuple[Any, ...]) -> Any:
+    def _workers_full(self, entry: _Entry, left_ms: Any) -> bool:
+        """A REQUEST for ``entry`` with ``left_ms`` to go comes: True when it runs in a
+        worker thread and, by the handlers' smoothed time, the ones queued before it
+        would hold it past half its time left, so it is refused BUSY and the node holds
+        it instead (a burst of quick calls is taken); else it counts as queued now."""
+        if entry[1] or entry[3] == ASYNC_PARTS:  # runs on the loop
+            return False
+        threads = self._handler_threads
+        ahead = self._thread_jobs + self._frame_jobs - threads + 1
+        if (ahead > 0 and type(left_ms) is int
+                and ahead * self._service / threads * 2000 > left_ms):
+            self.busy_requests += 1
+            return True
+        self._frame_jobs += 1
+        return False
+
+    def _timed(self, deadline: float, handler: Handler, args: tuple[Any, ...]) -> Any:
+        """In a worker thread: ``handler(*args)``, unless the call's deadline has passed;
+        its time moves the smoothed one ``_workers_full`` judges by."""
+        start = time.monotonic()
+        if start > deadline:
+            raise _Expired
+        try:
+            return handler(*args)
+        finally:
+            self._service += 0.1 * (time.monotonic() - start - self._service)
+
+    async def _in_thread(self, handler: Handler, args: tuple[Any, ...],
+                         deadline: float) -> Any:
         """``handler(*args)`` in one of the client's worker threads (an awaitable it
-        returns is awaited here). Cancelled before a thread took it, it never runs."""
-        result = await asyncio.get_running_loop().run_in_executor(
-            self._thread_pool(), functools.partial(handler, *args))
+        returns is awaited here). Cancelled before a thread took it, it never runs; nor
+        does it when a thread takes it after ``deadline`` (``time.monotonic()``): its
+        caller has stopped waiting (``_Expired``: the node is told BUSY, not run)."""
+        self._thread_jobs += 1
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._thread_pool(), functools.partial(self._timed, deadline, handler, args))
+        finally:
+            self._thread_jobs -= 1
         if inspect.isawaitable(result):
             result = await result
         return result
@@ -819,6 +866,12 @@ class Client:
     def _task_done(self, wire: _Wire, attempt: int, name: str,
                    task: asyncio.Task[Any]) -> None:
         if wire.serving.finished(attempt):  # not cancelled by the node, connection not gone
+            if not task.cancelled() and type(task.exception()) is _Expired:
+                self.expired_handlers += 1  # not run: the node ends it (time is up there)
+                log.info("handler_not_started rpc=%s call_id=%s reason=deadline", name,
+                         attempt)
+                wire.send([REJECT, attempt, REJECT_BUSY])
+                return
             wire.send(outcome(attempt, task, name))
 
     def _unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
@@ -1046,3 +1099,7 @@ def connect(urls: str | Sequence[str], **options: Unpack[Options]) -> _Connector
     reached (with each URL's reason), and a node's AUTH_FAIL as an RpcError.
     """
     return _Connector(Client(urls, **options))
+
+
+class _Expired(Exception):
+    """A plain-function handler's worker thread came free after the call's deadline."""

@@ -17,6 +17,9 @@ The tree::
     ├── RateLimitedError          RATE_LIMITED
     ├── ClusterUnavailableError   CLUSTER_UNAVAILABLE
     ├── ShuttingDownError         SHUTTING_DOWN      the node is draining
+    ├── OverloadedError           OVERLOADED         every provider was busy: shed, or no
+    │                                                slot in time (not run; safe to retry
+    │                                                after ``retry_after`` seconds)
     ├── PayloadTooLargeError      PAYLOAD_TOO_LARGE  the call's data or its answer is over
     │                                                the node's frame limit (never sent)
     ├── LimitExceededError        LIMIT_EXCEEDED     more names provided than the node allows
@@ -62,13 +65,14 @@ CONNECT_FAILED = "CONNECT_FAILED"
 PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
 BUSY = "BUSY"
+OVERLOADED = "OVERLOADED"
 APP_ERROR = "APP_ERROR"  # on the wire only: the application's code travels beside it
 MAX_APP_CODE = 128       # characters of an application's error code
 
 #: Codes a node answers only for a call that did not run (docs/protocol.md): sending
 #: it again cannot make it run twice.
 DID_NOT_RUN = frozenset({NO_PROVIDER, SHUTTING_DOWN, INVALID_MESSAGE, NOT_AUTHENTICATED,
-                         PERMISSION_DENIED, RATE_LIMITED, CONNECT_FAILED})
+                         PERMISSION_DENIED, RATE_LIMITED, CONNECT_FAILED, OVERLOADED})
 
 
 class RpcError(Exception):
@@ -127,6 +131,14 @@ class ShuttingDownError(RpcError):
     code = SHUTTING_DOWN
 
 
+class OverloadedError(RpcError):
+    """Every provider of the name was busy: the node shed the call, or no slot came free
+    before its deadline. It did not run; ``retry_after`` (seconds) is the node's hint of
+    how long calls wait there now."""
+    code = OVERLOADED
+    retry_after: float = 0.0
+
+
 class ConnectionLostError(RpcError, ConnectionError):
     code = CONNECTION_LOST
 
@@ -162,6 +174,7 @@ _BY_CODE: dict[str, type[RpcError]] = {
         RateLimitedError,
         ClusterUnavailableError,
         ShuttingDownError,
+        OverloadedError,
         ConnectionLostError,
         ConnectFailedError,
         PayloadTooLargeError,
@@ -212,7 +225,10 @@ def error_from_code(code: str, message: str = "", detail: Any = None) -> RpcErro
     cls = _BY_CODE.get(code)
     if cls is None:
         return RpcError(code, message)
-    return cls(None, message)
+    exc = cls(None, message)
+    if cls is OverloadedError and type(detail) is int and detail > 0:
+        exc.retry_after = detail / 1000  # type: ignore[attr-defined]  # OverloadedError's
+    return exc
 
 
 class Reject(Exception):

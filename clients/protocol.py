@@ -76,11 +76,11 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (REQUEST, "caller → node"): ("cid", "name", "data", "timeout_ms or nil",
                                  "{traceparent}?"),
     (REQUEST, "node → provider"): ("id", "name", "data", "time_left_ms", "caller",
-                                   "sent_ms", "traceparent?", "user?"),
+                                   "sent_ms", "traceparent?", "user?", "nil?", "ack_ms?"),
     (STREAM, "caller → node"): ("cid", "name", "data", "timeout_ms or nil",
                                 "{window, traceparent?}"),
     (STREAM, "node → provider"): ("id", "name", "data", "time_left_ms", "caller",
-                                  "sent_ms", "traceparent", "user", "window"),
+                                  "sent_ms", "traceparent", "user", "window", "ack_ms?"),
     (PART, "provider → node"): ("id", "data"),
     (PART, "node → caller"): ("cid", "data"),
     (CREDIT, "caller → node"): ("cid", "read"),
@@ -94,7 +94,7 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (ACCEPT_UPTO, "provider → node"): ("id",),
     (RESPONSE, "provider → node"): ("id", "data"),
     (RESPONSE, "node → caller"): ("cid", "data"),
-    (REJECT, "provider → node"): ("id",),
+    (REJECT, "provider → node"): ("id", "reason?"),
     (ERROR, "provider → node"): ("id", "code", "message", "[app_code, data]?"),
     (ERROR, "node → client"): ("ref or nil", "code", "message", "[app_code, data]?"),
     (CANCEL, "node → provider"): ("id",),
@@ -104,9 +104,12 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
 }
 
 # Positions in a REQUEST or STREAM sent to a provider (SHAPES[REQUEST, "node → provider"];
-# a STREAM always has every field, its window last)
+# a STREAM always has every field through its window; ``ack_ms``, last, only when the
+# attempt's ack window is over the ``ack_timeout_ms`` AUTH_OK gave)
 REQ_ID, REQ_NAME, REQ_DATA, REQ_TIME_LEFT_MS, REQ_CALLER, REQ_SENT_MS, REQ_TRACEPARENT, \
-    REQ_USER, REQ_WINDOW = range(1, 10)
+    REQ_USER, REQ_WINDOW, REQ_ACK_MS = range(1, 11)
+# REJECT's reasons: full now (the node may send it again later); read after the ack window
+REJECT_BUSY, REJECT_LATE = "BUSY", "LATE"
 
 KIND_NAMES = {
     AUTH: "AUTH",
@@ -300,6 +303,11 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
     if kind == CREDIT:
         if n != 3 or not is_id(msg[1]) or not is_id(msg[2]) or not msg[2]:
             return "CREDIT takes [25, cid, read], read the parts read in all (1 or more)"
+        return None
+    if kind == REJECT and n == 3:
+        if not is_id(msg[1]) or msg[2] not in (REJECT_BUSY, REJECT_LATE):
+            return f"REJECT takes [19, id] or [19, id, reason], reason {REJECT_BUSY} or " \
+                   f"{REJECT_LATE}"
         return None
     if kind == ACCEPT or kind == REJECT or kind == CANCEL or kind == ACCEPT_UPTO:
         if n != 2 or not is_id(msg[1]):

@@ -5,9 +5,11 @@ out through ``send``.
 The rule that keeps a call from running twice: the node moves an attempt on after
 its ack timeout, so a provider
 
-1. judges each REQUEST fresh when it takes it (``Freshness``; a stale one is
-   refused unrun, REJECT, as is one for a name it no longer provides, or one read
-   on a connection that is closing);
+1. judges each REQUEST fresh when it takes it (``Freshness``, by half the attempt's
+   ack window: the one AUTH_OK gave, or the REQUEST's own ``ack_ms``; a stale one is
+   refused unrun, REJECT LATE, as is one for a name it no longer provides, or one
+   read on a connection that is closing; one its handler's worker threads cannot
+   take soon is refused REJECT BUSY, and the node holds it);
 2. accepts it: at the end of the frame, one ``ACCEPT_UPTO`` for every REQUEST of
    the frame it took (one ``ACCEPT`` per call for a node that does not take
    ACCEPT_UPTO), which the shell writes to the socket;
@@ -25,7 +27,18 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rpcbus.protocol import ACCEPT, ACCEPT_UPTO, REJECT, REQ_ID, REQ_NAME, REQ_SENT_MS
+from rpcbus.protocol import (
+    ACCEPT,
+    ACCEPT_UPTO,
+    REJECT,
+    REJECT_BUSY,
+    REJECT_LATE,
+    REQ_ACK_MS,
+    REQ_ID,
+    REQ_NAME,
+    REQ_SENT_MS,
+    REQ_TIME_LEFT_MS,
+)
 from rpcbus.streaming import Outflow
 
 
@@ -54,17 +67,24 @@ class Freshness:
         self._skew_next: float | None = None
         self._skew_until = 0.0
 
-    def stale(self, sent_ms: Any, now: float, late_by: float = 0.0) -> bool:
+    def stale(self, sent_ms: Any, now: float, late_by: float = 0.0,
+              after_ms: float = 0.0, left_ms: Any = 0) -> bool:
         """True for a REQUEST stamped ``sent_ms`` by the node, taken at ``now`` (s), in a
-        frame that may have waited ``late_by`` s in this process before it was read."""
+        frame that may have waited ``late_by`` s in this process before it was read;
+        ``after_ms``, when given, is this REQUEST's own bound (half its ack window), and
+        one older than its time left (``left_ms``) is stale too: its caller has stopped
+        waiting, so no handler starts for it."""
         if type(sent_ms) is not int:
             return False
+        bound = after_ms or self.stale_after_ms
+        if type(left_ms) is int and 0 < left_ms < bound:
+            bound = left_ms
         now_ms = now * 1000
         seen = now_ms - sent_ms
         if late_by * 1000 > self.HELD_MS:
             if self._skew is None:
-                return late_by * 1000 > self.stale_after_ms
-            return seen - self._skew > self.stale_after_ms
+                return late_by * 1000 > bound
+            return seen - self._skew > bound
         if now_ms >= self._skew_until:  # a new window: keep the last one's minimum
             if self._skew_next is not None:
                 self._skew = self._skew_next
@@ -75,7 +95,7 @@ class Freshness:
         skew = self._skew
         if skew is None or seen < skew:
             self._skew = skew = seen
-        return seen - skew > self.stale_after_ms
+        return seen - skew > bound
 
 
 class Held:
@@ -84,23 +104,23 @@ class Held:
     read before the late tick on some loops (asyncio) and after it on others (uvloop):
     both are seen."""
 
-    __slots__ = ("interval", "_ticked", "_stall_at", "_stall")
+    __slots__ = ("interval", "ticked", "_stall_at", "_stall")
 
     def __init__(self, interval: float, now: float) -> None:
         self.interval = interval
-        self._ticked = now
+        self.ticked = now  # the last tick
         self._stall_at = float("-inf")
         self._stall = 0.0
 
     def tick(self, now: float) -> None:
-        gap = now - self._ticked - self.interval
+        gap = now - self.ticked - self.interval
         if gap > 0:
             self._stall_at, self._stall = now, gap
-        self._ticked = now
+        self.ticked = now
 
     def late_by(self, now: float) -> float:
         """Seconds a frame read at ``now`` may have waited (0: the loop ran freely)."""
-        late = now - self._ticked - self.interval
+        late = now - self.ticked - self.interval
         if now - self._stall_at < self.interval and self._stall > late:
             late = self._stall  # the late tick ran first: this frame waited through it
         return max(late, 0.0)
@@ -124,16 +144,24 @@ class Serving:
         self.running: dict[int, Any] = {}  # attempt -> the shell's handle of its handler
         self.flows: dict[int, Outflow] = {}  # attempt -> a running stream's credit
         self.stale_requests = 0             # REQUESTs refused unrun: taken too late
+        self.busy_requests = 0              # REQUESTs refused unrun: no worker free soon
 
-    def request(self, msg: list[Any], now: float, open: bool, late_by: float = 0.0) -> bool:
+    def request(self, msg: list[Any], now: float, open: bool, late_by: float = 0.0,
+                full: Callable[[Any, Any], bool] | None = None) -> bool:
         """Take a REQUEST ``[16, id, name, data, time_left_ms, caller, sent_ms, trace?,
-        user?]`` (or a STREAM, the same with its window last) read at ``now``, on a
+        user?, nil?, ack_ms?]`` (or a STREAM, its window at 9) read at ``now``, on a
         connection ``open`` or not, in a frame that may have waited ``late_by`` s in this
         process (its loop was held); False when it was refused because it is stale (the
-        shell may log it)."""
+        shell may log it). ``full(entry, time_left_ms)`` True: the handler's workers
+        cannot take it soon enough, so it is refused BUSY, unrun (the node holds it and
+        sends it again)."""
         attempt = msg[REQ_ID]
-        if len(msg) > REQ_SENT_MS and self.freshness.stale(msg[REQ_SENT_MS], now, late_by):
-            self.send([REJECT, attempt])  # the node has moved it on (or is about to)
+        n = len(msg)
+        if n > REQ_SENT_MS and self.freshness.stale(
+                msg[REQ_SENT_MS], now, late_by,
+                msg[REQ_ACK_MS] / 2 if n > REQ_ACK_MS and type(msg[REQ_ACK_MS]) is int else 0.0,
+                msg[REQ_TIME_LEFT_MS]):
+            self.send([REJECT, attempt, REJECT_LATE])  # the node has moved it on (or will)
             self.stale_requests += 1
             return False
         entry = self.provided(msg[REQ_NAME])
@@ -141,6 +169,10 @@ class Serving:
             # unprovided a moment ago, or closing; or this connection closes (one the client
             # moved off): no ACCEPT could reach the node, which moves the call on: not run
             self.send([REJECT, attempt])
+            return True
+        if full is not None and full(entry, msg[REQ_TIME_LEFT_MS]):
+            self.send([REJECT, attempt, REJECT_BUSY])
+            self.busy_requests += 1
             return True
         if not self.accept_upto:  # a node that takes only one ACCEPT per call
             self.send([ACCEPT, attempt])

@@ -109,7 +109,7 @@ class ClusterCore:
         # it never started (a late INVOKE for one of those is dropped)
         # kept until a CHECK could still come (it leaves the origin an ack timeout after
         # the INVOKE): at most 2 x keep x INVOKEs/s entries, ~20 MB at 50k/s (ack 1 s)
-        keep = 1.5 * router.ack_timeout + 0.5
+        keep = 1.5 * router.ack_timeout_max + 0.5
         self.acked, self.refused = RecentIds(keep), RecentIds(keep)
         self._terminating: set[str] = set()
         self._held: dict[str, float] = {}  # names found nobody during a handover: when
@@ -363,6 +363,8 @@ class ClusterCore:
             router.ack(node, *msg[1:])
         elif kind == m.REJECT:
             router.reject(node, msg[1], now)
+        elif kind == m.ERROR and msg[2] == errors.OVERLOADED:  # its providers were all busy
+            router.reject(node, msg[1], now, "BUSY")  # (not run): another node, or wait
         elif kind == m.ERROR:
             router.provider_error(node, msg[1], msg[3], msg[2],
                                   msg[4] if len(msg) > 4 else None)

@@ -63,26 +63,28 @@ class RemoteNode:
         self.calls: dict[int, Any] = {}  # never added to: a provider, never a caller
         self.accepted_upto = 0           # a node acknowledges (ACK), never ACCEPT_UPTO
         self.provides: set[str] = set()
+        self.pace: Any = None            # its ack timeout and limit (the router's)
 
     def publish(self, msg: list[Any], then: Any = None, hold_until: float = 0.0) -> None:
         self.link.outbox.publish(self.topic, msg, then, self.incarnation, hold_until)
 
     def send(self, msg: list[Any]) -> None:
+        # the attempt's ack window: this node's, as the router paces it (its floor before)
+        ack_ms = self.link.ack_ms if self.pace is None else self.pace.ack_ms
         if msg[0] == REQUEST:  # [16, id, name, data, left_ms, caller, sent_ms, trace?, user?]
             # becomes [120, id, name, data, left_ms, ack_ms, caller, traceparent | nil, user?]
             if len(msg) == 7:
-                invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5]]
+                invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], ack_ms, msg[5]]
             elif msg[8] is None:
-                invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5],
-                          msg[7]]
+                invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], ack_ms, msg[5], msg[7]]
             else:
-                invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5],
-                          msg[7], msg[8]]
+                invoke = [m.INVOKE, msg[1], msg[2], msg[3], msg[4], ack_ms, msg[5], msg[7],
+                          msg[8]]
             self.link.outbox.publish(self.topic, invoke, None, self.incarnation)  # inlined
         elif msg[0] == CREDIT:
             self.publish([m.CREDIT, msg[1], msg[2]])
         elif msg[0] == ALL:  # [26, id, name, data, left_ms, caller, sent_ms, trace, user]
-            invoke = [m.INVOKE_ALL, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5]]
+            invoke = [m.INVOKE_ALL, msg[1], msg[2], msg[3], msg[4], ack_ms, msg[5]]
             if msg[8] is not None:
                 invoke += [msg[7], msg[8]]
             elif msg[7] is not None:
@@ -90,7 +92,7 @@ class RemoteNode:
             self.publish(invoke)
         elif msg[0] == STREAM:  # [23, id, name, data, left_ms, caller, sent_ms, trace, user,
             # window] becomes [120, id, name, data, left_ms, ack_ms, caller, trace, user, window]
-            self.publish([m.INVOKE, msg[1], msg[2], msg[3], msg[4], self.link.ack_ms, msg[5],
+            self.publish([m.INVOKE, msg[1], msg[2], msg[3], msg[4], ack_ms, msg[5],
                           msg[7], msg[8], msg[9]])
         elif msg[0] == C_CANCEL:
             self.publish([m.CANCEL, msg[1]])
@@ -112,6 +114,7 @@ class RemoteCaller:
     load = attempts = 0
     rate = lat = seen = steady = 0.0
     minute: Any = None
+    pace: Any = None  # a caller, never a target
 
     __slots__ = ("link", "node", "origin", "id", "key", "label", "user_name", "inflight",
                  "calls", "invoke", "late_at", "deadline", "parts")
@@ -195,6 +198,9 @@ class RemoteCaller:
             return
         elif kind == C_ERROR and msg[2] == errors.NO_PROVIDER:
             node.publish([m.REJECT, self.id], hold_until=self.deadline)
+        elif kind == C_ERROR and msg[2] == errors.OVERLOADED:  # not run: the origin may
+            node.publish([m.ERROR, self.id, errors.OVERLOADED, msg[3]],  # try another node
+                         hold_until=self.deadline)
         elif kind == C_ERROR:
             node.publish([m.ERROR, self.id, *msg[2:]], hold_until=self.deadline)
         self.link.invoked.pop(self.key, None)

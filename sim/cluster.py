@@ -59,6 +59,7 @@ from rpcbus.sim.world import LOOP_TICK, BusEnd, Redis, World
 GRACE = 1.0            # s the SDK waits past a call's timeout before failing it itself
 SWEEP = 0.05           # s between the SDK's sweeps of its deadlines
 LATE = 2 * SWEEP       # s an SDK's own deadline may fire late (bucket, then sweep)
+HIDDEN_AGE = 0.25      # s a call's age may be underestimated on its way to a handler
 NOTICE_WAIT = 2.0      # broker/node.py: how long a draining node waits for its clients
 DRAIN_TIMEOUT = 3.0    # server.drain_timeout here
 STALL = 0.25           # broker/node.py: a sweep this late means the process was stopped
@@ -89,6 +90,11 @@ class Ledger:
         self.calls: dict[tuple[str, int], dict[str, Any]] = {}
         self.violations: list[str] = []
         self.outcomes: Counter[str] = Counter()
+        # handlers started after their call's deadline are violations, except in runs that
+        # pause nodes: REQUESTs a paused node held reach a provider all late together, and
+        # a provider learns its offset to the node from the quickest it has seen (a known
+        # gap: docs/reliability.md)
+        self.check_starts = True
 
     def made(self, key: tuple[str, int], now: float, timeout: float) -> None:
         self.calls[key] = {"at": now, "deadline": now + timeout, "outcomes": [], "runs": 0,
@@ -109,6 +115,12 @@ class Ledger:
             self.violations.append(f"{key}: a handler ran a call nobody made")
             return
         call["runs"] += 1
+        # no handler starts once its caller stopped waiting. Ages are judged from the least
+        # delay seen on each hop (caller to node, the bus, node to provider: up to 50 ms
+        # each here) and a held provider's frames within its tick: that much may hide
+        if now > call["deadline"] + HIDDEN_AGE and self.check_starts:
+            self.violations.append(f"{key}: a handler started {now - call['deadline']:.3f} s "
+                                   "after the call's deadline")
         if "ran_on" in call:  # a call_all: once on each provider
             if provider in call["ran_on"]:
                 self.violations.append(f"{key}: a call_all ran twice on {provider} at "
@@ -245,7 +257,11 @@ class SimNode:
                              max_timeout=rpc.max_timeout, now=self.clock(),
                              granularity=rpc.timer_granularity, rand=self.world.rand.random,
                              affinity=self.config.cluster.affinity,
-                             policy=self.config.cluster.policy, clock=None)
+                             policy=self.config.cluster.policy, clock=None,
+                             ack_timeout_max=rpc.ack_timeout_max,
+                             queue_target=rpc.queue_target,
+                             queue_interval=rpc.queue_interval,
+                             max_concurrency=rpc.max_concurrency)
         self.gate = Gate(self.config)
         self.stats: Counter[str] = Counter()
         self.draining = False
@@ -438,12 +454,13 @@ class Conn:
     """One client connection: the node's session for it, the pipe the client writes to,
     and (for a provider) its provider rules."""
 
-    __slots__ = ("node", "session", "pipe", "serving", "gone")
+    __slots__ = ("node", "session", "pipe", "serving", "gone", "opened")
 
     def __init__(self, node: SimNode, session: SimSession, pipe: Pipe) -> None:
         self.node, self.session, self.pipe = node, session, pipe
         self.serving: Serving | None = None
         self.gone = False
+        self.opened = node.world.now
 
 
 class Client:
@@ -667,6 +684,7 @@ class Caller(Client):
         self.keys[cid] = key
         conn = self.conn if self.ready else None
         name, idempotent = rand.choice(self.names), rand.random() < 0.3
+        self.sim.ledger.calls[key]["name"] = name
         draw = rand.random() if self.sim.streams else 1.0
         window = 1 + int(rand.random() * 3) if draw < 0.25 else 0
         if window:
@@ -695,7 +713,26 @@ class Caller(Client):
         self.reading.pop(cid, None)
         self.gathering.pop(cid, None)
         if key is not None:  # else after its own deadline: dropped, as the SDK does
+            if code == errors.NO_PROVIDER:
+                self._no_provider(key)
             self.sim.ledger.ended(key, code, self.world.now, data)
+
+    def _no_provider(self, key: tuple[str, int]) -> None:
+        """NO_PROVIDER says nobody provides the name: in a run whose faults only slow
+        things (``sim.overload_only``), a violation while a provider of it kept one
+        connection from a second before the call to its end."""
+        if not self.sim.overload_only:
+            return
+        call = self.sim.ledger.calls[key]
+        name, made = call["name"], call["at"]
+        for client in self.sim.clients:
+            conn = client.conn
+            if (isinstance(client, Provider) and client.alive and name in client.names
+                    and conn is not None and not conn.gone and conn.opened <= made - 1.0):
+                self.sim.ledger.violations.append(
+                    f"{key}: NO_PROVIDER while {client.name} provided {name!r} on "
+                    f"{conn.node.name} all the call's life")
+                return
 
     def _send_queued(self) -> None:
         conn = self.conn
@@ -827,6 +864,9 @@ class Simulation:
         self.generations: Counter[str] = Counter()
         self.ledger = Ledger()
         self.clients: list[Client] = []
+        # the run's faults only slow things (no loss, partition, restart, drain): a live
+        # provider is reachable all along, so NO_PROVIDER for its name is a violation
+        self.overload_only = False
 
     def node_index(self, name: str) -> int:
         return int(name[1:])

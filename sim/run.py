@@ -143,6 +143,9 @@ def run_seed(seed: int, allowed: tuple[str, ...] = ALL_FAULTS, load_s: float = 6
     # (by the seed's parity, not a draw: the draws of the rest stay as they were)
     sim = Simulation(world, redis, ack_timeout=1.0,
                      policy="cluster" if seed % 2 else "local-first", streams=streams)
+    drawn = set(str(faults).split(","))
+    sim.overload_only = drawn <= {"slow", "block", "skew", "duplicate", "none"}
+    sim.ledger.check_starts = "pause" not in drawn
     names = ["a", "b", "c"]
     n_nodes = 2 + int(rand.random() * 3)
     for i in range(1, n_nodes + 1):

@@ -90,10 +90,11 @@ def test_stream_seeds_that_found_bugs_hold(seed: int, bug: str) -> None:
 def test_the_provider_rules_before_37_are_caught() -> None:
     """With the provider rules from before #37 (handlers start before their ACCEPTs are
     written; staleness by the frame's read time) and handlers that block, seed 3 runs
-    calls twice and answers NO_PROVIDER for calls that ran; today's rules hold."""
+    calls twice and answers "did not run" (OVERLOADED: every provider was tried and too
+    slow; NO_PROVIDER before admission) for calls that ran; today's rules hold."""
     before = run_seed(3, ("block",), rules="before-37")
     assert any("ran 2 times" in v for v in before.violations)
-    assert any("NO_PROVIDER but it ran" in v for v in before.violations)
+    assert any("OVERLOADED but it ran" in v for v in before.violations)
     assert run_seed(3, ("block",)).ok
 
 

@@ -61,6 +61,8 @@ class View:
 
 
 def router(view, **kw):
+    kw.setdefault("initial_concurrency", 1e9)  # no target fills: the choice alone
+    kw.setdefault("max_concurrency", 10**9)
     return Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0, now=0.0,
                   cluster=view, **kw)
 

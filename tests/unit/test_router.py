@@ -24,6 +24,7 @@ class Peer:
         self.rate = 0.0
         self.lat = self.seen = self.steady = 0.0
         self.minute = None
+        self.pace = None
         self.provides = set()
         self.is_node = False
         self.sent = []
@@ -41,7 +42,9 @@ class Peer:
 
 
 def make(**kw):
-    opts = dict(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0, now=0.0)
+    # no provider fills here unless a test says so (admission: tests/unit/test_admission.py)
+    opts = dict(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0, now=0.0,
+                initial_concurrency=1e9)
     opts.update(kw)
     return Router(**opts)
 
@@ -311,9 +314,12 @@ events = st.lists(st.tuples(
 
 
 @settings(max_examples=300, deadline=None)
-@given(events)
-def test_every_call_gets_exactly_one_outcome_and_tables_empty_afterwards(script):
-    r = make(ack_timeout=0.5, response_timeout=3.0)
+@given(events, st.sampled_from([1e9, 1.0]))
+def test_every_call_gets_exactly_one_outcome_and_tables_empty_afterwards(script, room):
+    """Also with providers that hold one attempt at a time (calls wait for slots, are
+    refused BUSY or LATE, and shed): still one outcome each, every table empty after."""
+    r = make(ack_timeout=0.5, response_timeout=3.0, initial_concurrency=room,
+             ack_timeout_max=2.0, queue_target=0.2, queue_interval=0.5)
     callers = [Peer(f"c{i}") for i in range(2)]
     provs = [Peer(f"p{i}") for i in range(4)]
     for p in provs[:2]:
@@ -352,7 +358,7 @@ def test_every_call_gets_exactly_one_outcome_and_tables_empty_afterwards(script)
                 elif kind == "respond":
                     r.respond(p, attempt, "ok")
                 elif kind == "reject":
-                    r.reject(p, attempt, now)
+                    r.reject(p, attempt, now, ("", "BUSY", "LATE")[n % 3])
                 else:
                     r.provider_error(p, attempt, "boom")
         drain()

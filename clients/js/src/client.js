@@ -643,11 +643,12 @@ export class Client {
         throw new Error(`${kind === p.REQUEST ? 'REQUEST' : 'STREAM'} with the wrong fields`)
       }
       const t = now()
-      if (msg.length > 6 && wire.staleness.stale(msg[6], t, this._held.lateBy(t))) {
-        wire.send([p.REJECT, msg[1]]) // the node has moved it on (or is about to)
+      const ackMs = msg.length > 10 && typeof msg[10] === 'number' ? msg[10] / 2 : 0
+      if (msg.length > 6 && wire.staleness.stale(msg[6], t, this._held.lateBy(t), ackMs, msg[4])) {
+        wire.send([p.REJECT, msg[1], 'LATE']) // the node has moved it on (or is about to)
         this.staleRequests += 1
         if ((this.staleRequests & (this.staleRequests - 1)) === 0) {
-          this.log.warn(`stale_requests_refused url=${wire.url} total=${this.staleRequests}`)
+          this.log.info?.(`stale_requests_refused url=${wire.url} total=${this.staleRequests}`)
         }
         return
       }

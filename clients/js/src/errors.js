@@ -4,7 +4,7 @@
 export const CODES = Object.freeze([
   'NO_PROVIDER', 'RESPONSE_TIMEOUT', 'ACCEPT_TIMEOUT', 'PROVIDER_ERROR', 'PROVIDER_GONE', 'INVALID_MESSAGE',
   'NOT_AUTHENTICATED', 'PERMISSION_DENIED', 'RATE_LIMITED', 'CLUSTER_UNAVAILABLE',
-  'SHUTTING_DOWN', 'CONNECTION_LOST', 'CONNECT_FAILED', 'PAYLOAD_TOO_LARGE',
+  'SHUTTING_DOWN', 'OVERLOADED', 'CONNECTION_LOST', 'CONNECT_FAILED', 'PAYLOAD_TOO_LARGE',
   'LIMIT_EXCEEDED', 'BUSY',
 ])
 
@@ -34,7 +34,7 @@ function kind (name, code) {
 // Codes a node answers only for a call that did not run (docs/protocol.md).
 export const DID_NOT_RUN = Object.freeze(new Set(['NO_PROVIDER', 'SHUTTING_DOWN',
   'INVALID_MESSAGE', 'NOT_AUTHENTICATED', 'PERMISSION_DENIED', 'RATE_LIMITED',
-  'CONNECT_FAILED']))
+  'CONNECT_FAILED', 'OVERLOADED']))
 
 export const NoProviderError = kind('NoProviderError', 'NO_PROVIDER')
 export const ResponseTimeoutError = kind('ResponseTimeoutError', 'RESPONSE_TIMEOUT')
@@ -55,6 +55,9 @@ export const PermissionDeniedError = kind('PermissionDeniedError', 'PERMISSION_D
 export const RateLimitedError = kind('RateLimitedError', 'RATE_LIMITED')
 export const ClusterUnavailableError = kind('ClusterUnavailableError', 'CLUSTER_UNAVAILABLE')
 export const ShuttingDownError = kind('ShuttingDownError', 'SHUTTING_DOWN')
+/** Every provider of the name was busy: the node shed the call, or no slot came free
+ * before its deadline. It did not run; `retryAfter` (ms) is the node's hint. */
+export const OverloadedError = kind('OverloadedError', 'OVERLOADED')
 export const ConnectionLostError = kind('ConnectionLostError', 'CONNECTION_LOST')
 export const ConnectFailedError = kind('ConnectFailedError', 'CONNECT_FAILED')
 export const PayloadTooLargeError = kind('PayloadTooLargeError', 'PAYLOAD_TOO_LARGE')
@@ -93,7 +96,10 @@ export function errorFromCode (code, message = '', detail = undefined) {
     return new AppError(String(detail[0]), message, detail[1], fromWire)
   }
   const cls = byCode.get(code)
-  return cls ? new cls(message) : new RpcError(String(code), message)
+  if (!cls) return new RpcError(String(code), message)
+  const err = new cls(message)
+  if (cls === OverloadedError) err.retryAfter = typeof detail === 'number' && detail > 0 ? detail : 0
+  return err
 }
 
 /** Thrown by a provider's handler to hand the call to another provider (REJECT). */

@@ -179,6 +179,8 @@ export declare class PermissionDeniedError extends CodedError {}
 export declare class RateLimitedError extends CodedError {}
 export declare class ClusterUnavailableError extends CodedError {}
 export declare class ShuttingDownError extends CodedError {}
+/** Every provider was busy: shed, or no slot in time. Not run; safe to retry after `retryAfter` ms. */
+export declare class OverloadedError extends CodedError { retryAfter: number }
 export declare class ConnectionLostError extends CodedError {}
 export declare class ConnectFailedError extends CodedError {}
 export declare class PayloadTooLargeError extends CodedError {}

@@ -4,8 +4,9 @@
 // The node moves an attempt to another provider after its ack timeout, so a REQUEST read
 // later than that (this program was stalled or starved) may run elsewhere too. The least
 // (read - sent) seen over the last window stands for the clocks' offset plus the least
-// delay; a REQUEST read more than `staleAfterMs` (half the ack timeout) after that is
-// refused unrun (REJECT). It underestimates an age, never overestimates it, so a fresh
+// delay; a REQUEST read more than `staleAfterMs` (half the ack timeout AUTH_OK gave, or
+// half the REQUEST's own `ack_ms` when it carries one) after that is refused unrun
+// (REJECT LATE). It underestimates an age, never overestimates it, so a fresh
 // REQUEST is never refused, and it follows clock drift window by window.
 //
 // A REQUEST read late because the program was held (`lateByMs`, from `Held`: how long its
@@ -26,12 +27,16 @@ export class Staleness {
 
   /** True when a REQUEST stamped `sentMs` by the node and read at `readMs` is too old;
    * its frame may have waited `lateByMs` after it arrived. */
-  stale (sentMs, readMs, lateByMs = 0) {
+  stale (sentMs, readMs, lateByMs = 0, afterMs = 0, leftMs = 0) {
     if (typeof sentMs !== 'number' || !Number.isFinite(sentMs)) return false
+    // the REQUEST's own bound (half its ack_ms), if any; and one older than its time left
+    // is stale too: its caller has stopped waiting, so no handler starts for it
+    let bound = afterMs || this.staleAfterMs
+    if (typeof leftMs === 'number' && leftMs > 0 && leftMs < bound) bound = leftMs
     const seen = readMs - sentMs
     if (lateByMs > HELD_MS) {
-      if (this.skew === null) return lateByMs > this.staleAfterMs
-      return seen - this.skew > this.staleAfterMs
+      if (this.skew === null) return lateByMs > bound
+      return seen - this.skew > bound
     }
     if (readMs >= this.skewUntil) { // a new window: keep the last one's minimum
       if (this.skewNext !== null) this.skew = this.skewNext
@@ -40,7 +45,7 @@ export class Staleness {
     }
     if (this.skewNext === null || seen < this.skewNext) this.skewNext = seen
     if (this.skew === null || seen < this.skew) this.skew = seen
-    return seen - this.skew > this.staleAfterMs
+    return seen - this.skew > bound
   }
 }
 

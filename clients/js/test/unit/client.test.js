@@ -222,7 +222,7 @@ test('handlers: every call ACCEPTed before its handler runs; CANCEL aborts and d
   s.deliver([16, 6, 'now', 1, 1000, 'c@s', 10000])
   s.deliver([16, 7, 'now', 1, 1000, 'c@s', -10000])
   await tick()
-  assert.deepEqual(s.frames.slice(-2), [[[17, 6]], [[18, 6, 2], [19, 7]]])
+  assert.deepEqual(s.frames.slice(-2), [[[17, 6]], [[18, 6, 2], [19, 7, 'LATE']]])
   assert.equal(c.staleRequests, 1)
   await c.close()
 })

@@ -1,0 +1,158 @@
+"""Admission: how long the node waits for a target to accept, how many attempts it lets
+a target hold, and the calls that wait for a free slot. Pure: no clock, no asyncio.
+
+A busy provider is not a missing one. Three rules keep "slow" from reading as "gone":
+
+``Pace`` (one per provider or node the router sends attempts to)
+  * its **ack timeout** follows the target, as TCP's retransmission timer does
+    (RFC 6298): a smoothed accept time ``srtt`` and its deviation ``rttvar`` from
+    accept-time samples, ``rto = srtt + 4 * rttvar`` between the node's
+    ``rpc.ack_timeout`` (the floor: what a quiet target gets) and
+    ``rpc.ack_timeout_max`` (the ceiling). An attempt that times out doubles it (to
+    the ceiling) until the next sample (RFC 6298 5.5). One attempt at a time is timed
+    (``probe``), so measuring costs nothing per call.
+  * its **concurrency limit** is found from its own latency, in the shape of Netflix's
+    Gradient2 limiter: a long-term latency and each sample's; while the target holds
+    at least half its limit, ``limit * clamp(TOLERANCE * long / sample, 0.5, 1) +
+    sqrt(limit)``, smoothed. A target that refuses an attempt because it is full or
+    read it too late (``refused``), or times out (``timed_out``), has its limit halved.
+
+``Waiting`` (one per rpc name with calls waiting)
+  calls beyond every target's limit wait here, earliest deadline first, and go out
+  as slots free (the router's ``_release``). Its delay is judged as CoDel judges a
+  queue: each call's wait is measured when it leaves; once waits have stayed above
+  ``target`` for ``interval``, the queue is *standing* and new calls are shed at once
+  (``OVERLOADED``: not run, safe to retry, with the current wait as a hint). A burst
+  that drains (every call admitted before waits grew) is served, not shed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+MIN_LIMIT = 2.0          # attempts a target may always hold
+INITIAL_LIMIT = 256.0    # a new target's limit (a node: NODE_LIMIT)
+NODE_LIMIT = 1024.0      # a node stands for all its providers, behind its own admission
+TOLERANCE = 1.5          # latency up to this times the long-term one is not queueing
+SMOOTHING = 0.2          # of the way to each new limit
+LONG_STEP = 1 / 600      # of the way to each sample for the long-term latency (Gradient2: 600)
+ALPHA, BETA, K = 0.125, 0.25, 4.0  # RFC 6298's gains and deviation factor
+
+
+class Pace:
+    """One target's ack timeout and concurrency limit (module docstring)."""
+
+    __slots__ = ("floor", "ceiling", "srtt", "rttvar", "rto", "ack_ms", "limit", "max_limit",
+                 "long", "probe", "probe_at")
+
+    def __init__(self, floor: float, ceiling: float, limit: float = INITIAL_LIMIT,
+                 max_limit: float = 10_000.0) -> None:
+        assert 0 < floor <= ceiling, (floor, ceiling)
+        self.floor = floor
+        self.ceiling = ceiling
+        self.srtt = 0.0          # 0: no accept time measured yet
+        self.rttvar = 0.0
+        self.rto = floor         # seconds an attempt may wait for its accept
+        self.ack_ms = int(floor * 1000)  # the same in ms, as messages carry it
+        self.limit = min(limit, max_limit)
+        self.max_limit = max_limit
+        self.long = 0.0          # long-term latency of an attempt (0: none yet)
+        self.probe = 0           # the attempt being timed to its accept (0: none)
+        self.probe_at = 0.0      # when it was sent (the router's fine clock)
+
+    def accepted(self, took: float) -> None:
+        """The timed attempt was accepted ``took`` s after it was sent (RFC 6298 2.2-2.3)."""
+        self.probe = 0
+        if took < 0:
+            return
+        if self.srtt == 0.0:
+            self.srtt, self.rttvar = took, took / 2
+        else:
+            self.rttvar += BETA * (abs(self.srtt - took) - self.rttvar)
+            self.srtt += ALPHA * (took - self.srtt)
+        rto = self.srtt + K * self.rttvar
+        self.rto = self.floor if rto < self.floor else self.ceiling if rto > self.ceiling else rto
+        self.ack_ms = int(self.rto * 1000)
+        assert self.floor <= self.rto <= self.ceiling
+
+    def timed_out(self) -> None:
+        """An attempt was not accepted within ``rto``: back off (RFC 6298 5.5), and hold
+        fewer attempts there."""
+        self.probe = 0
+        self.rto = min(self.rto * 2, self.ceiling)
+        self.ack_ms = int(self.rto * 1000)
+        self.refused()
+
+    def refused(self) -> None:
+        """The target turned an attempt away unrun, being full or late: halve its limit."""
+        self.limit = max(MIN_LIMIT, self.limit / 2)
+
+    def sample(self, took: float, load: int) -> None:
+        """An attempt ended ``took`` s after it was sent, with ``load`` attempts held there:
+        the limit moves toward what that latency says (module docstring)."""
+        if took <= 0:
+            return
+        long = self.long
+        if long == 0.0:
+            self.long = long = took
+        else:
+            self.long = long = long + LONG_STEP * (took - long)
+            if long > 2 * took:  # the target got quicker: let the long view follow soon
+                self.long = long = long * 0.95
+        limit = self.limit
+        if load < limit / 2:
+            return  # it is not what holds the calls back: nothing learnt of its limit
+        gradient = TOLERANCE * long / took
+        gradient = 0.5 if gradient < 0.5 else 1.0 if gradient > 1.0 else gradient
+        new = limit * gradient + math.sqrt(limit)
+        limit += SMOOTHING * (new - limit)
+        self.limit = MIN_LIMIT if limit < MIN_LIMIT else min(limit, self.max_limit)
+
+
+class Waiting:
+    """The calls of one rpc name waiting for a free slot: earliest deadline first, with
+    CoDel's judgement of a standing queue (module docstring). Entries of calls that
+    ended meanwhile stay until they reach the head (``head`` skips them)."""
+
+    __slots__ = ("heap", "above_since", "standing", "waited", "_seq")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, Any]] = []  # (deadline, seq, call)
+        self.above_since = 0.0  # when waits first stayed above target (0: they do not)
+        self.standing = False   # waits stayed above target for an interval: shed arrivals
+        self.waited = 0.0       # the last wait measured (s): the hint shed calls get
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def push(self, call: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (call.deadline, self._seq, call))
+
+    def head(self, live: Any) -> Any:
+        """The waiting call with the earliest deadline that ``live(call)`` still says
+        waits, or None; ended ones before it are dropped."""
+        heap = self.heap
+        while heap:
+            call = heap[0][2]
+            if live(call):
+                return call
+            heapq.heappop(heap)
+        return None
+
+    def pop(self, waited: float, now: float, target: float, interval: float) -> Any:
+        """Take the head (``head`` found it live), which waited ``waited`` s: CoDel's
+        verdict on the queue moves with that wait."""
+        call = heapq.heappop(self.heap)[2]
+        self.waited = waited
+        if waited < target or not self.heap:
+            self.above_since = 0.0
+            self.standing = False
+        elif self.above_since == 0.0:
+            self.above_since = now
+        elif now - self.above_since >= interval:
+            self.standing = True
+        return call

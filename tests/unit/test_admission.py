@@ -1,0 +1,221 @@
+"""Admission (broker/admission.py, and the router's use of it): ack timeouts that follow
+each provider, concurrency limits, calls waiting for a slot by deadline, shedding with
+OVERLOADED, and NO_PROVIDER kept for "nobody provides this"."""
+
+import pytest
+
+from rpcbus import errors
+from rpcbus.broker.admission import Pace, Waiting
+from rpcbus.protocol import CANCEL, ERROR, REQ_ACK_MS, RESPONSE
+
+from .test_router import Peer, assert_empty, make, requests_to
+
+
+def test_the_ack_timeout_follows_accept_times_between_floor_and_ceiling():
+    pace = Pace(1.0, 10.0)
+    assert pace.rto == 1.0                       # nothing measured: the floor
+    for _ in range(20):
+        pace.accepted(0.01)                      # quick accepts: still the floor
+    assert pace.rto == 1.0
+    for took in (0.8, 1.4, 0.9, 1.6, 1.2) * 4:   # a loaded host: accepts in ~1.2 s
+        pace.accepted(took)
+    assert 1.5 < pace.rto < 4.0, pace.rto        # srtt + 4 rttvar, over the floor
+    before = pace.rto
+    pace.timed_out()                             # backed off, to the ceiling at most
+    assert pace.rto == pytest.approx(min(2 * before, 10.0))
+    for _ in range(5):
+        pace.timed_out()
+    assert pace.rto == 10.0
+    pace.accepted(1.2)                           # a sample computes it afresh
+    assert pace.rto < 10.0
+
+
+def test_the_limit_grows_while_latency_is_flat_and_shrinks_when_it_rises():
+    pace = Pace(1.0, 10.0, limit=16.0)
+    for _ in range(200):
+        pace.sample(0.010, load=int(pace.limit))  # full, latency flat: more room
+    grown = pace.limit
+    assert grown > 64, grown
+    for _ in range(200):
+        pace.sample(0.100, load=int(pace.limit))  # latency 10x: queueing there
+    assert pace.limit < grown / 4, (grown, pace.limit)
+    idle = pace.limit
+    for _ in range(50):
+        pace.sample(0.010, load=0)               # far below its limit: nothing learnt
+    assert pace.limit == idle
+    pace.refused()
+    assert pace.limit == max(2.0, idle / 2)
+
+
+def test_a_queue_stands_only_after_waits_stay_over_target_for_an_interval():
+    q = Waiting()
+
+    class C:
+        def __init__(self, deadline):
+            self.deadline = deadline
+    for d in (5.0, 1.0, 3.0):
+        q.push(C(d))
+    assert [q.pop(0.5, 0.0, 0.1, 1.0).deadline for _ in range(1)] == [1.0]  # earliest first
+    assert not q.standing and q.above_since == 0.0
+    q.pop(0.5, 0.5, 0.1, 1.0)                    # still over target, not for an interval
+    assert not q.standing
+    q.push(C(9.0))
+    q.pop(0.5, 1.6, 0.1, 1.0)
+    assert q.standing and q.waited == 0.5
+    q.pop(0.01, 1.7, 0.1, 1.0)                   # a short wait: it stands no more
+    assert not q.standing
+
+
+def test_calls_beyond_the_limit_wait_and_go_out_earliest_deadline_first():
+    r, caller, prov = make(initial_concurrency=2), Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    for cid, timeout in ((1, 9000), (2, 9000), (3, 8000), (4, 2000), (5, 5000)):
+        r.request(caller, cid, "x", None, timeout, now=0.0)
+    first = requests_to(prov)
+    assert len(first) == 2 and r.stats.waited == 3 and not caller.sent
+    r.respond(prov, first[0][1], "a")
+    [nxt] = requests_to(prov)                    # the slot goes to the earliest deadline
+    assert nxt[4] == 2000
+    r.respond(prov, first[1][1], "b")
+    r.respond(prov, nxt[1], "c")
+    rest = requests_to(prov)
+    assert sorted(m[4] for m in rest) == [5000, 8000]
+    for m in rest:
+        r.respond(prov, m[1], "d")
+    assert sorted(m[1] for m in caller.take()) == [1, 2, 3, 4, 5]
+    assert_empty(r, caller)
+
+
+def test_a_waiting_call_whose_deadline_passes_ends_overloaded_unrun():
+    r, caller, prov = make(initial_concurrency=1), Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    r.request(caller, 1, "x", None, 5000, now=0.0)
+    r.request(caller, 2, "x", None, 300, now=0.0)
+    [req] = requests_to(prov)
+    r.accept(prov, req[1], now=0.1)
+    r.tick(0.5)
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 2, errors.OVERLOADED] and "not run" in err[3]
+    assert prov.take() == []                     # the provider never saw it
+    r.respond(prov, req[1], "ok")
+    assert caller.take() == [[RESPONSE, 1, "ok"]]
+    assert_empty(r, caller)
+
+
+def test_a_standing_queue_sheds_new_calls_at_once_and_a_drained_burst_is_not_shed():
+    r = make(initial_concurrency=1, queue_target=0.1, queue_interval=0.5)
+    caller, prov = Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    for cid in range(1, 21):                     # a burst, all admitted
+        r.request(caller, cid, "x", None, 30_000, now=0.0)
+    now = 0.0
+    for cid in range(21, 60):                    # and more keep coming, faster than served
+        now += 0.1
+        r.tick(now)
+        [req] = requests_to(prov)
+        r.respond(prov, req[1], "ok")
+        for more in range(3):
+            r.request(caller, cid * 10 + more, "x", None, 30_000, now=now)
+    out = caller.take()
+    shed = [m for m in out if m[0] == ERROR]
+    assert shed and all(m[2] == errors.OVERLOADED for m in shed)
+    assert shed[0][1] > 210 and type(shed[0][4]) is int and shed[0][4] >= 100  # a hint, ms
+    assert r.stats.shed == len(shed)
+    answered = [m[1] for m in out if m[0] == RESPONSE]
+    assert answered[:20] == list(range(1, 21))  # the burst itself: served, in order
+    while r.pending:                             # the rest drain
+        now += 0.1
+        r.tick(now)
+        for req in requests_to(prov):
+            r.respond(prov, req[1], "ok")
+    assert_empty(r, caller)
+
+
+def test_a_provider_slow_to_accept_is_given_longer_and_told_so_in_its_requests():
+    r, caller, prov = make(ack_timeout=1.0, ack_timeout_max=8.0), Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    t = 0.0
+    for cid in range(1, 30):                     # each accepted ~1.5 s after it was sent
+        r.read_at = t
+        r.tick(t)                                # the node's sweep runs all along
+        r.request(caller, cid, "x", None, 20_000, now=t)
+        [req] = requests_to(prov)
+        t += 1.5
+        r.read_at = t
+        r.accept(prov, req[1], now=t)
+        r.respond(prov, req[1], "ok")
+        t += 0.1
+    assert r.stats.ack_timeouts == 0
+    r.read_at = t
+    r.tick(t)
+    r.request(caller, 99, "x", None, 20_000, now=t)
+    [req] = requests_to(prov)
+    assert len(req) == REQ_ACK_MS + 1 and req[REQ_ACK_MS] > 1500, req  # its own window
+    r.tick(t + 1.2)                              # past the floor: not moved
+    assert prov.take() == [] and r.pending == 1
+    r.respond(prov, req[1], "late but in time")
+    assert caller.take()[-1] == [RESPONSE, 99, "late but in time"]
+    assert_empty(r, caller)
+
+
+def test_slow_providers_give_overloaded_and_nobody_gives_no_provider():
+    r = make(ack_timeout=0.5, ack_timeout_max=0.5, rand=lambda: 0.0)
+    caller, p1, p2 = Peer("c"), Peer("p1"), Peer("p2")
+    r.provide(p1, ["x"])
+    r.provide(p2, ["x"])
+    r.request(caller, 1, "x", None, 10_000, now=0.0)
+    r.tick(0.6)                                  # the first never accepts: the second
+    r.tick(1.2)                                  # nor the second
+    assert p1.take()[-1][0] == CANCEL and p2.take()[-1][0] == CANCEL
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 1, errors.OVERLOADED]  # they live: not "nobody provides it"
+    r.request(caller, 2, "y", None, 10_000, now=1.3)
+    assert caller.take()[0][:3] == [ERROR, 2, errors.NO_PROVIDER]
+    assert_empty(r, caller)
+
+
+def test_a_busy_refusal_halves_the_limit_and_the_call_comes_back_later():
+    r, caller, prov = make(initial_concurrency=4), Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    for cid in range(1, 5):
+        r.request(caller, cid, "x", None, 10_000, now=0.0)
+    reqs = requests_to(prov)
+    r.reject(prov, reqs[3][1], 0.0, "BUSY")      # workers all taken: not run
+    assert prov.pace.limit == 2.0 and r.stats.busy == 1
+    assert requests_to(prov) == [] and r.pending == 4  # it waits: the provider is full
+    r.read_at = 0.01
+    prov.accepted_upto = reqs[2][1]
+    for m in reqs[:3]:
+        r.respond(prov, m[1], "ok")
+    [again] = requests_to(prov)                  # back to the same provider, later
+    r.respond(prov, again[1], "ok")
+    assert sorted(m[1] for m in caller.take() if m[0] == RESPONSE) == [1, 2, 3, 4]
+    assert_empty(r, caller)
+
+
+def test_calls_waiting_for_a_provider_that_leaves_go_elsewhere_or_end_no_provider():
+    r, caller, prov = make(initial_concurrency=1), Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    r.request(caller, 1, "x", None, 10_000, now=0.0)
+    r.request(caller, 2, "x", None, 10_000, now=0.0)
+    [req] = requests_to(prov)
+    r.accept(prov, req[1], now=0.0)
+    prov.closed = True
+    r.drop_peer(prov, now=0.1)
+    codes = sorted((m[1], m[2]) for m in caller.take())
+    assert codes == [(1, errors.PROVIDER_GONE), (2, errors.NO_PROVIDER)]
+    assert_empty(r, caller)
+
+
+def test_a_draining_node_hands_waiting_calls_back_unrun():
+    r, caller, prov = make(initial_concurrency=1), Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    r.request(caller, 1, "x", None, 10_000, now=0.0)
+    r.request(caller, 2, "x", None, 10_000, now=0.0)
+    assert r.hand_back() == 1
+    assert caller.take()[0][:3] == [ERROR, 2, errors.SHUTTING_DOWN]
+    [req] = requests_to(prov)
+    prov.accepted_upto = req[1]
+    r.respond(prov, req[1], "ok")
+    assert caller.take() == [[RESPONSE, 1, "ok"]]
+    assert_empty(r, caller)

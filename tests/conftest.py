@@ -33,9 +33,20 @@ def no_process_left_behind():
     left = [p for p in psutil.Process().children(recursive=True)
             if p.pid not in before and not _shared(p) and _running(p)]
     for p in left:
-        p.kill()
-    assert not left, "processes left running: " + "; ".join(
-        " ".join(p.cmdline()[:6]) for p in left)
+        try:
+            p.kill()
+        except psutil.Error:  # gone (or a zombie) since: nothing left to stop
+            pass
+    assert not left, "processes left running: " + "; ".join(_command(p) for p in left)
+
+
+def _command(proc):
+    """The start of ``proc``'s command line, or its pid once it cannot be read (it exited,
+    or is a zombie nobody reaps: on some machines orphans are not reaped)."""
+    try:
+        return " ".join(proc.cmdline()[:6])
+    except psutil.Error:
+        return f"pid {proc.pid}"
 
 
 def _shared(proc):

@@ -26,9 +26,11 @@ from ..cluster.conftest import FAST, stats
 from ..integration.test_operations import samples
 
 DS = {**FAST, "RPCBUS_DEEPSTREAM_ENABLED": "true", "RPCBUS_DEEPSTREAM_RESPONSE_TIMEOUT": "2.0"}
-# reconnect every 0.2 s, not after 4 s, 8 s, ...; calls made meanwhile wait for it
+# reconnect every 0.2 s, not after 4 s, 8 s, ...; calls made meanwhile wait for it. The
+# client gives up after maxReconnectAttempts (5 by default: 2 s at this pace, less than a
+# node takes from start to ready on a slow machine): 150 tries cover a minute
 QUICK = {"reconnectIntervalIncrement": 200, "maxReconnectInterval": 400,
-         "offlineBufferTimeout": 10000}
+         "maxReconnectAttempts": 150, "offlineBufferTimeout": 10000}
 
 # every kind of JSON value, as the client writes it and Python reads it
 VALUES = [None, True, False, 0, -7, 2 ** 53, 1.5, -0.25, 1e300, "", "héllo ✓ \u0000",

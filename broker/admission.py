@@ -12,18 +12,23 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
     the ceiling) until the next sample (RFC 6298 5.5). One attempt at a time is timed
     (``probe``), so measuring costs nothing per call.
   * its **concurrency limit** is found from its own latency, in the shape of Netflix's
-    Gradient2 limiter: a long-term latency and each sample's; while the target holds
+    Gradient2 limiter: a no-load latency and each sample's; while the target holds
     at least half its limit, ``limit * clamp(TOLERANCE * long / sample, 0.5, 1) +
     sqrt(limit)``, smoothed. A target that refuses an attempt because it is full or
     read it too late (``refused``), or times out (``timed_out``), has its limit halved.
+    The long-term latency is the quickest seen, drifting up slowly (as Vegas's no-load
+    latency is): a mean would count the queue a busy target already has as its own.
 
 ``Waiting`` (one per rpc name with calls waiting)
   calls beyond every target's limit wait here, earliest deadline first, and go out
   as slots free (the router's ``_release``). Its delay is judged as CoDel judges a
   queue: each call's wait is measured when it leaves; once waits have stayed above
-  ``target`` for ``interval``, the queue is *standing* and new calls are shed at once
-  (``OVERLOADED``: not run, safe to retry, with the current wait as a hint). A burst
-  that drains (every call admitted before waits grew) is served, not shed.
+  ``target`` for ``interval`` while calls kept coming and the queue got no shorter,
+  it is *standing*: a call that has waited, or would wait, longer than its patience
+  (``target``, or a tenth of its time left when it came, if longer: a caller that
+  gives a call 30 s means it may wait) is shed (``OVERLOADED``: not run, safe to
+  retry, with the current wait as a hint), until a wait falls under ``target`` or an
+  interval passes with no call coming. A burst that drains is served, not shed.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 MIN_LIMIT = 2.0          # attempts a target may always hold
 INITIAL_LIMIT = 256.0    # a new target's limit (a node: NODE_LIMIT)
 NODE_LIMIT = 1024.0      # a node stands for all its providers, behind its own admission
+PATIENCE = 0.1           # of a call's time left when it came: how long it may wait
 TOLERANCE = 1.5          # latency up to this times the long-term one is not queueing
 SMOOTHING = 0.2          # of the way to each new limit
 LONG_STEP = 1 / 600      # of the way to each sample for the long-term latency (Gradient2: 600)
@@ -95,12 +101,10 @@ class Pace:
         if took <= 0:
             return
         long = self.long
-        if long == 0.0:
+        if long == 0.0 or took < long:  # the quickest seen: the target without a queue
             self.long = long = took
-        else:
+        else:  # drifting up slowly, so a target that got slower for good is re-learnt
             self.long = long = long + LONG_STEP * (took - long)
-            if long > 2 * took:  # the target got quicker: let the long view follow soon
-                self.long = long = long * 0.95
         limit = self.limit
         if load < limit / 2:
             return  # it is not what holds the calls back: nothing learnt of its limit
@@ -116,12 +120,17 @@ class Waiting:
     CoDel's judgement of a standing queue (module docstring). Entries of calls that
     ended meanwhile stay until they reach the head (``head`` skips them)."""
 
-    __slots__ = ("heap", "above_since", "standing", "waited", "_seq")
+    __slots__ = ("heap", "above_since", "length_then", "arrived", "arrived_then",
+                 "standing", "stood_until", "waited", "_seq")
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int, Any]] = []  # (deadline, seq, call)
-        self.above_since = 0.0  # when waits first stayed above target (0: they do not)
-        self.standing = False   # waits stayed above target for an interval: shed arrivals
+        self.above_since = 0.0  # when waits went over target and stayed (0: they are not)
+        self.length_then = 0    # the queue's length then
+        self.arrived = 0        # calls that came to wait, ever
+        self.arrived_then = 0   # ... by ``above_since``
+        self.standing = False   # it stands: long waits and new calls are shed
+        self.stood_until = -1e18  # when it last stopped standing
         self.waited = 0.0       # the last wait measured (s): the hint shed calls get
         self._seq = 0
 
@@ -130,6 +139,7 @@ class Waiting:
 
     def push(self, call: Any) -> None:
         self._seq += 1
+        self.arrived += 1
         heapq.heappush(self.heap, (call.deadline, self._seq, call))
 
     def head(self, live: Any) -> Any:
@@ -143,16 +153,37 @@ class Waiting:
             heapq.heappop(heap)
         return None
 
-    def pop(self, waited: float, now: float, target: float, interval: float) -> Any:
-        """Take the head (``head`` found it live), which waited ``waited`` s: CoDel's
-        verdict on the queue moves with that wait."""
-        call = heapq.heappop(self.heap)[2]
+    def pop(self) -> Any:
+        """Take the head (``head`` found it live)."""
+        return heapq.heappop(self.heap)[2]
+
+    def judge(self, waited: float, now: float, target: float, interval: float) -> bool:
+        """The head leaves after waiting ``waited`` s: is the queue standing? It starts
+        to when waits stayed over ``target`` for ``interval`` while calls kept coming and
+        the queue got no shorter, or at once when it stood within the last few
+        intervals; it stops when a wait falls under target, or an interval passes with
+        no call coming (a burst that drains is served, not shed)."""
         self.waited = waited
-        if waited < target or not self.heap:
+        length = len(self.heap)
+        if waited < target or length == 0:
+            self._stop(now)
             self.above_since = 0.0
-            self.standing = False
         elif self.above_since == 0.0:
-            self.above_since = now
+            self.above_since, self.length_then = now, length
+            self.arrived_then = self.arrived
+            if now - self.stood_until < 4 * interval:
+                self.standing = True  # it stood a moment ago: the overload goes on
         elif now - self.above_since >= interval:
-            self.standing = True
-        return call
+            coming = self.arrived > self.arrived_then
+            if not coming:
+                self._stop(now)
+            elif not self.standing and length >= self.length_then:
+                self.standing = True
+            self.above_since, self.length_then = now, length  # judged again next interval
+            self.arrived_then = self.arrived
+        assert not self.standing or waited >= target
+        return self.standing
+
+    def _stop(self, now: float) -> None:
+        if self.standing:
+            self.standing, self.stood_until = False, now

@@ -568,6 +568,7 @@ class Node:
             "tasks": len(asyncio.all_tasks()),
             "providers": self.router.provider_counts(),
             "router": self.router.stats.as_dict(),
+            "admission": self.router.admission(),
             "io": {**dict(self.stats), **dict(totals)},
             "auth": dict(self.gate.stats),
             "connections": {"open": self.gate.open, "logging_in": self.gate.waiting,

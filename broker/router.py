@@ -65,7 +65,7 @@ from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence, cast
 
 from rpcbus import errors
-from rpcbus.broker.admission import INITIAL_LIMIT, NODE_LIMIT, Pace, Waiting
+from rpcbus.broker.admission import INITIAL_LIMIT, NODE_LIMIT, PATIENCE, Pace, Waiting
 from rpcbus.broker.choice import LAT_FLOOR, POLICIES, QUIET, SLOWER, local_first
 from rpcbus.broker.discovery import HALF, MinuteStats
 from rpcbus.broker.fanout import Gather
@@ -322,8 +322,9 @@ class Router:
     # dict's keys and every ``self.x`` on the hot path costs more (one attribute over
     # made request + respond 6 % dearer under callgrind)
     __slots__ = ("_balance", "_calls", "_clock", "_deadlines", "_drawn", "_held",
-                 "_held_after", "_now", "_parked", "_probing", "_provider_peers", "_providers",
-                 "_rand", "_rotated", "_sampled", "_sent_then", "_seq", "_told", "_waiting",
+                 "_held_after", "_now", "_paced", "_parked", "_probing", "_provider_peers",
+                 "_providers", "_rand", "_rotated", "_sampled", "_sent_then", "_seq", "_told",
+                 "_waiting",
                  "ack_timeout", "ack_timeout_max", "affinity", "cluster", "count_changed",
                  "history", "initial_concurrency", "local_first",
                  "max_concurrency", "max_name", "max_timeout", "name", "new_batch",
@@ -356,6 +357,7 @@ class Router:
         self._held = Held(granularity, now)
         self._held_after = granularity + HELD
         self._probing: set[Peer] = set()  # targets with an attempt timed to its accept
+        self._paced: set[Peer] = set()    # targets with a pace (the sweep's ``_kick``)
         # the ``now`` of the latest event that carried one: what an answer (which comes
         # without one) dispatches a waiting call by; at most a sweep old
         self._now = now
@@ -480,6 +482,22 @@ class Router:
                               p.label] for p in rows]
         return out
 
+    def admission(self, most: int = 32) -> dict[str, Any]:
+        """What admission holds now (``/stats``): per target (the ``most`` busiest), its
+        attempts held, concurrency limit and ack timeout; per name with calls waiting,
+        how many and whether its queue stands."""
+        paced = sorted((p for p in self._provider_peers if p.pace is not None),
+                       key=lambda p: -p.load)[:most]
+        return {
+            "targets": {p.label: {"load": p.load, "limit": round(p.pace.limit, 1),
+                                  "ack_timeout_ms": p.pace.ack_ms,
+                                  "no_load_ms": round(p.pace.long * 1000, 2)}
+                        for p in paced if p.pace is not None},
+            "waiting": {name: {"calls": len(q), "standing": q.standing,
+                               "waited_ms": int(q.waited * 1000)}
+                        for name, q in self._waiting.items() if len(q)},
+        }
+
     def provider_counts(self) -> dict[str, int]:
         return {name: len(peers) for name, peers in self._providers.items()}
 
@@ -552,14 +570,15 @@ class Router:
         Calls it made as a caller are cancelled, as by its CANCEL: their providers (here
         or on the nodes they went to) get CANCEL, so nobody works for a caller that left.
         """
-        if peer.calls:
-            for call in list(peer.calls.values()):
-                self._cancel(call)
+        calls = peer.calls
+        while calls:  # one at a time: cancelling one may free a slot another then takes
+            self._cancel(next(iter(calls.values())))
         if peer not in self._provider_peers and not peer.is_node:
             return
         self._provider_peers.discard(peer)
         self._sent_then.pop(peer, None)
         self._probing.discard(peer)
+        self._paced.discard(peer)
         if peer.provides:  # one that provides keeps a set of its own (a Provider)
             self.unprovide(cast(Provider, peer), list(peer.provides))
         if self.history is not None and not peer.is_node:
@@ -986,9 +1005,13 @@ class Router:
                 pace.timed_out()
             else:
                 pace.refused()
-                self.stats.retries += 1
-                self._route(call, now, discover=False)  # not "tried": it may come back
-                return
+                if not peer.is_node and type(call.caller) is not Gather:
+                    # a provider full now: the call may come back to it (a call_all's
+                    # child is that provider's alone: it ends, as for any REJECT)
+                    self.stats.retries += 1
+                    self._route(call, now, discover=False)
+                    return
+                # a node whose providers were all too busy for it: another node, or none
         self._retry(call, now)
 
     def cancel_from(self, caller: Peer, cid: int) -> None:
@@ -1037,6 +1060,10 @@ class Router:
         self._held.tick(now)
         if self._probing and now >= self._sampled + RATE_SAMPLE:
             self._check_probes()
+        if self._waiting:  # slots are handed over as they free; the sweep makes sure
+            for peer in list(self._paced):
+                if peer.pace is not None and peer.load < peer.pace.limit:
+                    self._release(peer, now)
         if now >= self._rotated + HALF:  # each provider's last minute moves on (discovery)
             self._rotated = now
             for peer in self._provider_peers:
@@ -1359,6 +1386,7 @@ class Router:
 
     def _pace(self, peer: Peer) -> Pace:
         """A new target's ack timeout and limit (a node's: all its providers behind it)."""
+        self._paced.add(peer)
         pace = peer.pace = Pace(self.ack_timeout, self.ack_timeout_max,
                                 max(NODE_LIMIT, self.initial_concurrency) if peer.is_node
                                 else self.initial_concurrency,
@@ -1401,19 +1429,15 @@ class Router:
 
     def _enqueue(self, call: Call, now: float) -> None:
         """Every target of ``call`` is full: it waits for a slot, earliest deadline first,
-        unless the name's queue is standing (its waits stayed over ``queue_target`` for
-        ``queue_interval``): then it is shed at once, OVERLOADED (not run)."""
+        unless the name's queue is standing (broker/admission.py ``Waiting.judge``): then
+        it is shed at once, OVERLOADED (not run)."""
         queue = self._waiting.get(call.name)
         if queue is None:
             queue = self._waiting[call.name] = Waiting()
-        if queue.standing and queue.head(self._is_waiting) is not None:
-            self.stats.overloaded += 1
-            self.stats.shed += 1
-            hint = max(int(queue.waited * 1000), 1)
-            self._conclude(call, [ERROR, call.cid, errors.OVERLOADED,
-                                  f"every provider of {call.name!r} is busy and calls have "
-                                  f"waited {hint} ms for one: shed (not run); retry later",
-                                  hint])
+        call.queued = now
+        if (queue.standing and queue.waited > self._patience(call)
+                and queue.head(self._is_waiting) is not None):
+            self._shed(call, queue)  # it would wait longer than it may
             return
         self.stats.waited += 1
         self._seq = attempt = self._seq + 1
@@ -1421,13 +1445,14 @@ class Router:
         call.provider = None
         call.accepted = call.acked = False
         call.checked = 0.0
-        call.queued = now
         self._calls[attempt] = call
         self._deadlines.add(attempt, call.deadline)
         queue.push(call)
 
     def _is_waiting(self, call: Call) -> bool:
-        return self._calls.get(call.id) is call
+        """``call`` still waits for a slot (its caller gone, it waits for nothing: the
+        caller's drop cancels it)."""
+        return self._calls.get(call.id) is call and not call.caller.closed
 
     def _release(self, peer: Peer, now: float) -> None:
         """A slot at ``peer`` may have freed: it takes the waiting call of a name it serves
@@ -1441,7 +1466,10 @@ class Router:
             for name, queue in list(self._waiting.items()):
                 head = queue.head(live)
                 if head is None:
-                    del self._waiting[name]
+                    # empty: forgotten once it has not stood for a while (an overload
+                    # that goes on comes back to a queue that remembers it stood)
+                    if not queue.standing and now - queue.stood_until > 4 * self.queue_interval:
+                        del self._waiting[name]
                 elif ((best is None or head.deadline < best[0].deadline)
                       and head.deadline > now and self._serves(peer, name)
                       and (head.tried is None or peer not in head.tried)):
@@ -1449,12 +1477,30 @@ class Router:
             if best is None:
                 return
             call, queue = best
-            queue.pop(now - call.queued, now, self.queue_target, self.queue_interval)
-            if not queue.heap:
-                del self._waiting[call.name]
+            waited, patience = now - call.queued, self._patience(call)
+            queue.pop()
             del self._calls[call.id]
             call.queued = -1.0
+            if (queue.judge(waited, now, self.queue_target, self.queue_interval)
+                    and waited > patience):
+                self._shed(call, queue)  # as CoDel drops: the queue stands, this waited
+                continue
             self._dispatch(call, (), (), now, peer)
+
+    def _patience(self, call: Call) -> float:
+        """How long ``call`` may wait for a slot while its queue stands: the target, or a
+        share of the time it had left when it began to wait, if longer."""
+        patience = PATIENCE * (call.deadline - call.queued)
+        return patience if patience > self.queue_target else self.queue_target
+
+    def _shed(self, call: Call, queue: Waiting) -> None:
+        """``call`` (out of every table) is refused OVERLOADED: its name's queue stands."""
+        self.stats.overloaded += 1
+        self.stats.shed += 1
+        hint = max(int(queue.waited * 1000), 1)
+        self._conclude(call, [ERROR, call.cid, errors.OVERLOADED,
+                              f"every provider of {call.name!r} is busy and calls have "
+                              f"waited {hint} ms for one: shed (not run); retry later", hint])
 
     def _serves(self, peer: Peer, name: str) -> bool:
         """``peer`` is a target of ``name`` here: a provider of it on this node, or a node

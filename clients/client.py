@@ -93,6 +93,7 @@ from rpcbus.protocol import (
     REPLY,
     REQ_CALLER,
     REQ_DATA,
+    REQ_SENT_MS,
     REQ_TIME_LEFT_MS,
     REQ_TRACEPARENT,
     REQ_USER,
@@ -780,8 +781,7 @@ class Client:
                 wire.send(failure(attempt, name, exc))
                 return
         else:
-            work = self._in_thread(handler, args,
-                                   time.monotonic() + request[REQ_TIME_LEFT_MS] / 1000)
+            work = self._in_thread(handler, args, self._deadline(wire, request))
         # a coroutine is its own task: one cancelled before it starts then ends there
         task = wire.loop.create_task(work if inspect.iscoroutine(work) else awaited(work))
         wire.serving.started(attempt, task)
@@ -799,7 +799,7 @@ class Client:
             return
         if parts == ANSWERS:
             answer = handler(*args) if is_async else self._in_thread(
-                handler, args, time.monotonic() + request[REQ_TIME_LEFT_MS] / 1000)
+                handler, args, self._deadline(wire, request))
             work = one_part(wire.send, attempt, answer)
         else:
             flow = wire.serving.stream(attempt, request[REQ_WINDOW])
@@ -819,6 +819,13 @@ class Client:
             self._threads = concurrent.futures.ThreadPoolExecutor(
                 self._handler_threads, thread_name_prefix="rpcbus-handler")
         return self._threads
+
+    def _deadline(self, wire: _Wire, request: list[Any]) -> float:
+        """The call's deadline on ``time.monotonic()``: its time left when the node sent
+        it, less how long ago that was (as far as this connection can tell)."""
+        now = time.monotonic()
+        age = wire.serving.freshness.age_ms(request[REQ_SENT_MS], wire.loop.time())
+        return now + (float(request[REQ_TIME_LEFT_MS]) - age) / 1000
 
     def _workers_full(self, entry: _Entry, left_ms: Any) -> bool:
         """A REQUEST for ``entry`` with ``left_ms`` to go comes: True when it runs in a

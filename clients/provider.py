@@ -98,6 +98,14 @@ class Freshness:
         return seen - skew > bound
 
 
+    def age_ms(self, sent_ms: Any, now: float) -> float:
+        """How long ago (ms, at least) the node sent a REQUEST stamped ``sent_ms``, by the
+        offset learnt so far (0 when none is)."""
+        if type(sent_ms) is not int or self._skew is None:
+            return 0.0
+        return max(0.0, now * 1000 - sent_ms - self._skew)
+
+
 class Held:
     """When the client's loop was held, from a tick the shell runs every ``interval``
     seconds: how long a frame read now may have waited after it arrived. A frame is

@@ -23,6 +23,7 @@ provider replies twice, and the end counts the replies that came.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from functools import partial
 from typing import Any, Callable
@@ -91,9 +92,9 @@ class Ledger:
         self.violations: list[str] = []
         self.outcomes: Counter[str] = Counter()
         # handlers started after their call's deadline are violations, except in runs that
-        # pause nodes: REQUESTs a paused node held reach a provider all late together, and
-        # a provider learns its offset to the node from the quickest it has seen (a known
-        # gap: docs/reliability.md)
+        # pause nodes or block providers: REQUESTs held there reach a provider late
+        # together, and a provider learns its offset to the node from the quickest it has
+        # seen, so it may take them for fresh (a known gap: docs/reliability.md)
         self.check_starts = True
 
     def made(self, key: tuple[str, int], now: float, timeout: float) -> None:
@@ -558,6 +559,11 @@ class Provider(Client):
         super().__init__(sim, name)
         self.names = names
         self.slow = slow          # most a handler takes, s
+        self.quick = 0.02         # most the other nine in ten take, s
+        # when the times its workers come free (an overload schedule sets 8): handlers
+        # beyond them wait for one, and a REQUEST whose wait would pass half its time
+        # left is refused BUSY, as the SDK's plain-function handlers are; None: no limit
+        self.workers: list[float] | None = None
         self.blocks = blocks      # chance a handler holds the whole process while it runs
         self.held = Held(SWEEP, self.world.now)  # the SDK's sweeper ticks it
         self.world.after(SWEEP, self._tick)
@@ -584,7 +590,8 @@ class Provider(Client):
         for msg in frame:
             kind = msg[0]
             if kind == REQUEST or kind == STREAM:  # a connection lost (or moved off)
-                serving.request(msg, now, not conn.gone, self.held.late_by(now))  # takes none
+                serving.request(msg, now, not conn.gone, self.held.late_by(now),  # takes none
+                                None if self.workers is None else self._full)
             elif kind == CANCEL:
                 serving.cancel(msg[1])
             elif kind == CREDIT:
@@ -599,17 +606,41 @@ class Provider(Client):
         for attempt, _name, _entry, request in starting:
             self.run(conn, attempt, request)
 
+    def _full(self, entry: Any, left_ms: Any) -> bool:
+        """The SDK's rule for worker threads: refused BUSY when no worker would start it
+        within half its time left."""
+        assert self.workers is not None
+        return type(left_ms) is int and self.workers[0] - self.world.now > left_ms / 2000
+
     def run(self, conn: Conn, attempt: int, request: list[Any]) -> None:
         serving = conn.serving
         assert serving is not None
         key = _key(request[3])
+        serving.started(attempt, key)
+        rand = self.world.rand
+        took = rand.random() * (self.slow if rand.random() < 0.1 else self.quick)
+        blocks = rand.random() < self.blocks
+        if self.workers is None:
+            self.begin(conn, attempt, request, took, blocks)
+            return
+        start = max(self.world.now, heapq.heappop(self.workers))
+        heapq.heappush(self.workers, start + took)
+        self.world.at(start, partial(self._when_running, self.begin, conn, attempt, request,
+                                     took, blocks))
+
+    def begin(self, conn: Conn, attempt: int, request: list[Any], took: float,
+              blocks: bool) -> None:
+        """The handler starts (a worker came free): unless its call was cancelled
+        meanwhile, or its connection is gone."""
+        serving = conn.serving
+        assert serving is not None
+        if attempt not in serving.running:
+            return
+        key = _key(request[3])
         # a provider is one connection (as a call_all counts them): a client moving between
         # nodes provides through both for a moment
         self.sim.ledger.ran(key, f"{self.name}@{conn.session.sid}", self.world.now)
-        serving.started(attempt, key)
-        rand = self.world.rand
-        took = rand.random() * (self.slow if rand.random() < 0.1 else 0.02)
-        if rand.random() < self.blocks:  # it holds the process: nothing read or written
+        if blocks:  # it holds the process: nothing read or written
             self.blocked_until = max(self.blocked_until, self.world.now + took)
             conn.pipe.hold_until = self.blocked_until
 

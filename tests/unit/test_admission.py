@@ -47,23 +47,39 @@ def test_the_limit_grows_while_latency_is_flat_and_shrinks_when_it_rises():
     assert pace.limit == max(2.0, idle / 2)
 
 
-def test_a_queue_stands_only_after_waits_stay_over_target_for_an_interval():
-    q = Waiting()
-
+def test_a_queue_stands_when_waits_stay_over_target_and_it_does_not_drain():
     class C:
         def __init__(self, deadline):
             self.deadline = deadline
+
+    q = Waiting()
     for d in (5.0, 1.0, 3.0):
         q.push(C(d))
-    assert [q.pop(0.5, 0.0, 0.1, 1.0).deadline for _ in range(1)] == [1.0]  # earliest first
-    assert not q.standing and q.above_since == 0.0
-    q.pop(0.5, 0.5, 0.1, 1.0)                    # still over target, not for an interval
-    assert not q.standing
-    q.push(C(9.0))
-    q.pop(0.5, 1.6, 0.1, 1.0)
-    assert q.standing and q.waited == 0.5
-    q.pop(0.01, 1.7, 0.1, 1.0)                   # a short wait: it stands no more
-    assert not q.standing
+    assert q.pop().deadline == 1.0                    # earliest deadline first
+    # a burst draining: waits over target for longer than an interval, but the queue
+    # shortens each interval: it does not stand
+    burst = Waiting()
+    for i in range(100):
+        burst.push(C(30.0 + i))
+    t = 0.0
+    while len(burst) > 2:
+        burst.pop()
+        t += 0.05
+        assert not burst.judge(0.5 + t, t, 0.1, 1.0)
+    # arrivals as fast as departures, waits over target: it stands after an interval
+    steady = Waiting()
+    for i in range(50):
+        steady.push(C(float(i)))
+    t = 0.0
+    for i in range(30):
+        steady.pop()
+        steady.push(C(100.0 + i))
+        t += 0.05
+        standing = steady.judge(0.5, t, 0.1, 1.0)
+        assert standing == (t >= 1.05 - 1e-9), (t, standing)
+    assert steady.waited == 0.5
+    assert not steady.judge(0.01, t + 0.05, 0.1, 1.0)  # a short wait: it stands no more
+    assert steady.judge(0.5, t + 0.1, 0.1, 1.0)         # over again so soon: at once
 
 
 def test_calls_beyond_the_limit_wait_and_go_out_earliest_deadline_first():
@@ -102,32 +118,58 @@ def test_a_waiting_call_whose_deadline_passes_ends_overloaded_unrun():
     assert_empty(r, caller)
 
 
-def test_a_standing_queue_sheds_new_calls_at_once_and_a_drained_burst_is_not_shed():
-    r = make(initial_concurrency=1, queue_target=0.1, queue_interval=0.5)
-    caller, prov = Peer("c"), Peer("p")
-    r.provide(prov, ["x"])
-    for cid in range(1, 21):                     # a burst, all admitted
-        r.request(caller, cid, "x", None, 30_000, now=0.0)
-    now = 0.0
-    for cid in range(21, 60):                    # and more keep coming, faster than served
-        now += 0.1
-        r.tick(now)
-        [req] = requests_to(prov)
-        r.respond(prov, req[1], "ok")
-        for more in range(3):
-            r.request(caller, cid * 10 + more, "x", None, 30_000, now=now)
-    out = caller.take()
-    shed = [m for m in out if m[0] == ERROR]
-    assert shed and all(m[2] == errors.OVERLOADED for m in shed)
-    assert shed[0][1] > 210 and type(shed[0][4]) is int and shed[0][4] >= 100  # a hint, ms
-    assert r.stats.shed == len(shed)
-    answered = [m[1] for m in out if m[0] == RESPONSE]
-    assert answered[:20] == list(range(1, 21))  # the burst itself: served, in order
-    while r.pending:                             # the rest drain
-        now += 0.1
+def serve(r, prov, now, until, step=0.1):
+    """The provider answers one call per ``step`` (its limit is 1) until ``until``."""
+    while now < until and r.pending:
+        now += step
         r.tick(now)
         for req in requests_to(prov):
             r.respond(prov, req[1], "ok")
+    return now
+
+
+def test_a_burst_that_drains_is_served_in_deadline_order_not_shed():
+    r = make(initial_concurrency=1, queue_target=0.1, queue_interval=0.5)
+    caller, prov = Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    for cid in range(1, 41):                     # 4 s of work at once, 30 s deadlines
+        r.request(caller, cid, "x", None, 30_000 - cid, now=0.0)
+    serve(r, prov, 0.0, 10.0)
+    out = caller.take()
+    assert [m[1] for m in out] == [1, *range(40, 1, -1)]  # then earliest deadline first
+    assert all(m[0] == RESPONSE for m in out) and r.stats.shed == 0
+    assert_empty(r, caller)
+
+
+@pytest.mark.parametrize("timeout_ms, most_waited", [(1000, 0.7), (30_000, 3.5)])
+def test_a_standing_queue_sheds_its_long_waits_and_new_calls_at_once(timeout_ms,
+                                                                    most_waited):
+    """Once the queue stands, calls of 1 s wait at most about the target (0.1 s) past
+    an interval (0.5 s), where the rule is judged; calls of 30 s a tenth of their time
+    (their caller said it may wait): none waits out its deadline in the queue."""
+    r = make(initial_concurrency=1, queue_target=0.1, queue_interval=0.5)
+    caller, prov = Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    now, cid, made, took, out = 0.0, 0, {}, {}, []
+    while now < 6.0:                             # three calls come per one served
+        now = serve(r, prov, now, now + 0.1)
+        for m in caller.take():
+            out.append(m)
+            took[m[1]] = now - made[m[1]]
+        for _ in range(3):
+            cid += 1
+            made[cid] = now
+            r.request(caller, cid, "x", None, timeout_ms, now=now)
+    shed = [m for m in out if m[0] == ERROR]
+    answered = [m[1] for m in out if m[0] == RESPONSE]
+    assert shed and all(m[2] == errors.OVERLOADED and "not run" in m[3] for m in shed)
+    assert all(type(m[4]) is int and m[4] >= 100 for m in shed)  # a hint, in ms
+    assert r.stats.shed == len(shed) and len(answered) >= 50
+    # once it stands (its first interval gone), every call is answered within about the
+    # target of its slot, or shed: none waits out its 30 s deadline in the queue
+    later = [took[c] for c in answered if made[c] >= 2.0]
+    assert later and max(later) <= most_waited, max(later)
+    serve(r, prov, now, 60.0)
     assert_empty(r, caller)
 
 

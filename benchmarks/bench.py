@@ -8,6 +8,9 @@ Scenarios:
   stream   two nodes as in cross, run twice: callers call, then read streams
            (--inflight streams per connection, each a --window of 64 B parts by
            default); the same run's figures per call and per part, and their ratios
+  overload open-loop arrivals from 0.5x to 5x the measured capacity, on 1 and 2
+           nodes and NATS: goodput, latency, every outcome, wasted work per step
+           (its own options: rpcbus bench overload --help; benchmarks/overload.py)
 
 Everything runs in its own process (nodes, an embedded redis-server or, with
 --redis-shards N, Redis Cluster, provider and caller processes), on loopback,
@@ -53,7 +56,27 @@ SCENARIOS = {
 }
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
+class _Bench(click.Command):
+    """``rpcbus bench``; ``rpcbus bench overload ...`` is benchmarks/overload.py, whose
+    options are its own."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args[:1] == ["overload"]:
+            ctx.meta["overload"] = args[1:]
+            return []
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if "overload" in ctx.meta:
+            from rpcbus.benchmarks import overload
+
+            overload.main(ctx.meta["overload"])
+            return None
+        return super().invoke(ctx)
+
+
+@click.command(cls=_Bench, context_settings={"help_option_names": ["-h", "--help"]},
+               help=__doc__)
 @click.argument("scenario", type=click.Choice(sorted(SCENARIOS)), default="local")
 @load.options
 @click.option("--nodes", type=click.IntRange(min=1), default=None,

@@ -356,8 +356,11 @@ class Router:
         # ``granularity``): a call's time counts from when it may have come, not was read
         self._held = Held(granularity, now)
         self._held_after = granularity + HELD
-        self._probing: set[Peer] = set()  # targets with an attempt timed to its accept
-        self._paced: set[Peer] = set()    # targets with a pace (the sweep's ``_kick``)
+        # targets with an attempt timed to its accept; targets with a pace (the sweep hands
+        # them free slots). Dicts, not sets: walked in the order they came, so a seed of the
+        # simulator replays exactly (a set's order follows the objects' addresses)
+        self._probing: dict[Peer, None] = {}
+        self._paced: dict[Peer, None] = {}
         # the ``now`` of the latest event that carried one: what an answer (which comes
         # without one) dispatches a waiting call by; at most a sweep old
         self._now = now
@@ -577,8 +580,8 @@ class Router:
             return
         self._provider_peers.discard(peer)
         self._sent_then.pop(peer, None)
-        self._probing.discard(peer)
-        self._paced.discard(peer)
+        self._probing.pop(peer, None)
+        self._paced.pop(peer, None)
         if peer.provides:  # one that provides keeps a set of its own (a Provider)
             self.unprovide(cast(Provider, peer), list(peer.provides))
         if self.history is not None and not peer.is_node:
@@ -776,7 +779,7 @@ class Router:
                 pace.sample(took, peer.load + 1)
             if attempt == pace.probe:  # an answer is an accept too
                 pace.accepted(took)
-                self._probing.discard(peer)
+                self._probing.pop(peer, None)
         if call.hstart:  # a measured attempt of the load history (answers are derived)
             assert self.history is not None and call.hrow is not None
             self.history.answered(call.hrow, call.hstart, data)
@@ -1166,7 +1169,7 @@ class Router:
                 pace = call.provider.pace
                 if pace is not None:  # it was slow to take it: wait longer there, send less
                     pace.timed_out()
-                    self._probing.discard(call.provider)
+                    self._probing.pop(call.provider, None)
                 if not call.provider.is_node:
                     call.slow = True
             del calls[attempt]
@@ -1324,7 +1327,7 @@ class Router:
         if not pace.probe and self.read_at >= pace.probe_at + PROBE_GAP:
             pace.probe = attempt  # timed to its accept (``_accepted``)
             pace.probe_at = call.sent = self.read_at
-            self._probing.add(provider)
+            self._probing[provider] = None
         if call.tried is None and not call.local_only:
             if provider.is_node:
                 self.stats.remote_calls += 1
@@ -1386,7 +1389,7 @@ class Router:
 
     def _pace(self, peer: Peer) -> Pace:
         """A new target's ack timeout and limit (a node's: all its providers behind it)."""
-        self._paced.add(peer)
+        self._paced[peer] = None
         pace = peer.pace = Pace(self.ack_timeout, self.ack_timeout_max,
                                 max(NODE_LIMIT, self.initial_concurrency) if peer.is_node
                                 else self.initial_concurrency,
@@ -1398,7 +1401,7 @@ class Router:
         pace = peer.pace
         assert pace is not None and pace.probe
         pace.accepted(self.read_at - pace.probe_at)
-        self._probing.discard(peer)
+        self._probing.pop(peer, None)
 
     def _check_probes(self) -> None:
         """Timed attempts accepted by an ACCEPT_UPTO (which names no attempt) are seen here,
@@ -1409,7 +1412,7 @@ class Router:
             call = self._calls.get(pace.probe)
             if call is None or call.provider is not peer:
                 pace.probe = 0
-                self._probing.discard(peer)
+                self._probing.pop(peer, None)
             elif call.accepted or call.acked or pace.probe <= peer.accepted_upto:
                 self._accepted(peer)
 

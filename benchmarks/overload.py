@@ -77,9 +77,16 @@ async def nats_responder(url: str, threads: int, service: float) -> None:
     loop = asyncio.get_running_loop()
     nc = await nats.connect(url)
 
-    async def on_work(msg: Any) -> None:
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(msg: Any) -> None:
         answer = await loop.run_in_executor(pool, work, msgpack.unpackb(msg.data), service)
         await msg.respond(msgpack.packb(answer))
+
+    async def on_work(msg: Any) -> None:  # nats-py awaits a callback before the next
+        task = loop.create_task(handle(msg))  # message: the threads get them all at once
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     async def on_stats(msg: Any) -> None:
         await msg.respond(msgpack.packb(dict(counts)))

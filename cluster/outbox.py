@@ -29,12 +29,14 @@ Held = tuple[str, int, list[Any], float]  # (topic, to, message, hold_until)
 
 class Round(NamedTuple):
     """What one round sends: messages per topic, the incarnation each is for, the
-    callbacks to run once Redis has them all, and the held answers among them."""
+    callbacks to run once Redis has them all, the held answers among them, and the bus
+    session it went out on."""
 
     out: dict[str, list[list[Any]]]
     to: dict[str, int]
     then: list[Callable[[], None]]
     holds: list[Held]
+    session: int
 
 
 _new_tuple = tuple.__new__
@@ -55,6 +57,7 @@ class Outbox:
         self._held: list[Held] = []     # kept while down
         self._holds: list[Held] = []    # those queued in _out
         self._then: list[Callable[[], None]] = []  # run after this round is in Redis
+        self.session = 0                # bus sessions come up: 1, 2, ...
 
     @property
     def queued(self) -> bool:
@@ -96,7 +99,8 @@ class Outbox:
     def take_round(self) -> Round:
         """Everything queued, as one round; the next round starts empty."""
         # tuple.__new__: a round per PUBLISH, without the Python-level Round.__new__
-        taken = _new_tuple(Round, (self._out, self._to, self._then, self._holds))
+        taken = _new_tuple(Round, (self._out, self._to, self._then, self._holds,
+                                   self.session))
         self._out, self._to, self._then, self._holds = {}, {}, [], []
         return taken
 
@@ -108,12 +112,19 @@ class Outbox:
         return bool(self._out)
 
     def failed(self, round: Round) -> None:
-        """``round`` did not reach Redis (the session ends): its answers are kept."""
+        """``round`` did not reach Redis: its answers are kept. Its session is ending:
+        when that is still the current one, nothing more goes out on it (``went_down``)
+        and they wait for the next; a round of an earlier session has them queued again
+        in this one. (Queued again on the ending session, they would fail again at once:
+        a writer that does not wait between rounds would spin until their deadlines.)"""
+        if round.session == self.session:
+            self.went_down()
         self._hold(*round.holds)
 
     def came_up(self) -> None:
         """A new bus session: queue again the answers kept while down."""
         self.up = True
+        self.session += 1
         held, self._held = self._held, []
         self._requeue(held)
 

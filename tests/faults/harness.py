@@ -17,6 +17,8 @@ callers on both with several hundred calls in flight, one fault, then these chec
 
 With FAULTS_REPORT_DIR set to a directory, each scenario writes its figures
 there as JSON (benchmarks/reliability.py turns them into docs/reliability.md).
+With FAULTS_LOG_DIR set, the nodes' logs go there (n1.log, ...), and ledger.txt
+lists every call that failed (start and end, s from the first call; its data; its code).
 """
 
 from __future__ import annotations
@@ -108,7 +110,8 @@ class Scenario:
         self.tmp = tmp
         cluster = LocalCluster(nodes=nodes, env={**ENV, **env}, node_env=node_env,
                                redis_shards=redis_shards, redis_replicas=redis_replicas,
-                               redis_node_timeout_ms=1000)
+                               redis_node_timeout_ms=1000,
+                               log_dir=os.environ.get("FAULTS_LOG_DIR"))
         self.proxy: Proxy | None = None   # between node ``proxied`` and Redis
         if proxied is not None:
             assert cluster.redis is not None
@@ -201,6 +204,7 @@ class Scenario:
         assert twice <= in_flight_at_crash, \
             f"calls run more than once: {sorted(twice - in_flight_at_crash)[:5]}"
         failures = [e for e in ledger if e.result != e.data and e.started >= self.clear_at]
+        self.write_failures(ledger)
         recovery = max((e.started - self.clear_at for e in failures), default=0.0)
         assert recovery <= recover_within, (
             f"calls still failed {recovery:.2f} s after the fault cleared: "
@@ -214,6 +218,18 @@ class Scenario:
                 "ran_twice": len(twice), "in_flight_at_crash": len(in_flight_at_crash),
                 "worst_late_s": round(max(worst_late, 0.0), 3),
                 "recovery_s": round(recovery, 3), "recovery_bound_s": recover_within}
+
+    def write_failures(self, ledger: list[Entry]) -> None:
+        """FAULTS_LOG_DIR/ledger.txt: when the fault cleared, then each failed call."""
+        folder = os.environ.get("FAULTS_LOG_DIR")
+        if not folder:
+            return
+        t0 = ledger[0].started
+        with open(os.path.join(folder, "ledger.txt"), "w") as f:
+            f.write(f"cleared {self.clear_at - t0:.3f}\n")
+            for e in sorted(ledger, key=lambda e: e.started):
+                if e.result != e.data:
+                    f.write(f"{e.started - t0:.3f} {e.ended - t0:.3f} {e.data} {e.result}\n")
 
     async def check_no_leaks(self) -> None:
         for node in self.nodes:

@@ -15,7 +15,8 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
     Gradient2 limiter: a no-load latency and each sample's; while the target holds
     at least half its limit, ``limit * clamp(TOLERANCE * long / sample, 0.5, 1) +
     sqrt(limit)``, smoothed. A target that refuses an attempt because it is full or
-    read it too late (``refused``), or times out (``timed_out``), has its limit halved.
+    read it too late (``refused``), or times out (``timed_out``), has its limit halved,
+    once per ``rto`` (one congestion event).
     The long-term latency is the quickest seen, drifting up slowly (as Vegas's no-load
     latency is): a mean would count the queue a busy target already has as its own.
 
@@ -51,7 +52,7 @@ class Pace:
     """One target's ack timeout and concurrency limit (module docstring)."""
 
     __slots__ = ("floor", "ceiling", "srtt", "rttvar", "rto", "ack_ms", "limit", "max_limit",
-                 "long", "probe", "probe_at")
+                 "long", "probe", "probe_at", "cut_until")
 
     def __init__(self, floor: float, ceiling: float, limit: float = INITIAL_LIMIT,
                  max_limit: float = 10_000.0) -> None:
@@ -67,6 +68,7 @@ class Pace:
         self.long = 0.0          # long-term latency of an attempt (0: none yet)
         self.probe = 0           # the attempt being timed to its accept (0: none)
         self.probe_at = 0.0      # when it was sent (the router's fine clock)
+        self.cut_until = -1e18   # until when refusals belong to the last cut's event
 
     def accepted(self, took: float) -> None:
         """The timed attempt was accepted ``took`` s after it was sent (RFC 6298 2.2-2.3)."""
@@ -83,17 +85,26 @@ class Pace:
         self.ack_ms = int(self.rto * 1000)
         assert self.floor <= self.rto <= self.ceiling
 
-    def timed_out(self) -> None:
-        """An attempt was not accepted within ``rto``: back off (RFC 6298 5.5), and hold
-        fewer attempts there."""
+    def timed_out(self, now: float) -> None:
+        """An attempt was not accepted within ``rto`` (at ``now``): back off (RFC 6298
+        5.5), and hold fewer attempts there; once per congestion event (``refused``)."""
         self.probe = 0
+        if now < self.cut_until:
+            return
         self.rto = min(self.rto * 2, self.ceiling)
         self.ack_ms = int(self.rto * 1000)
-        self.refused()
+        self.refused(now)
 
-    def refused(self) -> None:
-        """The target turned an attempt away unrun, being full or late: halve its limit."""
+    def refused(self, now: float) -> None:
+        """The target turned an attempt away unrun (at ``now``), being full or late:
+        halve its limit. What was sent before a cut is refused or times out within an
+        ``rto`` of it: those are the same congestion event, cut once (as TCP halves its
+        window once per window of losses), or a burst of a hundred would leave the
+        target the minimum for a long climb back."""
+        if now < self.cut_until:
+            return
         self.limit = max(MIN_LIMIT, self.limit / 2)
+        self.cut_until = now + self.rto
 
     def sample(self, took: float, load: int) -> None:
         """An attempt ended ``took`` s after it was sent, with ``load`` attempts held there:

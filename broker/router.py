@@ -1005,9 +1005,9 @@ class Router:
             assert pace is not None  # a target that had an attempt
             call.slow = True
             if reason == LATE:
-                pace.timed_out()
+                pace.timed_out(now)
             else:
-                pace.refused()
+                pace.refused(now)
                 if not peer.is_node and type(call.caller) is not Gather:
                     # a provider full now: the call may come back to it (a call_all's
                     # child is that provider's alone: it ends, as for any REJECT)
@@ -1168,7 +1168,7 @@ class Router:
                 msg = None
                 pace = call.provider.pace
                 if pace is not None:  # it was slow to take it: wait longer there, send less
-                    pace.timed_out()
+                    pace.timed_out(now)
                     self._probing.pop(call.provider, None)
                 if not call.provider.is_node:
                     call.slow = True

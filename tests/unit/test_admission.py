@@ -20,11 +20,17 @@ def test_the_ack_timeout_follows_accept_times_between_floor_and_ceiling():
     for took in (0.8, 1.4, 0.9, 1.6, 1.2) * 4:   # a loaded host: accepts in ~1.2 s
         pace.accepted(took)
     assert 1.5 < pace.rto < 4.0, pace.rto        # srtt + 4 rttvar, over the floor
-    before = pace.rto
-    pace.timed_out()                             # backed off, to the ceiling at most
+    before, limit = pace.rto, pace.limit
+    pace.timed_out(100.0)                        # backed off, to the ceiling at most
     assert pace.rto == pytest.approx(min(2 * before, 10.0))
-    for _ in range(5):
-        pace.timed_out()
+    assert pace.limit == limit / 2
+    for _ in range(100):                         # a burst of the same event: cut once
+        pace.timed_out(100.0 + pace.rto / 2)
+    assert pace.rto == pytest.approx(min(2 * before, 10.0)) and pace.limit == limit / 2
+    now = 100.0
+    for _ in range(5):                           # event after event: to the ceiling
+        now += pace.rto
+        pace.timed_out(now)
     assert pace.rto == 10.0
     pace.accepted(1.2)                           # a sample computes it afresh
     assert pace.rto < 10.0
@@ -43,8 +49,12 @@ def test_the_limit_grows_while_latency_is_flat_and_shrinks_when_it_rises():
     for _ in range(50):
         pace.sample(0.010, load=0)               # far below its limit: nothing learnt
     assert pace.limit == idle
-    pace.refused()
+    pace.refused(5.0)
     assert pace.limit == max(2.0, idle / 2)
+    pace.refused(5.5)                            # within an rto of the cut: the same event
+    assert pace.limit == max(2.0, idle / 2)
+    pace.refused(6.0)
+    assert pace.limit == max(2.0, idle / 4)
 
 
 def test_a_queue_stands_when_waits_stay_over_target_and_it_does_not_drain():

@@ -51,7 +51,7 @@ from rpcbus.cluster.messages import (
     INV_TIME_LEFT_MS,
 )
 from rpcbus.cluster.peers import RecentIds, RemoteCaller, RemoteNode
-from rpcbus.cluster.providers import ProviderCache
+from rpcbus.cluster.providers import HandoverWait, ProviderCache
 from rpcbus.cluster.routing import Routing
 from rpcbus.cluster.settings import ClusterSection
 from rpcbus.cluster.warnings import SparseWarnings
@@ -96,8 +96,11 @@ class ClusterCore:
         self.started = started
         self.incarnation = incarnation
         self.membership = Membership(me, config.heartbeat_interval, config.heartbeat_misses)
+        # how long calls wait for a moving name: learnt across bus sessions
+        self.handover = HandoverWait(config.handover_wait,
+                                     max(config.handover_wait, config.handover_wait_max))
         self.cache = ProviderCache(config.provider_cache_ttl, config.negative_ttl,
-                                   config.query_timeout)
+                                   config.query_timeout, self.handover)
         self.nodes: dict[str, RemoteNode] = {}   # the latest incarnation heard of each name
         # processes replaced by a newer one under their name, by (name, incarnation): what
         # they sent before they went may still arrive (an ACK on another shard)
@@ -247,14 +250,14 @@ class ClusterCore:
         is stopping (a deploy): its providers may be on their way to another node, and
         a stopping node answers 0, so the name waits for them as in a handover."""
         entry = self.cache.entries.get(name)
-        wait = self.config.handover_wait
+        wait = self.handover.wait
         if (entry is not None and not entry.counts and name not in self.cache.moving
                 and now - self._held.get(name, -2 * wait) >= 2 * wait  # once per handover
                 and any(x.state == m.TERMINATING for x in self.membership.members.values())):
             if len(self._held) >= 4096:
                 self._held.clear()
             self._held[name] = now
-            self.cache.moving[name] = now + wait
+            self.cache.hold(name, now)
             return  # its calls keep waiting (targets), until a provider or the bound
         self.router.resume(name, now)
 
@@ -297,12 +300,13 @@ class ClusterCore:
         self.starting = 0
         log.warning("cluster_unavailable", reason=reason)
         self.cache = ProviderCache(self.config.provider_cache_ttl, self.config.negative_ttl,
-                                   self.config.query_timeout)  # it can no longer be kept true
+                                   self.config.query_timeout,
+                                   self.handover)  # it can no longer be kept true
         self.router.cluster_down(now)
 
     def _count_changed(self, name: str, count: float) -> None:
         self.outbox.publish(self.control, [m.PROVIDER_UPDATE, name, count])
-        if count > 0 and self.cache.moving.pop(name, None) is not None:
+        if count > 0 and self.cache.reappeared(name, self.clock()):
             self.router.resume(name, self.clock())  # it moved here: its calls go on
 
     def on_batch(self, batch: m.Batch, now: float) -> None:
@@ -440,7 +444,7 @@ class ClusterCore:
             if sender not in self._terminating:  # heartbeats repeat it while it drains
                 self._terminating.add(sender)
                 log.info("node_terminating", node=sender)
-                for name in self.cache.node_gone(sender, now, self.config.handover_wait):
+                for name in self.cache.node_gone(sender, now, handover=True):
                     self.router.resume(name, now)
         elif new:
             self._terminating.discard(sender)
@@ -568,7 +572,7 @@ class ClusterCore:
                         self.config.heartbeat_misses)
         # its providers may reconnect to another node (or it was only too slow to hear):
         # calls to the names it leaves without a provider wait for one, as in a handover
-        for rpc in self.cache.node_gone(name, now, self.config.handover_wait):
+        for rpc in self.cache.node_gone(name, now, handover=True):
             self.router.resume(rpc, now)
         node = self.nodes.get(name)
         if node is not None:

@@ -21,7 +21,8 @@ A node that stops as planned hands its providers over: they reconnect to another
 node and provide there a moment later. Names it leaves with no provider anywhere
 are ``moving`` until a provider reappears (``on_update``, or the owner's own
 provider) or the handover bound passes (``expire``); calls wait for them meanwhile
-instead of failing NO_PROVIDER in that gap.
+instead of failing NO_PROVIDER in that gap. The bound follows how long names really
+took to reappear (``HandoverWait``): on a slow host providers take longer to move.
 """
 
 from __future__ import annotations
@@ -63,8 +64,35 @@ class Query:
     settled_at: float = 0.0   # the deadline is never before this (a node just joined)
 
 
+class HandoverWait:
+    """How long calls wait for a moving name's providers to reappear: RFC 6298's shape
+    (as the router's ack timeouts) over the times names took to reappear, ``srtt + 4 *
+    rttvar`` between ``floor`` (``cluster.handover_wait``, what a quick host gets) and
+    ``ceiling`` (``cluster.handover_wait_max``). Calls never wait past their deadline."""
+
+    __slots__ = ("floor", "ceiling", "wait", "_srtt", "_rttvar")
+
+    def __init__(self, floor: float, ceiling: float) -> None:
+        assert 0 <= floor <= ceiling, (floor, ceiling)
+        self.floor = floor
+        self.ceiling = ceiling
+        self.wait = floor
+        self._srtt = 0.0
+        self._rttvar = 0.0
+
+    def took(self, seconds: float) -> None:
+        """A moving name's provider reappeared ``seconds`` after it went."""
+        if self._srtt == 0.0:
+            self._srtt, self._rttvar = seconds, seconds / 2
+        else:
+            self._rttvar += 0.25 * (abs(self._srtt - seconds) - self._rttvar)
+            self._srtt += 0.125 * (seconds - self._srtt)
+        self.wait = min(self.ceiling, max(self.floor, self._srtt + 4 * self._rttvar))
+
+
 class ProviderCache:
-    def __init__(self, ttl: float, negative_ttl: float, query_timeout: float) -> None:
+    def __init__(self, ttl: float, negative_ttl: float, query_timeout: float,
+                 handover: HandoverWait | None = None) -> None:
         self._now = 0.0
         self.query_timeout = query_timeout
         self._positive: TTLCache[str, Entry] = TTLCache(_MAX_NAMES, ttl, timer=self._clock)
@@ -74,6 +102,8 @@ class ProviderCache:
         self.queries: dict[str, Query] = {}
         self.queries_sent = 0
         self.moving: dict[str, float] = {}    # name -> until when its providers may reappear
+        self._moved_at: dict[str, float] = {}  # name -> when it started moving
+        self.handover = handover if handover is not None else HandoverWait(0.0, 0.0)
 
     def _clock(self) -> float:
         return self._now
@@ -111,7 +141,7 @@ class ProviderCache:
         """A PROVIDER_UPDATE from ``node``; True when it completed a query for ``name``, or
         a provider of a ``moving`` name reappeared (either way, waiting calls go on)."""
         self._now = now
-        if count > 0 and self.moving.pop(name, None) is not None and name not in self.queries:
+        if count > 0 and self.reappeared(name, now) and name not in self.queries:
             entry = self.entries.get(name)
             if entry is None:
                 self._store(name, {node: count})
@@ -136,16 +166,16 @@ class ProviderCache:
                 self._store(name, entry.counts)  # now a positive entry, with the long TTL
         return False
 
-    def node_gone(self, node: str, now: float, handover: float = 0.0) -> list[str]:
+    def node_gone(self, node: str, now: float, handover: bool = False) -> list[str]:
         """``node`` left: drop it everywhere; returns names whose queries it completed.
-        ``handover`` > 0: it stops as planned, and the names it leaves with no provider
-        are ``moving`` for that long."""
+        ``handover``: its providers may reappear elsewhere (it stops as planned, or it
+        died), and the names it leaves with no provider are ``moving`` (``hold``)."""
         self._now = now
         for name, entry in self.entries.items():
             if node in entry.counts:
                 entry.set(node, 0)
-                if handover > 0 and not entry.counts:
-                    self.moving[name] = now + handover
+                if handover and not entry.counts:
+                    self.hold(name, now)
         done = []
         for name, query in list(self.queries.items()):
             query.answers.pop(node, None)
@@ -155,6 +185,22 @@ class ProviderCache:
                 self._store(name, query.answers)
                 done.append(name)
         return done
+
+    def hold(self, name: str, now: float) -> None:
+        """``name`` has no provider now, but one may be on its way: it is ``moving`` for
+        the handover wait (``HandoverWait``)."""
+        if self.handover.wait > 0:
+            self.moving[name] = now + self.handover.wait
+            self._moved_at.setdefault(name, now)
+
+    def reappeared(self, name: str, now: float) -> bool:
+        """A provider of ``name`` appeared: True when it was moving (it no longer is).
+        How long it took since it went moves the handover wait, also when it came after
+        the wait (up to the ceiling): then the wait was too short."""
+        since = self._moved_at.pop(name, None)
+        if since is not None and now - since <= self.handover.ceiling:
+            self.handover.took(now - since)  # late ones too: the wait was too short
+        return self.moving.pop(name, None) is not None
 
     def forget_node_for(self, name: str, node: str) -> None:
         """``node`` did not acknowledge a call for ``name``: leave it out, and ask afresh
@@ -187,6 +233,10 @@ class ProviderCache:
         for name in [n for n, until in self.moving.items() if until <= now]:
             del self.moving[name]  # no provider came back: its calls go on (NO_PROVIDER)
             finished.append(name)
+        if self._moved_at:  # kept past the wait, up to the ceiling: a late one is learnt
+            ceiling = self.handover.ceiling
+            for name in [n for n, t in self._moved_at.items() if now - t > ceiling]:
+                del self._moved_at[name]
         for name in [n for n, q in self.queries.items() if q.deadline <= now]:
             query = self.queries[name]
             query.expected.discard(_UNSETTLED)

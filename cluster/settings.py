@@ -16,6 +16,7 @@ class ClusterSection:
     negative_ttl: float = 1.0
     query_timeout: float = 0.25
     handover_wait: float = 2.0      # s calls wait for the names of a node stopping as planned
+    handover_wait_max: float = 10.0  # s the same at most, as it follows how long moves take
     evacuate_after: float = 3.0     # s the bus may be down before clients are sent elsewhere
     policy: str = "local-first"     # or "cluster": broker/choice.py, docs/cluster.md
     prefer_local: bool = False

@@ -11,7 +11,7 @@ from rpcbus import errors
 from rpcbus.broker.router import ACK_CHECK, Router
 from rpcbus.cluster import messages as m
 from rpcbus.cluster.membership import Membership
-from rpcbus.cluster.providers import ProviderCache
+from rpcbus.cluster.providers import HandoverWait, ProviderCache
 from rpcbus.protocol import ACCEPT, CANCEL, ERROR, REQUEST, RESPONSE
 
 from .test_router import Peer, requests_to
@@ -480,15 +480,23 @@ def test_the_counts_behind_held_draws_are_kept_for_a_bounded_number_of_names():
 
 
 def test_names_of_a_node_stopping_as_planned_wait_for_their_providers_to_reappear():
-    cache = ProviderCache(ttl=60.0, negative_ttl=1.0, query_timeout=0.25)
+    handover = HandoverWait(2.0, 10.0)
+    cache = ProviderCache(ttl=60.0, negative_ttl=1.0, query_timeout=0.25, handover=handover)
     cache.begin_query("x", ["a"], now=0.0)
     assert cache.on_update("a", "x", 1, now=0.01)
-    cache.node_gone("a", now=1.0, handover=2.0)          # a stops as planned
+    cache.node_gone("a", now=1.0, handover=True)         # a stops as planned
     assert cache.moving == {"x": 3.0} and cache.entries["x"].targets == []
     assert cache.on_update("b", "x", 1, now=1.5)         # it reappeared on b: calls go on
     assert cache.entries["x"].targets == [("b", 1)] and not cache.moving
-    cache.node_gone("b", now=2.0, handover=2.0)
+    assert handover.wait == 2.0                          # quick: the floor
+    cache.node_gone("b", now=2.0, handover=True)
     assert cache.expire(3.9) == ([], [])                 # still waiting for it
     assert cache.expire(4.0) == (["x"], []) and not cache.moving  # nobody came back
-    cache.node_gone("c", now=5.0)                        # a death is no handover
+    # on a slow host it comes back 3.5 s later: too late for those calls, but learnt
+    assert not cache.on_update("c", "x", 1, now=5.5)
+    assert 3.5 < handover.wait <= 10.0, handover.wait
+    cache.node_gone("c", now=6.0, handover=True)
+    assert cache.moving == {"x": 6.0 + handover.wait}    # the next move waits that long
+    assert cache.on_update("a", "x", 1, now=9.0)         # and is caught
+    cache.node_gone("a", now=10.0)                       # without handover: no wait
     assert not cache.moving

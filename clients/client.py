@@ -27,8 +27,10 @@ connections 503 "busy"/"full" or 429: ``connect`` waits for it within
 ``on_state`` hears "connected", "reconnecting" and "closed".
 
 Providing: a handler gets the request's data (and, if it takes a second
-positional argument, a ``CallContext``). A coroutine function runs in a Task on
-the client's loop; a plain function runs in a worker thread (at most
+positional argument, a ``CallContext``). A coroutine function runs on the
+client's loop, in a context of its own: its first step at once, in the tick that
+read the REQUEST, and the rest (if it suspends) in a Task, so one that answers
+without suspending costs no Task; a plain function runs in a worker thread (at most
 ``handler_threads`` at once; more calls wait for a thread), so it may block.
 Every call's ACCEPT is written to the socket before any of its handler's code
 runs, and a REQUEST read after half the node's ack timeout is refused unrun
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import inspect
 import itertools
@@ -64,12 +67,15 @@ from rpcbus.credentials import RETRY, Credentials, TokenSource, renew_in
 from rpcbus.handlers import (
     ANSWERS,
     ASYNC_PARTS,
+    DONE,
     CallContext,
     Handler,
     awaited,
     describe,
     failure,
+    first_step,
     outcome,
+    resumed,
 )
 from rpcbus.protocol import (
     ALL,
@@ -761,8 +767,10 @@ class Client:
 
     def _start(self, wire: _Wire, attempt: int, name: str, entry: _Entry,
                request: list[Any]) -> None:
-        """Run an accepted call's handler: a coroutine function as a Task, a plain function
-        in a worker thread; its outcome is sent when it ends (``_task_done``)."""
+        """Run an accepted call's handler: a coroutine function's first step here (its
+        answer is sent at once when it did not suspend; else a Task drives the rest), a
+        plain function in a worker thread; a Task's outcome is sent when it ends
+        (``_task_done``)."""
         handler, is_async, wants_context, parts = entry
         data = request[REQ_DATA]
         n = len(request)
@@ -775,15 +783,26 @@ class Client:
             self._start_stream(wire, attempt, name, entry, request, args)
             return
         if is_async:
+            # Its first step runs here, in a context of its own as a Task's would: most
+            # handlers answer without suspending, and then no Task is made at all.
+            context = contextvars.copy_context()
             try:
-                work = handler(*args)  # a coroutine function: none of its code runs here
-            except Exception as exc:
+                work = handler(*args)
+                if inspect.iscoroutine(work):
+                    rest, result = context.run(first_step, work)
+                    if rest is DONE:
+                        wire.send([RESPONSE, attempt, result])
+                        return
+                    work = resumed(rest)
+                else:
+                    work = awaited(work)
+            except (Exception, asyncio.CancelledError) as exc:
                 wire.send(failure(attempt, name, exc))
                 return
+            task = wire.loop.create_task(work, context=context)
         else:
-            work = self._in_thread(handler, args, self._deadline(wire, request))
-        # a coroutine is its own task: one cancelled before it starts then ends there
-        task = wire.loop.create_task(work if inspect.iscoroutine(work) else awaited(work))
+            task = wire.loop.create_task(
+                self._in_thread(handler, args, self._deadline(wire, request)))
         wire.serving.started(attempt, task)
         task.add_done_callback(functools.partial(self._task_done, wire, attempt, name))
 

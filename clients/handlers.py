@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine, Generator
 
 from rpcbus import errors
 from rpcbus.protocol import ERROR, MAX_ERROR_MESSAGE, REJECT, RESPONSE
@@ -60,6 +60,57 @@ def _wants_context(handler: Handler) -> bool:
 
 async def awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
+
+
+class Suspended:
+    """A coroutine whose first step already ran inline (``first_step``) and suspended on
+    ``step`` (what it yielded: a future, or None for a bare yield), awaitable once: a
+    Task that awaits it drives the rest exactly as it would have driven the coroutine
+    from its start (values sent in go on to it, exceptions thrown in, a cancellation
+    among them, are thrown into it)."""
+
+    __slots__ = ("coro", "step")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], step: Any) -> None:
+        self.coro = coro
+        self.step = step
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, step = self.coro, self.step
+        while True:
+            try:
+                sent = yield step
+            except BaseException as exc:  # noqa: B036 (thrown in: the coroutine's to handle)
+                try:
+                    step = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    step = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def resumed(rest: Suspended) -> Any:
+    return await rest
+
+
+#: what ``first_step`` returns when the coroutine finished in its first step
+DONE = object()
+
+
+def first_step(coro: Coroutine[Any, Any, Any]) -> tuple[Any, Any]:
+    """Run ``coro`` up to its first suspension, here, in the caller's tick:
+    ``(DONE, its result)`` when it returned without suspending, ``(Suspended, None)``
+    to be awaited in a Task when it suspended. What it raised in that step propagates
+    (the coroutine is then finished). The step runs in the caller's context: a handler
+    that sets a ``ContextVar`` should run in a context of its own (``Context.run``)."""
+    try:
+        step = coro.send(None)
+    except StopIteration as stop:
+        return DONE, stop.value
+    return Suspended(coro, step), None
 
 
 def failure(attempt: int, name: str, exc: BaseException) -> list[Any]:

@@ -5,6 +5,7 @@ response_timeout 2 s (tests/inproc/conftest.FAST). What needs a node process of 
 """
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections import Counter
@@ -41,6 +42,32 @@ async def test_provide_and_call_with_sync_async_and_context_handlers(node):
         assert ctx["rpc"] == "who" and ctx["caller"].startswith("alice@")
         assert 2.0 < ctx["left"] <= 3.0 and isinstance(ctx["id"], int)
         assert caller.session["node"] == node.name
+
+
+async def test_async_handlers_answering_at_once_or_after_suspending_keep_their_own_context(
+        node):
+    """A coroutine handler's first step runs as its REQUEST is read, the rest in a Task
+    only if it suspends: either way each call runs in a context of its own, and what it
+    raises in its first step is answered as from a Task."""
+    seen = contextvars.ContextVar("seen", default=None)
+
+    async def mark(data):
+        before = seen.get()
+        seen.set(data)                     # a call's own: never seen by the next call
+        if data % 2:
+            await asyncio.sleep(0)         # suspends: the rest runs in a Task
+            assert seen.get() == data
+        if data == 4:
+            raise rpcbus.AppError("E_FOUR", "four", {"n": 4})
+        return before
+
+    async with rpcbus.connect(node.url) as prov, rpcbus.connect(node.url) as caller:
+        await prov.provide("mark", mark)
+        got = await asyncio.gather(*(caller.call("mark", i) for i in range(40)),
+                                   return_exceptions=True)
+        assert [g for i, g in enumerate(got) if i != 4] == [None] * 39
+        assert isinstance(got[4], rpcbus.AppError) and got[4].data == {"n": 4}
+        assert seen.get() is None
 
 
 async def test_unknown_rpc_is_no_provider_and_errors_carry_stable_codes(node):

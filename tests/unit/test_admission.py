@@ -151,12 +151,12 @@ def test_a_burst_that_drains_is_served_in_deadline_order_not_shed():
     assert_empty(r, caller)
 
 
-@pytest.mark.parametrize("timeout_ms, most_waited", [(1000, 0.7), (30_000, 3.5)])
+@pytest.mark.parametrize("timeout_ms, most_waited", [(500, 0.6), (4000, 2.5)])
 def test_a_standing_queue_sheds_its_long_waits_and_new_calls_at_once(timeout_ms,
                                                                     most_waited):
-    """Once the queue stands, calls of 1 s wait at most about the target (0.1 s) past
-    an interval (0.5 s), where the rule is judged; calls of 30 s a tenth of their time
-    (their caller said it may wait): none waits out its deadline in the queue."""
+    """Once the queue stands, calls of 0.5 s wait at most about half their time
+    (0.25 s) and a slot; calls of 4 s about half theirs, 2 s (their caller said it
+    may wait): none waits out its deadline in the queue."""
     r = make(initial_concurrency=1, queue_target=0.1, queue_interval=0.5)
     caller, prov = Peer("c"), Peer("p")
     r.provide(prov, ["x"])
@@ -170,11 +170,15 @@ def test_a_standing_queue_sheds_its_long_waits_and_new_calls_at_once(timeout_ms,
             cid += 1
             made[cid] = now
             r.request(caller, cid, "x", None, timeout_ms, now=now)
-    shed = [m for m in out if m[0] == ERROR]
+    failed = [m for m in out if m[0] == ERROR]
+    shed = [m for m in failed if m[2] == errors.OVERLOADED]
     answered = [m[1] for m in out if m[0] == RESPONSE]
-    assert shed and all(m[2] == errors.OVERLOADED and "not run" in m[3] for m in shed)
-    assert all(type(m[4]) is int and m[4] >= 100 for m in shed)  # a hint, in ms
-    assert r.stats.shed == len(shed) and len(answered) >= 50
+    # (a call taken before the queue stood may still time out at the provider)
+    assert len(failed) - len(shed) <= 2, failed
+    assert shed and all("not run" in m[3] and type(m[4]) is int and m[4] >= 100
+                        for m in shed)  # a hint, in ms
+    assert r.stats.overloaded == len(shed) and 0 < r.stats.shed <= len(shed)
+    assert len(answered) >= 50
     # once it stands (its first interval gone), every call is answered within about the
     # target of its slot, or shed: none waits out its 30 s deadline in the queue
     later = [took[c] for c in answered if made[c] >= 2.0]

@@ -111,6 +111,9 @@ class Bus:
         self._idle = asyncio.Event()  # set while nothing is queued or being written
         self._idle.set()
         self._session: asyncio.Task[None] | None = None
+        # a session came up and its end is not yet dealt with (the outbox stops sending
+        # on its own as soon as a round fails: ``up`` may be False before that)
+        self._serving = False
         self._seeds = Seeds(url) if is_cluster(url) else None  # kept between sessions
 
     topic_of = staticmethod(node_topic)
@@ -135,7 +138,7 @@ class Bus:
 
     def stale(self, why: str) -> None:
         """The owner sees the bus is not delivering: drop this session and reconnect."""
-        if self._session is not None and self.up:
+        if self._session is not None and self._serving:
             log.warning("bus_stale", reason=why)
             self._session.cancel()
 
@@ -159,7 +162,8 @@ class Bus:
             except Exception as exc:  # a bug must cost a reconnect, never the bus
                 log.exception("bus_session_failed")
                 reason = f"{type(exc).__name__}: {exc}"
-            if self.up:
+            if self._serving:
+                self._serving = False
                 self.outbox.went_down()
                 self._idle.set()
                 self._on_down(reason)
@@ -175,6 +179,7 @@ class Bus:
             links = await open_links(self.url, [self.control, self.private], self._deliver,
                                      self._tls_ca, self._seeds)
             self.outbox.up = True
+            self._serving = True
             self._backoff.reset()
             log.info("bus_up", url=_safe(self.url), control=self.control, private=self.private,
                      where=_safe(links.where))

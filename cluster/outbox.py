@@ -57,7 +57,7 @@ class Outbox:
         self._held: list[Held] = []     # kept while down
         self._holds: list[Held] = []    # those queued in _out
         self._then: list[Callable[[], None]] = []  # run after this round is in Redis
-        self.session = 0                # bus sessions come up: 1, 2, ...
+        self.session = 0                # bus sessions: the count of those that ended
 
     @property
     def queued(self) -> bool:
@@ -124,7 +124,6 @@ class Outbox:
     def came_up(self) -> None:
         """A new bus session: queue again the answers kept while down."""
         self.up = True
-        self.session += 1
         held, self._held = self._held, []
         self._requeue(held)
 
@@ -133,6 +132,7 @@ class Outbox:
         if not self.up:
             return
         self.up = False
+        self.session += 1  # a round taken from now on belongs to the next session
         self.stats["dropped"] += sum(len(v) for v in self._out.values()) - len(self._holds)
         self._hold(*self._holds)
         self._out, self._to, self._then, self._holds = {}, {}, [], []

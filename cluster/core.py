@@ -295,8 +295,13 @@ class ClusterCore:
         self.available = False
         # Unstarted INVOKEs never start; started ones keep their entry, so that their
         # answers (held by the bus) and a CANCEL still find them after the reconnect.
+        # An unstarted one's ACK may have reached Redis all the same (its round failed
+        # after Redis took it): its origin may wait for it as started. It is told after
+        # the reconnect that it never ran, and a CHECK is answered so (``refused``).
         for key in [k for k, c in self.invoked.items() if c.invoke is not None]:
-            del self.invoked[key]
+            caller = self.invoked.pop(key)
+            self.refused.add(key)
+            caller.node.publish([m.REJECT, caller.id], hold_until=caller.deadline)
         self.starting = 0
         log.warning("cluster_unavailable", reason=reason)
         self.cache = ProviderCache(self.config.provider_cache_ttl, self.config.negative_ttl,
@@ -384,7 +389,7 @@ class ClusterCore:
                 router.credit(caller, msg[1], msg[2])
         elif kind == m.CHECK:
             key = (node.incarnation, msg[1])
-            if key in self.acked:                   # started (or starting): wait for it
+            if key in self.acked and key not in self.refused:  # started (or starting)
                 node.publish([m.ACK, msg[1]])
             else:                                   # never started, and never will be
                 self.refused.add(key)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -265,12 +266,15 @@ def measure(shape: Shape, role: str, units: int) -> float:
         _instrument(measured.pid, True)
         caller.run(units)
         _instrument(measured.pid, False)
-    finally:
-        errs = {id(p): p.stop() for p in reversed(peers)}
-        for node in nodes:
-            node.stop(timeout=180)
-        if redis is not None:
-            redis.stop()
+    finally:  # every process stops, whatever failed
+        errs: dict[int, str] = {}
+        with contextlib.ExitStack() as stopping:
+            if redis is not None:
+                stopping.callback(redis.stop)
+            for node in nodes:
+                stopping.callback(node.stop, timeout=180)
+            for peer in peers:
+                stopping.callback(lambda peer=peer: errs.update({id(peer): peer.stop()}))
     if isinstance(measured, NodeProcess):
         text = "\n".join(line.get("text", "") for line in measured.lines)
     else:

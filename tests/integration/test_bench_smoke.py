@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def test_load_benchmark_smoke(tmp_path):
     run = subprocess.run(
@@ -84,3 +86,20 @@ def test_a_run_on_a_busy_machine_says_so(tmp_path):
     assert r["disturbance"]["other_cores"] > 0.5, r["disturbance"]
     assert "WARNING (rpcbus): this run looks disturbed: other processes used" in run.stdout
     assert "**Warning (rpcbus)**" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_a_soak_with_a_node_restarted_in_turn_fails_no_call(tmp_path):
+    """The soak's restarts (a deploy's SIGTERM and start, one node every few seconds)
+    under a steady rate of cross-node calls: no call fails (before: 24 of 171,390 and
+    369 of 65,836 calls failed in 10-minute soaks, NO_PROVIDER on a live name)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "rpcbus.benchmarks.soak", "--duration", "40", "--rate", "300",
+         "--restart-every", "8", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "soak.json").read_text())
+    assert len(result["restarted"]) >= 3, result["restarted"]
+    failed = [(s["t"], s["errors"]) for s in result["samples"] if s["errors"]]
+    assert not failed, failed
+    assert sum(s["calls"] for s in result["samples"]) > 300 * 30

@@ -1,10 +1,9 @@
 """The README's first command, as a newcomer meets it on a machine busy with other work."""
 
-import os
 import subprocess
 import sys
 
-SPIN = "while True: pass"
+from ..busy import spinning
 
 
 def test_the_demo_passes_beside_processes_spinning_on_every_core():
@@ -13,15 +12,9 @@ def test_the_demo_passes_beside_processes_spinning_on_every_core():
     them as stale one after another; the log warned of stale requests in doubling
     numbers). Now every call is answered, nothing a newcomer reads as trouble is printed,
     and the share line says where the calls went."""
-    spinners = [subprocess.Popen([sys.executable, "-c", SPIN])
-                for _ in range(4 * (os.cpu_count() or 1))]
-    try:
+    with spinning(4):
         demo = subprocess.run([sys.executable, "-m", "rpcbus.broker", "demo"],
                               capture_output=True, text=True, timeout=240)
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
     out = demo.stdout + demo.stderr
     assert demo.returncode == 0, out
     assert "10,000 concurrent calls from n3: all correct" in out, out

@@ -18,6 +18,9 @@ router. What differs:
 - it cannot move to another node when this one drains (``moves_on_drain``): its calls
   are served until it holds none, both ways, then it is closed (1001) and reconnects
   as the client does; one still busy is closed with the rest at the drain deadline;
+- a PING before login counts as a WebSocket ping or pong does (``control_received``:
+  ``limits.max_control_frames`` per window, then a close 1008); after login it is
+  priced by the rate limit as rpcbus's PING;
 - when its token expires it is closed (1008): it cannot renew a token in place, and
   logging in again with an expired one fails where the application sees it.
 """
@@ -31,6 +34,7 @@ import structlog
 
 from rpcbus import errors
 from rpcbus.broker import ds_wire
+from rpcbus.broker.ds_rules import OPEN as OPEN_PHASE
 from rpcbus.broker.ds_rules import DeepstreamRules
 from rpcbus.broker.ds_wire import DsMessage, DsProtocolError
 from rpcbus.broker.session import Session
@@ -80,6 +84,9 @@ class DeepstreamSession(Session):
         rules = self.rules
         try:
             for m in msgs:
+                if (m.topic == ds_wire.T_CONNECTION and m.action == ds_wire.C_PING
+                        and rules.phase != OPEN_PHASE and not self.control_received()):
+                    return  # before login a PING is priced as a WebSocket ping: closed
                 into, replies, problem = rules.inbound(m)
                 for reply in replies:
                     self._write(reply)

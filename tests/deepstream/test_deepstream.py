@@ -18,6 +18,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import rpcbus
+from rpcbus.broker import ds_wire
 from rpcbus.broker.auth import hash_password, token_digest
 from rpcbus.broker.local import LocalCluster
 from rpcbus.broker.process import NodeProcess
@@ -312,6 +313,33 @@ async def test_hostile_frames_cost_their_sender_only(two, ds):
         after = stats(node)["io"]
         assert after["deepstream_bad_frames"] - before.get("deepstream_bad_frames", 0) >= 3
         assert after["closed_for_garbage"] > before.get("closed_for_garbage", 0)
+
+
+async def test_pings_before_login_are_budgeted_as_websocket_pings(two, ds):
+    """deepstream's CONNECTION PING before login costs what a WebSocket ping does: the
+    21st in a window closes the connection (before: one 63 kB frame of PINGs got 9,216
+    PONG frames back, no strike, and other clients' calls waited seconds)."""
+    node = two.nodes[0]
+    client = await connected(ds, node)
+    await client.ok("provide", name="pinged.echo", kind="echo")
+    ping = ds_wire.encode(ds_wire.DsMessage(ds_wire.T_CONNECTION, ds_wire.C_PING))
+    async with rpcbus.connect(node.url) as py:
+        await wait_routable(py, "pinged.echo", 1)
+        pongs = 0
+        async with ws_connect(ds_url(node), compression=None) as raw:
+            await raw.send(ping * 5)                 # a client's heartbeat: answered
+            with pytest.raises(ConnectionClosed) as closed:
+                for _ in range(5):
+                    await raw.recv()
+                    pongs += 1
+                await raw.send(ping * 9000)          # a flood in one frame: closed
+                while True:
+                    await raw.recv()
+                    pongs += 1
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        assert pongs <= 20, pongs
+        assert await py.call("pinged.echo", "still here", timeout=3) == "still here"
+        assert await client.ok("make", name="pinged.echo", data="me too") == "me too"
 
 
 async def test_a_jwt_that_expires_closes_its_client_which_cannot_log_in_again(ds, tmp_path):

@@ -81,6 +81,7 @@ class AuthSection:
     token_issuer: str = "rpcbus"    # "" = any issuer
     token_audience: str = "rpcbus"  # "" = any audience
     token_leeway: float = 5.0       # s of slack for the issuer's clock
+    token_max_ttl: float = 86_400.0  # s a token may still live when presented; more: refused
 
 
 @dataclass

@@ -365,7 +365,7 @@ class Gate:
 def _tokens(config: Config) -> Tokens:
     auth = config.auth
     return Tokens(load_keys(auth.token_keys), auth.token_issuer, auth.token_audience,
-                  auth.token_leeway)
+                  auth.token_leeway, auth.token_max_ttl)
 
 
 def _decrement(counter: Counter[str], key: str) -> None:

@@ -69,7 +69,8 @@ def keygen(out: str, kind: str) -> None:
 @click.option("--role", multiple=True, metavar="NAME",
               help="A role of the nodes' [auth.roles] (repeat).")
 @click.option("--ttl", default="1h", show_default=True,
-              help="How long it is valid: 90s, 30m, 1h, 7d.")
+              help="How long it is valid: 90s, 30m, 1h, 1d. Nodes refuse a token "
+                   "that lives longer than their auth.token_max_ttl (a day by default).")
 @click.option("--issuer", default="rpcbus", show_default=True,
               help="Its iss: the nodes' auth.token_issuer.")
 @click.option("--audience", default="rpcbus", show_default=True,

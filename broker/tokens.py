@@ -11,7 +11,8 @@ RS256/384/512 and PS256/384/512 (RSA of 2048 bits or more); ``none`` and HMAC ar
 refused before any work. Then the claims:
 
 - ``exp`` (required; seconds since the epoch) and ``nbf`` if present, with
-  ``auth.token_leeway`` seconds of slack for clocks;
+  ``auth.token_leeway`` seconds of slack for clocks; ``exp`` at most
+  ``auth.token_max_ttl`` from now (a token that lives longer is refused);
 - ``iss`` equal to ``auth.token_issuer`` and ``aud`` (a string or a list) holding
   ``auth.token_audience``, each checked unless configured empty;
 - ``sub``: the user, 1-128 characters;
@@ -145,9 +146,11 @@ class Tokens:
     """The token checks of one configuration: its keys, issuer, audience and leeway."""
 
     def __init__(self, keys: Mapping[str, TokenKey], issuer: str = "rpcbus",
-                 audience: str = "rpcbus", leeway: float = 30.0) -> None:
+                 audience: str = "rpcbus", leeway: float = 30.0,
+                 max_ttl: float = 86_400.0) -> None:
         self.keys = dict(keys)
         self.issuer, self.audience, self.leeway = issuer, audience, leeway
+        self.max_ttl = max_ttl  # how long a token may still live when presented
         self._by_label = {k.label: k for k in self.keys.values()}
 
     def verify(self, token: str, now: float | None = None) -> Grant:
@@ -211,6 +214,9 @@ class Tokens:
             raise TokenError("token claim exp: must be a number (seconds since the epoch)")
         if now > exp + self.leeway:
             raise expired(exp)
+        if exp - now > self.max_ttl + self.leeway:  # a stolen one would serve for ever
+            raise TokenError(f"token lives too long: it expires at {_when(exp)}, more than "
+                             f"auth.token_max_ttl ({self.max_ttl:g} s) from now")
         if nbf is not None:
             if not isinstance(nbf, (int, float)) or isinstance(nbf, bool):
                 raise TokenError("token claim nbf: must be a number (seconds since the epoch)")
@@ -254,4 +260,7 @@ def expired(exp: float) -> TokenError:
 
 
 def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):  # beyond any calendar (exp = 1e308)
+        return f"{t:g} s after 1970"

@@ -236,6 +236,15 @@ def test_token_keys_are_checked_at_load_and_a_token_is_judged_by_the_clock_given
         tokens.verify(token, now=1005.1)
     with pytest.raises(TokenError, match="not valid before"):
         tokens.verify(token, now=494)
+    forever = jwt.encode({"sub": "app", "exp": 1e308, "iss": "rpcbus", "aud": "rpcbus"},
+                         signer, algorithm="EdDSA")
+    with pytest.raises(TokenError, match="lives too long.*auth.token_max_ttl"):
+        tokens.verify(forever, now=1000)                     # at most a day, by default
+    day = jwt.encode({"sub": "app", "exp": 1000 + 86_400, "iss": "rpcbus", "aud": "rpcbus"},
+                     signer, algorithm="EdDSA")
+    assert tokens.verify(day, now=1000).user == "app"
+    with pytest.raises(TokenError, match="lives too long"):
+        Tokens(tokens.keys, max_ttl=3600).verify(day, now=1000)
     assert tokens.holds(grant) == ""
     assert "audience" in Tokens(tokens.keys, audience="mine").holds(grant)
     assert "removed" in Tokens({}).holds(grant)

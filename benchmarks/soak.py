@@ -85,6 +85,7 @@ async def soak(duration: float, rate: float, out: str,
             await caller.call("soak.echo", 0, timeout=5)
             latencies: list[float] = []
             errors: Counter[str] = Counter()
+            first: dict[str, str] = {}  # code -> its first error, with when
             tasks: set[asyncio.Task[None]] = set()
 
             async def one(i: int) -> None:
@@ -94,6 +95,8 @@ async def soak(duration: float, rate: float, out: str,
                     latencies.append(time.perf_counter() - t0)
                 except rpcbus.RpcError as exc:
                     errors[exc.code] += 1
+                    if exc.code not in first:
+                        first[exc.code] = f"t={loop.time() - start:.1f}s {exc}"
 
             if restart_every > 0:
                 restarts = asyncio.create_task(_restart_in_turn(cluster, restart_every,
@@ -138,7 +141,7 @@ async def soak(duration: float, rate: float, out: str,
             restarts.cancel()
         await asyncio.to_thread(cluster.stop)
     result = {"duration_s": duration, "rate": rate, "samples": samples,
-              "restarted": restarted}
+              "restarted": restarted, "first_errors": first}
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "soak.json"), "w") as f:  # noqa: ASYNC230 (once, at the end)
         json.dump(result, f)
@@ -187,7 +190,8 @@ def _summary(result: dict[str, Any]) -> str:
             f"errors {dict(errors) or 'none'}; per-second p99 median {p99[len(p99) // 2]:.2f} ms, "
             f"worst {p99[-1]:.2f} ms; node RSS (both) first half {first:.1f} MB, "
             f"second half {second:.1f} MB"
-            + (f"; restarted {', '.join(result['restarted'])}" if result["restarted"] else ""))
+            + (f"; restarted {', '.join(result['restarted'])}" if result["restarted"] else "")
+            + "".join(f"\n  first {code}: {text}" for code, text in result["first_errors"].items()))
 
 
 def _sum(figures: dict[str, float | None]) -> float:

@@ -116,6 +116,7 @@ class ClusterCore:
         self.acked, self.refused = RecentIds(keep), RecentIds(keep)
         self._terminating: set[str] = set()
         self._held: dict[str, float] = {}  # names found nobody during a handover: when
+        self._handover_until = 0.0  # a node stopped as planned lately: its providers move
         self.stats = {"stale_invokes": 0, "nodes_dead": 0, "nodes_left": 0,
                       "silent_attempts": 0,
                       "checks_refused": 0, "cache_lookups": 0, "cache_misses": 0,
@@ -155,7 +156,7 @@ class ClusterCore:
                                                    self._settled_at)
             if publish:
                 self._query(name)
-            if not done:
+            if not done or self._hold_moving(name, now):  # asked, or its providers move
                 return None
             entry = self.cache.entries[name]
         peers = entry.peers
@@ -247,19 +248,28 @@ class ClusterCore:
 
     def _found(self, name: str, now: float) -> None:
         """Discovery of ``name`` ended: its waiting calls go on. Found nobody while a node
-        is stopping (a deploy): its providers may be on their way to another node, and
-        a stopping node answers 0, so the name waits for them as in a handover."""
+        is stopping, or within the handover wait of one that stopped (a deploy: it may
+        be back already, under its name): its providers may be on their way to another
+        node, and a stopping node answers 0, so the name waits for them as in a
+        handover."""
+        if not self._hold_moving(name, now):
+            self.router.resume(name, now)
+
+    def _hold_moving(self, name: str, now: float) -> bool:
+        """True when ``name``, found nobody, is held as moving (``_found``): its calls
+        keep waiting (targets), until a provider or the bound."""
         entry = self.cache.entries.get(name)
         wait = self.handover.wait
         if (entry is not None and not entry.counts and name not in self.cache.moving
                 and now - self._held.get(name, -2 * wait) >= 2 * wait  # once per handover
-                and any(x.state == m.TERMINATING for x in self.membership.members.values())):
+                and (now < self._handover_until or any(
+                    x.state == m.TERMINATING for x in self.membership.members.values()))):
             if len(self._held) >= 4096:
                 self._held.clear()
             self._held[name] = now
             self.cache.hold(name, now)
-            return  # its calls keep waiting (targets), until a provider or the bound
-        self.router.resume(name, now)
+            return True
+        return False
 
     def _beat(self, now: float) -> None:
         self._next_beat = now + self.config.heartbeat_interval
@@ -448,6 +458,7 @@ class ClusterCore:
         if state == m.TERMINATING:
             if sender not in self._terminating:  # heartbeats repeat it while it drains
                 self._terminating.add(sender)
+                self._handover_until = max(self._handover_until, now + self.handover.wait)
                 log.info("node_terminating", node=sender)
                 for name in self.cache.node_gone(sender, now, handover=True):
                     self.router.resume(name, now)
@@ -490,6 +501,8 @@ class ClusterCore:
             if not old.closed:  # not yet counted as left (restarted within its misses)
                 self.stats["nodes_left"] += 1
             log.info("node_rejoined", node=old.name)
+            # restarted at once (a deploy): its providers may still be on their way
+            self._handover_until = max(self._handover_until, now + self.handover.wait)
         else:
             self.stats["nodes_restarted"] += 1
             log.warning("node_restarted", node=old.name)

@@ -6,7 +6,6 @@ logged and counted as a dead node)."""
 
 import asyncio
 
-from ..busy import spinning
 from .harness import run
 
 
@@ -28,19 +27,3 @@ async def test_a_rolling_restart_of_every_node_fails_no_call(scenario):
     assert [p.name for p in processes if p.events("node_dead")] == []
     assert sum(len(p.events("node_left")) + len(p.events("node_rejoined"))
                for p in processes) >= 3
-
-
-async def test_a_rolling_restart_with_no_gap_on_a_loaded_host_fails_no_call(scenario):
-    """The same with each node restarted as soon as the one before serves again, beside
-    four processes per core spinning: a node slow to accept is not gone, and the
-    provider's moves, slower on such a host, are waited for."""
-    sc = scenario(nodes=3)
-
-    async def fault(sc):
-        for i in range(3):
-            await asyncio.to_thread(sc.cluster.restart, i, True)
-        sc.cleared()
-
-    with spinning(4):
-        figures = await run(sc, fault, recover_within=1.0, in_process_provider_on=(0,))
-    assert figures["outcomes"] == {"ok": figures["calls"]}, figures["outcomes"]

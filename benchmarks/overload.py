@@ -236,23 +236,29 @@ def _spawn(role: str, url: str, args: argparse.Namespace) -> subprocess.Popen[st
     return proc
 
 
+def _with_server(kind: str, role: str, serve_url: str, call_url: str, nodes: int,
+                 settle: float, args: argparse.Namespace) -> dict[str, Any]:
+    """The steps of ``kind`` against a ``role`` process serving on ``serve_url``, called on
+    ``call_url`` after ``settle`` seconds; the server process is killed afterwards."""
+    proc = _spawn(role, serve_url, args)
+    try:
+        time.sleep(settle)
+        result = asyncio.run(_measure(kind, call_url, args))
+        result["nodes"] = nodes
+        return result
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def _rpcbus_run(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
     from rpcbus.broker.local import LocalCluster
 
     cluster = LocalCluster(nodes=nodes, env={"RPCBUS_RPC_MAX_TIMEOUT": "60"}).start()
-    proc = None
-    try:
-        proc = _spawn("provider", cluster.nodes[0].url, args)
-        url = cluster.nodes[-1].url
-        if nodes > 1:  # the name is known on the caller's node before the first step
-            time.sleep(1.0)
-        result = asyncio.run(_measure("rpcbus", url, args))
-        result["nodes"] = nodes
-        return result
+    try:  # with 2 nodes, the name is known on the caller's node before the first step
+        return _with_server("rpcbus", "provider", cluster.nodes[0].url, cluster.nodes[-1].url,
+                            nodes, 1.0 if nodes > 1 else 0.0, args)
     finally:
-        if proc is not None:
-            proc.kill()
-            proc.wait()
         cluster.stop()
 
 
@@ -260,16 +266,9 @@ def _nats_run(args: argparse.Namespace) -> dict[str, Any]:
     from rpcbus.benchmarks.peers import Peer
 
     peer = Peer("nats", 0)
-    proc = None
     try:
-        proc = _spawn("nats-responder", peer.url, args)
-        result = asyncio.run(_measure("nats", peer.url, args))
-        result["nodes"] = 0
-        return result
+        return _with_server("nats", "nats-responder", peer.url, peer.url, 0, 0.0, args)
     finally:
-        if proc is not None:
-            proc.kill()
-            proc.wait()
         peer.stop()
 
 

@@ -21,6 +21,10 @@ in before, so the check is never a cached one). The attacks (issue
                  growth and how long the connection stayed open are printed)
 - ``logins``     320 connections from 5 source addresses (127.0.0.2-6) sending
                  wrong passwords while a real user logs in
+- ``bad_jwts``   48 connections from one address (127.0.0.8) sending 7.2 kB JWTs
+                 signed by a stranger, with no ``kid`` (the node holds 2 keys), each
+                 new (a signature character changed), for 10 s
+- ``bad_tokens`` the same with wrong static tokens
 - ``conns``      connections from one address until the node refuses them, half
                  of them stuck mid-handshake
 - ``headers``    handshakes with 64 kB of headers
@@ -34,12 +38,18 @@ import base64
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
+import tempfile
 import time
+from collections import Counter
 from typing import Any, Callable
 
+import jwt
 import msgpack
 import psutil
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from websockets.asyncio.client import connect as ws_connect
 
 import rpcbus
@@ -181,6 +191,54 @@ async def _logins(url: str) -> dict[str, Any]:
     return {}
 
 
+def _stranger_jwts() -> Callable[[], str]:
+    """JWTs the node cannot verify: 7.2 kB, signed by a key it does not hold, no kid;
+    each a new one (one character of the signature changed), so none is refused from
+    memory."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    token = jwt.encode({"sub": "mallory", "iss": "rpcbus", "aud": "rpcbus",
+                        "exp": time.time() + 3600, "call": ["x" * 5200]}, key,
+                       algorithm="EdDSA")
+    head, sig = token.rsplit(".", 1)
+    count = iter(range(1 << 30))
+
+    def one() -> str:
+        n = next(count)
+        return f"{head}.{sig[:-4]}{'ABCDEFGHIJKLMNOP'[n % 16]}{sig[-3:]}"
+    return one
+
+
+async def _bad_logins(url: str, token: Callable[[], str]) -> dict[str, Any]:
+    """48 connections from 127.0.0.8 sending AUTH with ``token()`` for 10 s, each coming
+    back as soon as the node closes it."""
+    stop = time.monotonic() + 10
+    answers: Counter[str] = Counter()
+
+    async def one() -> None:
+        while time.monotonic() < stop:
+            try:
+                async with ws_connect(url, compression=None, max_size=None,
+                                      local_addr=("127.0.0.8", 0), open_timeout=5) as ws:
+                    while time.monotonic() < stop:
+                        await ws.send(p.encode([[p.AUTH, {"protocol": 1,
+                                                          "token": token()}]]))
+                        msg = p.decode(await asyncio.wait_for(ws.recv(), 20))[0]
+                        answers[str(msg[1]) if msg[0] == p.AUTH_FAIL else "other"] += 1
+            except Exception:  # refused, closed by the node: come back
+                answers["closed"] += 1
+
+    await asyncio.gather(*(one() for _ in range(48)))
+    return dict(answers)
+
+
+async def _bad_jwts(url: str) -> dict[str, Any]:
+    return await _bad_logins(url, _stranger_jwts())
+
+
+async def _bad_tokens(url: str) -> dict[str, Any]:
+    return await _bad_logins(url, lambda: "not-a-token-" + "x" * 40)
+
+
 async def _conns(url: str) -> dict[str, Any]:
     held: list[Any] = []
     refused = 0
@@ -211,7 +269,8 @@ async def _headers(url: str) -> dict[str, Any]:
 
 ATTACKS: dict[str, Callable[[str], Any]] = {
     "cancel": _cancel, "ping_flood": _ping_flood, "pong_hoard": _pong_hoard,
-    "logins": _logins, "conns": _conns, "headers": _headers,
+    "logins": _logins, "bad_jwts": _bad_jwts, "bad_tokens": _bad_tokens,
+    "conns": _conns, "headers": _headers,
 }
 
 
@@ -322,14 +381,23 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown attacks {sorted(unknown)}; choose from {sorted(ATTACKS)}")
     key = new_key()
+    folder = tempfile.mkdtemp(prefix="rpcbus-attacks-")
+    keys = {}
+    for label in ("current", "next"):  # two token keys, as while rotating
+        keys[label] = os.path.join(folder, f"{label}.pub")
+        with open(keys[label], "wb") as f:
+            f.write(ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     cluster = LocalCluster(nodes=2, env={
         "RPCBUS_AUTH_MODE": "users", "RPCBUS_AUTH_USERS": json.dumps(USERS),
+        "RPCBUS_AUTH_TOKEN_KEYS": json.dumps(keys),
         "RPCBUS_CLUSTER_SEAL": "sign", "RPCBUS_CLUSTER_KEY_ID": "k1",
         "RPCBUS_CLUSTER_KEYS": json.dumps({"k1": key})}).start()
     try:
         asyncio.run(_run(cluster, names, args.quiet))
     finally:
         cluster.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -145,6 +145,13 @@ class User:
     max_provided: int | None = None  # names provided at once; None: the [limits] default
     grant: Grant | None = None       # a JWT user: what its token grants (broker/tokens.py)
 
+    @property
+    def key(self) -> str:
+        """What the node counts this user's connections, rate and provided names under: a
+        JWT's ``sub`` is not the file user of the same name (a token signed for ``admin``
+        does not share the ``[auth.users.admin]`` user's limits, nor use them up)."""
+        return self.name if self.grant is None else f"token:{self.name}"
+
 
 _USER_KEYS = {"password", "token_sha256", "roles", "call", "provide", "max_connections",
               "rate_messages", "rate_bytes", "max_provided"}

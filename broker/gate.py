@@ -8,8 +8,21 @@ in yet, whose handshakes and logins are in progress.
 
 ``Gate.login`` checks an AUTH's credentials and calls back with the ``User`` (or
 None). Tokens are checked at once, on the loop: a static token by its digest, a
-JWT with the node's public keys (broker/tokens.py; ~0.2 ms, a verified one is
-remembered by its digest like a password). Passwords with scrypt in a small
+JWT with the node's public keys (broker/tokens.py; 0.1-0.25 ms; a verified one is
+remembered by its digest like a password, a refused one for ``REFUSAL_MEMORY``).
+
+What failing logins may cost is bounded: the CPU their checks take (JWTs
+verified, passwords hashed) is budgeted node-wide at ``FAILED_CHECKS_SHARE`` of a
+core, half of it for one address (broker/limits.py ``CheckBudget``); past it, a
+JWT from an address whose logins failed lately is answered ``BUSY`` unchecked,
+while logins from other addresses go on as before. Password checks run off the
+loop and are held by the rest rule below (half a thread for a flood), not by the
+budget: users behind a flooding address wait their turn, never for ever. A
+refusal is answered ``REFUSAL_DELAY`` later per failure of its address lately
+(up to ``MAX_REFUSAL_DELAY``): a client retrying bad credentials in a loop
+waits, and its connections cost the node little meanwhile.
+
+Passwords with scrypt in a small
 thread pool (never on the event loop), ``SCRYPT_THREADS`` at a time (one core
 is always left to the loop). A password that verified is remembered for
 ``LOGIN_CACHE_TTL`` seconds as a SHA-256 of (user, password, stored hash), so a
@@ -57,7 +70,7 @@ from cachetools import TTLCache
 
 from rpcbus.broker.auth import BUSY, User, Users, verify_password
 from rpcbus.broker.config import Config
-from rpcbus.broker.limits import WindowLimiter
+from rpcbus.broker.limits import CheckBudget, WindowLimiter
 from rpcbus.broker.tokens import (
     MAX_TOKEN,
     Grant,
@@ -79,6 +92,11 @@ PRESSURE_HALF_LIFE = 10.0     # to this many times as long as it took (see _chec
 MAX_QUEUED_LOGINS = 256       # at ~50 ms a check, 6-13 s of work: about auth_timeout
 MAX_QUEUED_PER_ADDRESS = 64
 LOGIN_CACHE_TTL = 300.0
+REFUSAL_MEMORY = 60.0         # s a refused JWT is remembered (by digest) as refused
+FAILED_CHECKS_SHARE = 0.1     # of one core: what checks of failing logins may take, all
+FAILED_CHECKS_BURST = 0.1     # addresses together (half for one), beyond this many s
+REFUSAL_DELAY = 0.1           # s a refusal waits per failure of its address lately,
+MAX_REFUSAL_DELAY = 1.0       # up to this
 MAX_SECRET = 1024   # longest user name, password or token looked at
 
 
@@ -92,7 +110,9 @@ class Gate:
         self._pool: ThreadPoolExecutor | None = None
         self._verified: TTLCache[bytes, bool] = TTLCache(4096, LOGIN_CACHE_TTL)
         self._granted: TTLCache[bytes, Grant] = TTLCache(4096, LOGIN_CACHE_TTL)  # JWTs
+        self._refused: TTLCache[bytes, str] = TTLCache(4096, REFUSAL_MEMORY)  # JWTs
         self._failed: TTLCache[str, int] = TTLCache(4096, FAILURE_MEMORY)  # by address
+        self.budget = CheckBudget(FAILED_CHECKS_SHARE, FAILED_CHECKS_BURST)
         self._good: TTLCache[str, bool] = TTLCache(4096, GOOD_MEMORY)      # by address
         self._rest_until = 0.0   # failing addresses' checks wait until then (see _checked)
         self._pressure, self._pressure_at = 0.0, 0.0   # _pressure_now
@@ -117,6 +137,7 @@ class Gate:
         self.users = Users(config.auth.users, config.auth.roles)
         self.tokens = _tokens(config)
         self._granted.clear()
+        self._refused.clear()
         self.max_failures = config.auth.max_failures
         self._limits = config.limits
         self._limiters.clear()
@@ -169,25 +190,22 @@ class Gate:
         told less; ``BUSY``: not checked, try again). ``wanted()`` False: the client left,
         skip the check."""
         token, name, password = params.get("token"), params.get("user"), params.get("password")
-        loop = asyncio.get_running_loop()
         if isinstance(token, str) and looks_like_jwt(token):
-            try:
-                user: User | None = self.users.granted(self._grant(token))
-                reason = ""
-            except TokenError as exc:
-                user, reason = None, str(exc)
-            self.stats["token_logins" if user else "token_refusals"] += 1
-            loop.call_soon(done, user, reason)
+            self._token_login(token, address, done)
             return
         if any(isinstance(v, str) and len(v) > MAX_SECRET for v in (token, name, password)):
-            loop.call_soon(done, None, "credentials too long")
+            self._refuse(address, "credentials too long", done)
             return
         if isinstance(token, str):
             user = self.users.by_token_value(token)
-            loop.call_soon(done, user, "" if user else "unknown token")
+            if user is None:
+                self._refuse(address, "unknown token", done)
+            else:
+                asyncio.get_running_loop().call_soon(done, user, "")
             return
+        loop = asyncio.get_running_loop()
         if not (isinstance(name, str) and isinstance(password, str)):
-            loop.call_soon(done, None, "AUTH needs a token, or a user and a password")
+            self._refuse(address, "AUTH needs a token, or a user and a password", done)
             return
         user = self.users.by_name.get(name)
         stored = user.password_hash if user is not None else None
@@ -211,17 +229,66 @@ class Gate:
         self.queued += 1
         self._start_checks()
 
-    def _grant(self, token: str) -> Grant:
-        """``token`` verified, or remembered as verified (by its digest, until a reload or
-        ``LOGIN_CACHE_TTL``): a reconnect storm checks each signature once."""
-        key = hashlib.sha256(token.encode()).digest() if len(token) <= MAX_TOKEN else b""
+    def _token_login(self, token: str, address: str,
+                     done: Callable[[User | None, str], None]) -> None:
+        """A JWT login: a token verified lately is remembered by its digest (until a
+        reload or ``LOGIN_CACHE_TTL``), one refused lately too (``REFUSAL_MEMORY``), so a
+        reconnect storm or a replayed bad token costs a lookup; the rest is verified on
+        the loop (~0.1-0.25 ms, benchmarks/token_cost.py), unless ``address`` failed
+        lately and the failing checks' CPU budget is spent: then BUSY, unchecked."""
+        loop = asyncio.get_running_loop()
+        if len(token) > MAX_TOKEN:  # refused unread, not remembered
+            self._refuse(address, f"token too long ({len(token)} characters; {MAX_TOKEN} "
+                                  "at most)", done)
+            return
+        key = hashlib.sha256(token.encode()).digest()
         grant = self._granted.get(key)
-        if grant is None:
+        if grant is not None:
+            if time.time() > grant.expires:
+                self._refuse(address, str(expired(grant.expires - self.tokens.leeway)), done)
+            else:
+                self.stats["token_logins"] += 1
+                loop.call_soon(done, self.users.granted(grant), "")
+            return
+        refusal = self._refused.get(key)
+        if refusal is not None:
+            self.stats["token_refusals_remembered"] += 1
+            self._refuse(address, refusal, done)
+            return
+        now = loop.time()
+        if address in self._failed and not self.budget.allows(address, now):
+            self.stats["logins_busy"] += 1
+            loop.call_soon(done, None, BUSY)
+            return
+        started = time.perf_counter()
+        try:
             grant = self.tokens.verify(token)
-            self._granted[key] = grant
-        elif time.time() > grant.expires:
-            raise expired(grant.expires - self.tokens.leeway)
-        return grant
+        except TokenError as exc:
+            self.stats["token_checks_failed"] += 1
+            self.budget.spend(address, time.perf_counter() - started, now)
+            if exc.lasting:
+                self._refused[key] = str(exc)
+            self._refuse(address, str(exc), done)
+            return
+        self._granted[key] = grant
+        self.stats["token_logins"] += 1
+        loop.call_soon(done, self.users.granted(grant), "")
+
+    def _refuse(self, address: str, reason: str,
+                done: Callable[[User | None, str], None]) -> None:
+        """A login refused without a password check: counted against ``address``, and
+        answered the later the more its logins failed lately (``REFUSAL_DELAY`` each, up
+        to ``MAX_REFUSAL_DELAY``): a client retrying bad credentials in a loop waits, a
+        typo does not."""
+        failed = self._failed.get(address, 0)
+        self._failed[address] = failed + 1
+        self.stats["login_refusals"] += 1
+        delay = min(failed * REFUSAL_DELAY, MAX_REFUSAL_DELAY)
+        loop = asyncio.get_running_loop()
+        if delay:
+            loop.call_later(delay, done, None, reason)
+        else:
+            loop.call_soon(done, None, reason)
 
     def _make_room(self, mine: int) -> bool:
         """The queue is full: answer BUSY to the newest login of the address with the most
@@ -298,8 +365,10 @@ class Gate:
             self._failed[address] = self._failed.get(address, 0) + 1
             # rest as many times the check's time as logins came from failing addresses
             # lately, less one, up to MAX_REST: a typo costs nothing, a flood gets half a
-            # thread
+            # thread (off the loop; it spends the budget of failing checks, not held by it:
+            # users behind a flooding address would wait behind it for ever)
             now = asyncio.get_running_loop().time()
+            self.budget.spend(address, now - login.started, now)
             rest = min(max(self._pressure_now(now) - 1.0, 0.0), MAX_REST)
             self._rest_until = now + rest * (now - login.started)
         login.done(login.user if ok else None, "" if ok else "wrong user or password")
@@ -343,9 +412,9 @@ class Gate:
             return None
         if user is None:
             return WindowLimiter(limits.rate_window, messages, nbytes)
-        limiter = self._limiters.get(user.name)
+        limiter = self._limiters.get(user.key)
         if limiter is None:
-            limiter = self._limiters[user.name] = WindowLimiter(limits.rate_window,
+            limiter = self._limiters[user.key] = WindowLimiter(limits.rate_window,
                                                                 messages, nbytes)
         return limiter
 

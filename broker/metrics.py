@@ -123,9 +123,13 @@ class _NodeCollector:
                        auth.get("auth_failures", 0))
         yield _counter("rpcbus_auth_refused_connections", "Connections refused at AUTH "
                        "for the user's connection cap.", auth.get("connections_refused", 0))
-        yield _counter("rpcbus_logins_busy", "Password logins answered BUSY (not checked: "
-                       "the queue was full, or room was made for another address).",
+        yield _counter("rpcbus_logins_busy", "Logins answered BUSY (not checked: the "
+                       "password queue was full, room was made for another address, or "
+                       "the CPU budget of failing logins was spent).",
                        auth.get("logins_busy", 0))
+        yield _counter("rpcbus_token_refusals_remembered", "JWT logins refused from "
+                       "memory (the same token refused in the last minute: not verified "
+                       "again).", auth.get("token_refusals_remembered", 0))
         refused = CounterMetricFamily("rpcbus_connections_refused", "TCP connections refused "
                                       "before the handshake, by HTTP status (429: the "
                                       "address's limits, 503: the node's).", labels=["status"])

@@ -168,8 +168,8 @@ class Session(ServerConnection, SessionRules):
             self._counted = False
             gate.closed(self.address, self.authenticated)
         if self.user is not None:
-            gate.connections[self.user.name] -= 1
-            gate.provided[self.user.name] -= len(self.provides)
+            gate.connections[self.user.key] -= 1
+            gate.provided[self.user.key] -= len(self.provides)
         self.node.session_closed(self)
 
     # -- what the rules need -----------------------------------------------------------

@@ -112,7 +112,7 @@ class SessionPolicy:
         else:
             user = self.user
             limit = self.node.gate.max_provided(user) if user is not None else 0
-            if user is None or not limit or self.node.gate.provided[user.name] + new <= limit:
+            if user is None or not limit or self.node.gate.provided[user.key] + new <= limit:
                 return True
             why = f"{self._who()} may provide at most {limit} names on this node"
         self.node.stats["provide_limited"] += 1
@@ -192,7 +192,7 @@ class SessionPolicy:
             self._refuse_auth("auth_failed", reason, "authentication failed" + (
                 f": {reason}" if self._login_token is not None else ""))
             return
-        if user.max_connections and gate.connections[user.name] >= user.max_connections:
+        if user.max_connections and gate.connections[user.key] >= user.max_connections:
             gate.stats["connections_refused"] += 1
             log.warning("too_many_connections", session=self.sid, user=user.name,
                         limit=user.max_connections)
@@ -201,7 +201,7 @@ class SessionPolicy:
             self.flush()
             self.close_for_policy("too many connections for this user")
             return
-        gate.connections[user.name] += 1
+        gate.connections[user.key] += 1
         self.user = user
         self._perms = user.permissions
         self._authenticated(user, name)
@@ -270,7 +270,7 @@ class SessionPolicy:
         if denied:
             before = len(self.provides)
             self.router.unprovide(cast("Provider", self), denied)  # a SessionRules
-            self.node.gate.provided[old.name] -= before - len(self.provides)
+            self.node.gate.provided[old.key] -= before - len(self.provides)
             self.send([ERROR, None, errors.PERMISSION_DENIED,
                        f"{self._who()} may no longer provide {', '.join(denied[:20])}"
                        + (f" and {len(denied) - 20} more" if len(denied) > 20 else "")])

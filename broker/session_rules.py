@@ -232,14 +232,14 @@ class SessionRules(SessionPolicy):
                 return
             router.provide(self, msg[2])
             if self.user is not None:
-                self.node.gate.provided[self.user.name] += len(new)
+                self.node.gate.provided[self.user.key] += len(new)
             self.send([OK, msg[1]])
         elif kind == UNPROVIDE:
             if self._limiter is None or self._take(_ref_of(msg), now):
                 gone = len(self.provides)
                 router.unprovide(self, msg[2])
                 if self.user is not None:
-                    self.node.gate.provided[self.user.name] -= gone - len(self.provides)
+                    self.node.gate.provided[self.user.key] -= gone - len(self.provides)
                 self.send([OK, msg[1]])
         elif kind == CANCEL:  # the caller gave a call up (counted as a request: it costs)
             if self.inflight and (self._limiter is None or self._take(msg[1], now)):

@@ -4,9 +4,12 @@ by reload. Keys and most tokens come from the ``rpcbus token`` commands, the hos
 ones from PyJWT directly."""
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
+import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import jwt
@@ -14,9 +17,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 import rpcbus
+from rpcbus import protocol as p
 from rpcbus.broker.auth import token_digest
 from rpcbus.broker.process import NodeProcess
 from rpcbus.broker.tokens import MAX_TOKEN, fingerprint
+
+from .raw import RawPeer
 
 ADMIN = "admin-token-for-reload"
 
@@ -60,6 +66,13 @@ def sign(key: Path, alg: str = "EdDSA", kid: bool = True, **claims) -> str:
     signer = private(key)
     headers = {"kid": fingerprint(signer.public_key())} if kid else {}
     return jwt.encode(body, signer, algorithm=alg, headers=headers)
+
+
+def admin_stats(node: NodeProcess) -> dict:
+    req = urllib.request.Request(node.url.replace("ws://", "http://") + "/stats",
+                                 headers={"Authorization": f"Bearer {ADMIN}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.load(r)
 
 
 def reload_cli(url: str) -> subprocess.CompletedProcess[str]:
@@ -221,3 +234,70 @@ async def test_a_token_function_renews_the_session_on_the_same_connection(node, 
         else:
             pytest.fail("the renewed session never provided pub.echo again")
         assert svc.session["session"] == session      # the same connection throughout
+
+
+async def test_a_tokens_sub_is_not_the_file_user_of_that_name(tmp_path, keys):
+    """A file user ``app`` allowed one connection, and a token for ``sub: app``: each has
+    its own connection count (and rate limiter): the token does not use up the file
+    user's connection."""
+    path = write_config(tmp_path, keys)
+    path.write_text(path.read_text() + "\n" + "\n".join([
+        "[auth.users.app]", f'token_sha256 = "{token_digest("file-app-token")}"',
+        'call = ["pub.*"]', "max_connections = 1"]))
+    node = NodeProcess("--config", str(path)).start()
+    try:
+        async with rpcbus.connect(node.url, token=sign(keys["a"], call=["pub.*"])), \
+                rpcbus.connect(node.url, token="file-app-token") as file_user:
+            with pytest.raises(rpcbus.NoProviderError):
+                await file_user.call("pub.x", 1, timeout=2)
+            with pytest.raises(rpcbus.RpcError, match="has its 1 connections"):
+                await rpcbus.connect(node.url, token="file-app-token", reconnect=False)
+    finally:
+        node.stop()
+
+
+async def test_a_flood_of_bad_jwts_from_one_address_is_refused_cheaply(node, keys, tmp_path):
+    """48 connections from 127.0.0.8 send bad JWTs, each new, then the same one over and
+    over: the refusals come later the more the address failed, a replayed token is
+    refused from memory, and a token user from another address logs in and calls
+    meanwhile (the CPU budget of failing checks: tests/unit/test_gate.py)."""
+    stranger = private(keygen(tmp_path, "stranger.key"))
+    made = iter(range(1 << 20))
+
+    def new_bad():
+        return jwt.encode({"sub": "mallory", "iss": "rpcbus", "aud": "rpcbus",
+                           "exp": time.time() + 600, "call": ["x" * 5000, str(next(made))]},
+                          stranger, algorithm="EdDSA")
+    replayed = new_bad()
+    answers = Counter()
+    stop = asyncio.Event()
+
+    async def attacker(token):
+        while not stop.is_set():
+            try:
+                peer = await RawPeer.open(node.url, auth=False, local_addr=("127.0.0.8", 0))
+                while not stop.is_set():
+                    await peer.send([p.AUTH, {"protocol": 1, "token": token()}])
+                    answers[(await peer.expect(p.AUTH_FAIL, timeout=20))[1]] += 1
+            except Exception:  # closed after auth.max_failures: come back
+                await asyncio.sleep(0.01)
+
+    rights = dict(call=["pub.*"], provide=["pub.*"])
+    for token in (new_bad, lambda: replayed):
+        attackers = [asyncio.create_task(attacker(token)) for _ in range(48)]
+        try:
+            start = sum(answers.values())
+            while sum(answers.values()) < start + (100 if token is new_bad else 300):
+                await asyncio.sleep(0.05)
+            async with asyncio.timeout(5), rpcbus.connect(
+                    node.url, token=sign(keys["a"], **rights), reconnect=False) as app:
+                await app.provide("pub.echo", lambda d: d)
+                assert await app.call("pub.echo", 1) == 1
+        finally:
+            stop.set()
+            await asyncio.gather(*attackers)
+            stop.clear()
+    auth = (await asyncio.to_thread(admin_stats, node))["auth"]
+    # the replay was looked up, not verified again
+    assert auth["token_checks_failed"] < sum(answers.values()) - 250
+    assert auth["token_refusals_remembered"] > 250

@@ -127,3 +127,66 @@ async def test_a_typo_costs_nothing_and_a_flood_of_wrong_passwords_waits(held):
     await until(lambda: len(answers) == 8)                       # the rest ends
     assert held.started.index("right-1") == 2
     g.close()
+
+
+@pytest.fixture
+def jwt_gate(tmp_path):
+    """A gate holding one Ed25519 token key; a signer for it and one for a stranger."""
+    import jwt as pyjwt
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    ours, stranger = ed25519.Ed25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
+    (tmp_path / "k.pub").write_bytes(ours.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    cfg = config.load(env={"RPCBUS_AUTH_TOKEN_KEYS": '{"k": "%s"}' % (tmp_path / "k.pub")})
+    g = gate.Gate(cfg)
+    checked = []
+    verify = g.tokens.verify
+    g.tokens.verify = lambda token: (checked.append(token), verify(token))[1]
+
+    def sign(signer, i=0):
+        import time
+        return pyjwt.encode({"sub": f"app{i}", "iss": "rpcbus", "aud": "rpcbus",
+                             "exp": time.time() + 60}, signer, algorithm="EdDSA")
+    yield g, checked, lambda i=0: sign(ours, i), lambda i=0: sign(stranger, i)
+    g.close()
+
+
+async def token_login(g, address, token):
+    done = asyncio.get_running_loop().create_future()
+    g.login({"token": token}, lambda user, why: done.set_result((user, why)), address)
+    return await done
+
+
+async def test_a_refused_jwt_is_remembered_and_answered_the_later_the_more_it_fails(
+        jwt_gate, monkeypatch):
+    g, checked, _, bad = jwt_gate
+    token = bad()
+    loop = asyncio.get_running_loop()
+    waited = []
+    for _ in range(4):
+        t0 = loop.time()
+        user, why = await token_login(g, "10.0.0.1", token)
+        waited.append(loop.time() - t0)
+        assert user is None and "signature does not verify" in why
+    assert checked == [token]                            # verified once, then remembered
+    assert g.stats["token_refusals_remembered"] == 3
+    assert waited[0] < gate.REFUSAL_DELAY <= waited[1] and waited[3] >= 3 * gate.REFUSAL_DELAY
+    g.reload(config.load(env={"RPCBUS_AUTH_TOKEN_KEYS": "{}"}))   # a reload forgets them
+    assert "takes no JWT tokens" in (await token_login(g, "10.0.0.2", token))[1]
+
+
+async def test_past_the_budget_a_failing_address_waits_and_others_log_in(jwt_gate,
+                                                                         monkeypatch):
+    g, checked, good, bad = jwt_gate
+    monkeypatch.setattr(gate, "REFUSAL_DELAY", 0.0)
+    g.budget = gate.CheckBudget(share=0.001, burst=1e-6)   # spent by the first failure
+    assert (await token_login(g, "10.0.0.1", bad(1)))[0] is None
+    assert await token_login(g, "10.0.0.1", bad(2)) == (None, gate.BUSY)   # unchecked
+    assert await token_login(g, "10.0.0.1", good(3)) == (None, gate.BUSY)  # known or not
+    assert len(checked) == 1
+    user, _ = await token_login(g, "10.0.0.2", good(4))   # another address: checked
+    assert user is not None and user.name == "app4" and user.key == "token:app4"
+    assert (await token_login(g, "10.0.0.3", bad(5)))[1] != gate.BUSY   # its first failure
+    assert len(checked) == 3

@@ -31,10 +31,11 @@ waits with ``Backoff`` and connects again, then reports ``on_up`` so the owner
 can announce itself again. A message published with ``hold_until`` (an answer
 to another node's call) is kept while the bus is down and sent after the
 reconnect if that time has not passed (cluster/outbox.py: at most ``MAX_HELD``; more are dropped
-and counted). A message msgpack cannot pack is dropped alone (counted in
-``unencodable``, logged, handed to ``on_unencodable`` so its sender hears why),
-never the round. Cancelling ``run()`` stops the bus
-and closes its connections.
+and counted). A message msgpack cannot pack, or larger than ``MAX_BATCH``
+alone, is dropped alone (counted in ``unencodable``, logged, handed to
+``on_unencodable`` so its sender hears why), never the round; a batch read larger
+than that is refused before any crypto (``rejected["too_large"]``). Cancelling
+``run()`` stops the bus and closes its connections.
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ log = structlog.get_logger(module="rpcbus.bus")
 #: docs/performance-archive.md).
 ROUNDS_IN_FLIGHT = 1
 ROUND_TIMEOUT = 2.0  # a PUBLISH round Redis has not answered by then ends the session
+#: the largest batch one PUBLISH carries: a round's messages for a topic are split to fit,
+#: a message that alone does not fit is left out (``on_unencodable``), and a batch read
+#: larger than this (and its seal) is refused unread, before any crypto. Redis drops a
+#: subscriber whose unread pub/sub output passes 32 MB, or 8 MB for 60 s, by default
+#: (``client-output-buffer-limit pubsub``, docs/operations.md).
+MAX_BATCH = 4 << 20
+SEAL_ROOM = 1024     # a sealed batch's envelope: header, nonce, tags
 WARN_EVERY = 10.0
 
 
@@ -82,7 +90,7 @@ class Bus:
                  backoff: Backoff | None = None, sealer: Sealer | None = None,
                  max_skew: float = 30.0, tls_ca: str = "",
                  on_skew: Callable[[str, float], None] | None = None,
-                 on_unencodable: Callable[[str, int, list[Any]], None] | None = None,
+                 on_unencodable: Callable[[str, int, list[Any], str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url
         self.me = me
@@ -103,7 +111,7 @@ class Bus:
         self._clock = clock
         self._on_up, self._on_down = on_up, on_down
         self._on_skew = on_skew      # (sender, its clock minus ours in s): a batch refused
-        self._on_unencodable = on_unencodable  # (topic, to, msg): left out of its batch
+        self._on_unencodable = on_unencodable  # (topic, to, msg, why): left out of its batch
         self._backoff = backoff or Backoff()
         # what is queued, round by round (dropped/held counts are the outbox's stats)
         self.outbox = Outbox(time.monotonic, self._queued)
@@ -249,15 +257,16 @@ class Bus:
             sealer = self._sealer
             parts: dict[RespConnection, list[bytes]] = {}
             for topic, msgs in out.items():
-                batch = self._encode(topic, to[topic], sent_at, msgs)
-                if batch is None:
+                batches = self._encode(topic, to[topic], sent_at, msgs)
+                if not batches:
                     continue
                 conn, head = route(topic)
                 mine = parts.get(conn)
                 if mine is None:
                     mine = parts[conn] = []
-                mine.append(resp.publish(head, batch if sealer is None
-                                         else sealer.seal(topic, batch)))
+                for batch in batches:
+                    mine.append(resp.publish(head, batch if sealer is None
+                                             else sealer.seal(topic, batch)))
                 self.stats["messages_out"] += len(msgs)
             if not parts:  # nothing (or nothing encodable) to send
                 if not self.outbox.answered(taken) and not rounds:
@@ -271,6 +280,9 @@ class Bus:
 
     def _deliver(self, channel: bytes, data: bytes) -> None:
         """One batch from a subscribed topic (called as the connection reads it)."""
+        if len(data) > MAX_BATCH + SEAL_ROOM:  # no node sends one: not worth opening
+            self._reject("too_large")
+            return
         seq = 0
         if self._sealer is not None:
             try:
@@ -307,28 +319,43 @@ class Bus:
         self._on_skew(sender, exc.offset_s)
 
     def _encode(self, topic: str, to: int, sent_at: float,
-                msgs: list[list[Any]]) -> bytes | None:
-        """One batch; a message msgpack cannot pack in it (data nested deeper than the
-        packer's 1,024 levels less the batch's 3, an unknown type) is left out alone, counted,
-        logged and handed to ``on_unencodable``: it must never cost the round or the bus."""
+                msgs: list[list[Any]]) -> list[bytes]:
+        """The batches of one topic's round, each at most ``MAX_BATCH`` bytes (usually
+        one); a message msgpack cannot pack in it (data nested deeper than the packer's
+        1,024 levels less the batch's 3, an unknown type) or too large to travel alone is
+        left out alone, counted, logged and handed to ``on_unencodable``: it must never
+        cost the round or the bus."""
         try:
-            return encode_batch(self.me, self.incarnation, to, sent_at, msgs)
+            batch = encode_batch(self.me, self.incarnation, to, sent_at, msgs)
         except (ValueError, TypeError, OverflowError):
             pass
+        else:
+            if len(batch) <= MAX_BATCH:
+                return [batch]
+            if len(msgs) > 1:  # halves, each split again as it needs
+                half = len(msgs) // 2
+                return (self._encode(topic, to, sent_at, msgs[:half])
+                        + self._encode(topic, to, sent_at, msgs[half:]))
+            self._left_out(topic, to, msgs[0], f"too large to cross the cluster bus "
+                           f"({len(batch):,} bytes packed; {MAX_BATCH:,} at most)")
+            return []
         good = []
         for msg in msgs:
             try:  # at the depth it has in the batch
                 encode_batch(self.me, self.incarnation, to, sent_at, [msg])
             except (ValueError, TypeError, OverflowError) as exc:
-                self.stats["unencodable"] += 1
-                log.error("bus_message_unencodable", kind=msg[0], error=str(exc))
-                if self._on_unencodable is not None:
-                    self._on_unencodable(topic, to, msg)
+                self._left_out(topic, to, msg, "nested too deeply to cross the cluster bus "
+                               "(at most 1,021 levels)", str(exc))
             else:
                 good.append(msg)
-        if not good:
-            return None
-        return encode_batch(self.me, self.incarnation, to, sent_at, good)
+        return self._encode(topic, to, sent_at, good) if good else []
+
+    def _left_out(self, topic: str, to: int, msg: list[Any], why: str,
+                  error: str = "") -> None:
+        self.stats["unencodable"] += 1
+        log.error("bus_message_unencodable", kind=msg[0], error=error or why)
+        if self._on_unencodable is not None:
+            self._on_unencodable(topic, to, msg, why)
 
     def _reject(self, reason: str) -> None:
         self.stats["rejected"] += 1

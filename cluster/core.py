@@ -542,11 +542,11 @@ class ClusterCore:
                                   f"node {sender}'s clock is {offset_s:+.1f} s off this "
                                   "node's: its answers cannot be read")
 
-    def unencodable(self, topic: str, to: int, msg: list[Any]) -> None:
-        """The bus could not pack ``msg`` (data nested too deeply to cross it): the call
-        still gets its one outcome, at once, from this node — the sender's edge."""
+    def unencodable(self, topic: str, to: int, msg: list[Any], why: str) -> None:
+        """The bus could not send ``msg`` (data nested too deeply, or too large, to cross
+        it: ``why``): the call still gets its one outcome, at once, from this node — the
+        sender's edge."""
         kind = msg[0]
-        why = "nested too deeply to cross the cluster bus (at most 1,021 levels)"
         if kind == m.INVOKE:  # a call of a client of this node: refused before it ran
             node = self.nodes.get(topic.rsplit(":", 1)[1])
             if node is not None and node.incarnation == to:

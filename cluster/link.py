@@ -109,5 +109,5 @@ class ClusterLink:
     def _on_skew(self, sender: str, offset_s: float) -> None:
         self.core.on_skew(sender, offset_s, self.loop.time())
 
-    def _unencodable(self, topic: str, to: int, msg: list[Any]) -> None:
-        self.core.unencodable(topic, to, msg)
+    def _unencodable(self, topic: str, to: int, msg: list[Any], why: str) -> None:
+        self.core.unencodable(topic, to, msg, why)

@@ -129,6 +129,34 @@ async def test_data_nested_too_deeply_for_the_bus_is_refused_to_its_sender(guard
         await healthy.check()
 
 
+async def test_the_bus_carries_batches_up_to_its_size_and_refuses_larger_unread(guarded):
+    """Calls whose data add up to more than one batch cross in several; data too large to
+    cross alone is refused to its caller at once; a PUBLISH of junk larger than any batch
+    a node sends is refused before any crypto, and the bus stays up."""
+    c = guarded(RPCBUS_LIMITS_MAX_FRAME_BYTES=str(16 << 20))
+    n1, n2 = c.nodes
+    async with Healthy(c) as healthy:
+        async with rpcbus.connect(n2.url, token=TOKENS["worker"]) as prov, \
+                rpcbus.connect(n1.url, token=TOKENS["caller"]) as caller:
+            await prov.provide("pub.big", lambda d: d)
+            data = [bytes([i]) * (3 << 19) for i in range(4)]   # 1.5 MiB each: 6 MiB
+            assert await asyncio.gather(*(caller.call("pub.big", d, timeout=10)
+                                          for d in data)) == data
+            with pytest.raises(rpcbus.InvalidMessageError, match="too large to cross"):
+                await asyncio.wait_for(caller.call("pub.big", b"x" * (5 << 20),
+                                                   timeout=10), 3.0)   # at once
+        r = aioredis.from_url(c.redis_url)
+        try:
+            await r.publish("rpcbus:node:n2", b"\x00" * (6 << 20))
+        finally:
+            await r.aclose()
+        async with asyncio.timeout(5):
+            while not stats(n2)["cluster"]["bus_rejected"].get("too_large"):
+                await asyncio.sleep(0.05)
+        assert stats(n2)["cluster"]["bus"]["batches_out"] > 0
+        await healthy.check()
+
+
 async def test_junk_names_neither_reach_the_globs_nor_blow_up_metrics(guarded):
     c = guarded()
     n1, n2 = c.nodes

@@ -299,6 +299,7 @@ def _validate(config: Config) -> None:
                 "new-key), or cluster.seal = \"none\" to accept an unsealed bus "
                 "(RPCBUS_CLUSTER_SEAL=none)")
         cluster.seal = "none"
+        cluster.loopback_only = True  # and what the URL leads to: cluster/redisconn.py
     if cluster.seal != "none":
         from rpcbus.cluster.seal import SealError, load_keys
         try:

@@ -91,8 +91,10 @@ class Bus:
                  max_skew: float = 30.0, tls_ca: str = "",
                  on_skew: Callable[[str, float], None] | None = None,
                  on_unencodable: Callable[[str, int, list[Any], str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 loopback_only: bool = False) -> None:
         self.url = url
+        self._loopback_only = loopback_only  # unsealed because Redis is on loopback
         self.me = me
         self.incarnation = incarnation
         self.control = control_topic(namespace)
@@ -185,7 +187,8 @@ class Bus:
         writer: asyncio.Task[None] | None = None
         try:
             links = await open_links(self.url, [self.control, self.private], self._deliver,
-                                     self._tls_ca, self._seeds)
+                                     self._tls_ca, self._seeds,
+                                     loopback_only=self._loopback_only)
             self.outbox.up = True
             self._serving = True
             self._backoff.reset()

@@ -38,7 +38,7 @@ class ClusterLink:
                        lambda batch, now: None, self._on_up, self._on_down, sealer=sealer,
                        max_skew=config.max_skew, tls_ca=config.redis_tls_ca,
                        on_skew=self._on_skew, on_unencodable=self._unencodable,
-                       clock=time_now)
+                       clock=time_now, loopback_only=config.loopback_only)
         self.core = ClusterCore(router, config, me, url, info, outbox=self.bus.outbox,
                                 clock=time_now, stale=self.bus.stale,
                                 incarnation=incarnation, started=time.time())

@@ -109,6 +109,21 @@ def on_loopback(url: str) -> bool:
     return all(_loopback_host(host) for host in hosts)
 
 
+class NotOnLoopback(ConnectionError):
+    """The bus is unsealed because its Redis was on loopback, and a Redis it would use now
+    is not (the master a Sentinel names, a Redis Cluster node): refused before connecting."""
+
+
+def require_loopback(hosts: list[tuple[str, int]], what: str) -> None:
+    """NotOnLoopback unless every (host, port) in ``hosts`` is on loopback."""
+    away = [f"{host}:{port}" for host, port in hosts if not _loopback_host(host)]
+    if away:
+        raise NotOnLoopback(
+            f"{what} {', '.join(away[:3])} is not on loopback, and the bus is unsealed "
+            "because cluster.redis_url was: set cluster.seal to sign or encrypt (or to "
+            "none to accept an unsealed bus there)")
+
+
 def _loopback_host(host: str) -> bool:
     if host == "localhost":
         return True

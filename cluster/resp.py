@@ -37,7 +37,7 @@ import hiredis
 from redis.asyncio.connection import parse_url
 from redis.asyncio.sentinel import Sentinel
 
-from rpcbus.cluster.redisconn import SENTINEL, parse_sentinel_url
+from rpcbus.cluster.redisconn import SENTINEL, parse_sentinel_url, require_loopback
 
 
 class RedisReplyError(ConnectionError):
@@ -178,10 +178,12 @@ class RespConnection(asyncio.Protocol):
 
 
 async def connect(url: str, tls_ca: str = "", timeout: float = 2.0,
-                  on_message: Callable[[bytes, bytes], None] | None = None
-                  ) -> RespConnection:
+                  on_message: Callable[[bytes, bytes], None] | None = None,
+                  loopback_only: bool = False) -> RespConnection:
     """An open, authenticated connection to the Redis of ``url`` (or its master, through
-    Sentinel). Raises OSError / ConnectionError / ValueError (a bad URL)."""
+    Sentinel). Raises OSError / ConnectionError / ValueError (a bad URL).
+    ``loopback_only``: the master a Sentinel names must be on loopback (NotOnLoopback,
+    before connecting to it; asked again at every connect, so after every failover)."""
     if url.startswith(SENTINEL):
         sentinels, master, options = parse_sentinel_url(url)
         finder = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": timeout,
@@ -191,6 +193,8 @@ async def connect(url: str, tls_ca: str = "", timeout: float = 2.0,
         finally:
             for sentinel in finder.sentinels:
                 await sentinel.aclose()
+        if loopback_only:
+            require_loopback([(host, port)], f"the master {master!r} the Sentinels name,")
         options.update(host=host, port=port)
         secure = False
     else:

@@ -26,3 +26,8 @@ class ClusterSection:
     key_id: str = ""
     keys: dict[str, Any] = field(default_factory=dict)
     max_skew: float = 30.0
+
+    # not a setting (no annotation: not a field): set by the config when ``seal`` was not
+    # chosen and the URL is on loopback; every Redis the bus uses (the master a Sentinel
+    # names, each Redis Cluster node) must then be on loopback too
+    loopback_only = False

@@ -34,7 +34,12 @@ from typing import Any, Callable
 from redis.crc import key_slot
 
 from rpcbus.cluster import resp
-from rpcbus.cluster.redisconn import is_cluster, parse_cluster_url
+from rpcbus.cluster.redisconn import (
+    NotOnLoopback,
+    is_cluster,
+    parse_cluster_url,
+    require_loopback,
+)
 from rpcbus.cluster.resp import RespConnection
 
 Address = tuple[str, int]
@@ -126,15 +131,19 @@ class Seeds:
 
 async def open_links(url: str, topics: list[str], on_message: Callable[[bytes, bytes], None],
                      tls_ca: str = "", seeds: Seeds | None = None,
-                     timeout: float = 2.0) -> Links:
+                     timeout: float = 2.0, loopback_only: bool = False) -> Links:
     """The connections of a session on ``url``, subscribed to ``topics`` (see the module
     docstring). ``seeds``: kept by the caller between sessions (Redis Cluster). Raises
-    OSError / ConnectionError (ClusterUnavailable, RedisReplyError) / ValueError."""
+    OSError / ConnectionError (ClusterUnavailable, RedisReplyError, NotOnLoopback) /
+    ValueError. ``loopback_only``: every Redis the session would use (the master a
+    Sentinel names, every node of the slot map) must be on loopback, judged before
+    connecting to it."""
     if not is_cluster(url):
         pub = sub = None
         try:
-            pub = await resp.connect(url, tls_ca, timeout)
-            sub = await resp.connect(url, tls_ca, timeout, on_message=on_message)
+            pub = await resp.connect(url, tls_ca, timeout, loopback_only=loopback_only)
+            sub = await resp.connect(url, tls_ca, timeout, on_message=on_message,
+                                     loopback_only=loopback_only)
             await sub.request(b"SUBSCRIBE", *(t.encode() for t in topics), replies=len(topics))
             await pub.request(b"PING")
         except BaseException:
@@ -143,7 +152,8 @@ async def open_links(url: str, topics: list[str], on_message: Callable[[bytes, b
                     conn.abort(ConnectionError("connect failed"))
             raise
         return Links(lambda topic: (pub, resp.publish_head(topic)), [pub], [sub], url)
-    return await _open_sharded(topics, on_message, tls_ca, seeds or Seeds(url), timeout)
+    return await _open_sharded(topics, on_message, tls_ca, seeds or Seeds(url), timeout,
+                               loopback_only)
 
 
 async def slot_map(seeds: Seeds, tls_ca: str = "", timeout: float = 2.0) -> SlotMap:
@@ -175,8 +185,15 @@ async def _connect(address: Address, seeds: Seeds, tls_ca: str, timeout: float,
 
 
 async def _open_sharded(topics: list[str], on_message: Callable[[bytes, bytes], None],
-                        tls_ca: str, seeds: Seeds, timeout: float) -> Links:
+                        tls_ca: str, seeds: Seeds, timeout: float,
+                        loopback_only: bool) -> Links:
     found = await slot_map(seeds, tls_ca, timeout)
+    if loopback_only:
+        try:
+            require_loopback(found.nodes, "the Redis Cluster node")
+        except NotOnLoopback:
+            seeds.known = []  # nor asked for the next slot map
+            raise
     pubs: dict[Address, RespConnection] = {}
     subs: list[RespConnection] = []
     try:

@@ -67,3 +67,54 @@ def test_an_unsealed_bus_must_be_chosen_where_others_reach_redis(url, unsealed_o
         with pytest.raises(config.ConfigError, match='cluster.seal = "none"'):
             config.load(env=env)
     assert config.load(env={**env, "RPCBUS_CLUSTER_SEAL": "none"}).cluster.seal == "none"
+
+
+async def test_an_unsealed_default_judges_every_redis_the_bus_would_use(monkeypatch):
+    """A Sentinel on loopback naming a master elsewhere, or a Redis Cluster whose slot map
+    names a node elsewhere: the bus (unsealed because the URL was on loopback) refuses
+    before connecting there. Decided from the Sentinel's answer and the slot map; no
+    traffic leaves loopback (both are stood in for)."""
+    from redis.asyncio.sentinel import Sentinel
+
+    from rpcbus.cluster import resp, shards
+    from rpcbus.cluster.redisconn import NotOnLoopback
+
+    dialed = []
+
+    async def dial(options, *args, **kwargs):
+        dialed.append(options["host"])
+        raise ConnectionRefusedError("the test dials nowhere")
+    monkeypatch.setattr(resp, "connect_to", dial)
+    monkeypatch.setattr(shards, "_connect", lambda address, *a, **k: dial(
+        {"host": address[0]}))
+    master = ("10.1.2.3", 6379)
+
+    async def discover_master(self, name):
+        return master
+    monkeypatch.setattr(Sentinel, "discover_master", discover_master)
+    sentinel = "redis+sentinel://127.0.0.1:26379/main"
+    cfg = config.load(env={"RPCBUS_CLUSTER_REDIS_URL": sentinel}).cluster
+    assert (cfg.seal, cfg.loopback_only) == ("none", True)
+    with pytest.raises(NotOnLoopback, match=r"10\.1\.2\.3:6379 is not on loopback"):
+        await shards.open_links(sentinel, ["t"], lambda c, d: None, loopback_only=True)
+    assert dialed == []
+    master = ("127.0.0.1", 6390)                           # after a failover: back here
+    with pytest.raises(ConnectionRefusedError):
+        await shards.open_links(sentinel, ["t"], lambda c, d: None, loopback_only=True)
+    assert dialed == ["127.0.0.1"]
+    chosen = config.load(env={"RPCBUS_CLUSTER_REDIS_URL": sentinel,
+                              "RPCBUS_CLUSTER_SEAL": "none"}).cluster
+    assert not chosen.loopback_only                        # an unsealed bus, chosen
+
+    seeds = shards.Seeds("redis+cluster://127.0.0.1:7000/")
+
+    async def slot_map(seeds, *args):
+        seeds.known = [("127.0.0.1", 7000), ("10.0.0.9", 7001)]
+        return shards.SlotMap.parse([[0, 8000, [b"127.0.0.1", 7000]],
+                                     [8001, 16383, [b"10.0.0.9", 7001]]], ("127.0.0.1", 7000))
+    monkeypatch.setattr(shards, "slot_map", slot_map)
+    dialed.clear()
+    with pytest.raises(NotOnLoopback, match="Redis Cluster node 10.0.0.9:7001"):
+        await shards.open_links("redis+cluster://127.0.0.1:7000/", ["t"], lambda c, d: None,
+                                seeds=seeds, loopback_only=True)
+    assert dialed == [] and seeds.known == []              # nor asked next time

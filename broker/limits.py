@@ -37,11 +37,12 @@ class WindowLimiter:
             self._next_window(now)
         self.bytes += nbytes
 
-    def take(self, now: float) -> bool:
-        """One request: True when it is within the limits, False when it must be refused."""
+    def take(self, now: float, count: int = 1) -> bool:
+        """``count`` requests (a call_all: one per provider it reaches): True when they are
+        within the limits, False when they must be refused."""
         if now >= self.end:
             self._next_window(now)
-        self.messages += 1
+        self.messages += count
         if self.messages <= self.max_messages and self.bytes <= self.max_bytes:
             return True
         self.refused += 1

@@ -52,6 +52,7 @@ _ROUTER = {
     "waited": "Calls that waited for a free slot at a provider or node.",
     "shed": "Calls shed on arrival OVERLOADED: their name's waits stood over target.",
     "busy": "Attempts a provider or node turned away unrun: full (BUSY) or read late.",
+    "fanout_refused": "call_alls refused LIMIT_EXCEEDED: more providers than limits.max_fanout.",
 }
 # node I/O counters: name -> help
 _IO = {

@@ -82,6 +82,7 @@ class Node:
             queue_target=config.rpc.queue_target,
             queue_interval=config.rpc.queue_interval,
             max_concurrency=config.rpc.max_concurrency,
+            max_fanout=config.limits.max_fanout,
         )
         self.router.name = self.name
         self.link: Any = None  # the ClusterLink when cluster.redis_url is set
@@ -407,6 +408,7 @@ class Node:
         said = reloading.summary(self.config, config)
         self.config = reloading.merged(self.config, config)
         self.gate.reload(self.config)
+        self.router.max_fanout = self.config.limits.max_fanout
         if weights_file is not self.weights_file:
             self.weights_file = weights_file
             self.router.set_weights(weights_file.weights if weights_file else None)

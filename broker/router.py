@@ -264,7 +264,7 @@ class RouterStats:
                  "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled",
                  "ack_checks", "calls_ok", "calls_failed", "duplicate_ids", "local_calls",
                  "remote_calls", "parts", "stream_overruns", "parts_lost",
-                 "accept_timeouts", "overloaded", "waited", "shed", "busy")
+                 "accept_timeouts", "overloaded", "waited", "shed", "busy", "fanout_refused")
     ok: int
     provider_errors: int
     no_provider: int
@@ -299,6 +299,7 @@ class RouterStats:
     waited: int           # calls that waited for a free slot (broker/admission.py)
     shed: int             # of those ended OVERLOADED: shed on arrival (a standing queue)
     busy: int             # attempts a provider or node turned away full, or read too late
+    fanout_refused: int   # call_alls that would reach more than limits.max_fanout (not run)
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -327,7 +328,8 @@ class Router:
                  "_waiting",
                  "ack_timeout", "ack_timeout_max", "affinity", "cluster", "count_changed",
                  "history", "initial_concurrency", "local_first",
-                 "max_concurrency", "max_name", "max_timeout", "name", "new_batch",
+                 "max_concurrency", "max_fanout", "max_name", "max_timeout", "name",
+                 "new_batch",
                  "prefer_local", "queue_interval", "queue_target", "rates_moved", "read_at",
                  "response_timeout", "rpc_stats", "stats", "weights")
 
@@ -339,7 +341,7 @@ class Router:
                  clock: Callable[[], float] | None = None, ack_timeout_max: float = 0.0,
                  queue_target: float = 0.1, queue_interval: float = 1.0,
                  max_concurrency: int = 10_000,
-                 initial_concurrency: float = INITIAL_LIMIT) -> None:
+                 initial_concurrency: float = INITIAL_LIMIT, max_fanout: int = 0) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
         # each target's ack timeout follows it between these (broker/admission.py)
@@ -350,6 +352,7 @@ class Router:
         self.queue_target = queue_target
         self.queue_interval = queue_interval
         self.max_concurrency = max_concurrency  # the most attempts any one target holds
+        self.max_fanout = max_fanout  # the most providers a call_all may reach (0: any)
         self.initial_concurrency = initial_concurrency  # a new provider's (a node's: more)
         self._waiting: dict[str, Waiting] = {}
         # how long a frame read now may have waited in this process (``tick`` runs every
@@ -429,6 +432,16 @@ class Router:
 
     def providers_of(self, name: str) -> list[Peer]:
         return list(self._providers.get(name, ()))
+
+    def fanout_of(self, name: str, now: float) -> int:
+        """The providers of ``name`` a call_all made now would reach, as far as this node
+        knows without asking (what its caller is charged: broker/session_policy.py)."""
+        local = len(self._providers.get(name, ()))
+        cluster = self.cluster
+        if cluster is None or not cluster.knows(name):
+            return local
+        found = cluster.targets(name, now, False)
+        return local + sum(weight for _, weight in found or () if weight > 0)
 
     def history_pending(self) -> dict[Any, int]:
         """Attempts pending now per load-history row (for ``History.scan`` and ``roll``)."""
@@ -827,9 +840,17 @@ class Router:
                 return
             remote = found
         gather = call.gather
+        local = self._providers.get(call.name, ())
+        reach = len(local) + sum(weight for _, weight in remote if weight > 0)
+        if self.max_fanout and reach > self.max_fanout:
+            self.stats.fanout_refused += 1
+            self._conclude(call, [ERROR, call.cid, errors.LIMIT_EXCEEDED,
+                                  f"a call_all of {call.name!r} would reach {reach} providers; "
+                                  f"this node allows {self.max_fanout} (limits.max_fanout): "
+                                  "not run"])
+            return
         gather.fanning = True  # a child that ends at once does not end the call_all yet
-        targets: list[tuple[Peer, str, bool]] = [
-            (p, p.label, False) for p in self._providers.get(call.name, ())]
+        targets: list[tuple[Peer, str, bool]] = [(p, p.label, False) for p in local]
         targets += [(node, node.label, True) for node, weight in remote if weight > 0]
         for i, (target, label, whole) in enumerate(targets, 1):
             child = Call(gather, i, call.name, call.data, call.deadline)

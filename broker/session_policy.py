@@ -138,13 +138,23 @@ class SessionPolicy:
         else:
             self.send([ERROR, ref, errors.PERMISSION_DENIED, why])
 
+    def _admit_all(self, ref: int, name: str, now: float) -> bool:
+        """A call_all admitted as a REQUEST (``_admit``) is charged one request more per
+        provider beyond the first that the node knows of now: its fan-out counts against
+        the caller's rate limit (broker/router.py caps it at ``limits.max_fanout``)."""
+        if self._limiter is None:
+            return True
+        more = self.node.router.fanout_of(name, now) - 1
+        return more <= 0 or self._take(ref, now, name, count=more)
+
     def _take(self, ref: int | None, now: float, rpc: str | None = None,
-              ping: bool = False) -> bool:
-        """One request against the rate limit. A refusal costs far less than serving:
-        its text is made once per window, and a frame's refused PINGs get one ERROR."""
+              ping: bool = False, count: int = 1) -> bool:
+        """``count`` requests against the rate limit. A refusal costs far less than
+        serving: its text is made once per window, and a frame's refused PINGs get one
+        ERROR."""
         limiter = self._limiter
         assert limiter is not None
-        if limiter.take(now):
+        if limiter.take(now, count):
             return True
         self.node.stats["rate_limited"] += 1
         if limiter.first_refusal_in_window():

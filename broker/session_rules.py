@@ -201,7 +201,8 @@ class SessionRules(SessionPolicy):
         elif kind == ALL:
             if self.node.draining and self.moves_on_drain:
                 self.send([ERROR, msg[1], errors.SHUTTING_DOWN, "the node is shutting down"])
-            elif not self._gated or self._admit(msg[1], msg[2], now):
+            elif not self._gated or (self._admit(msg[1], msg[2], now)
+                                     and self._admit_all(msg[1], msg[2], now)):
                 meta = msg[5] if len(msg) == 6 else {}
                 router.request_all(self, msg[1], msg[2], msg[3], msg[4], now,
                                    meta.get("traceparent"), meta.get("max_replies") or 0)

@@ -107,3 +107,54 @@ async def test_cancelling_a_call_all_stops_every_handler(cluster3):
             assert {await stopped.get() for _ in range(3)} == {"p0", "p1", "p2"}
     finally:
         await asyncio.gather(*(c.close() for c in clients))
+
+
+async def test_a_call_all_is_charged_per_provider_and_its_fan_out_is_capped():
+    """20 providers of a name on 2 nodes; the caller may make 50 requests a minute: each
+    call_all counts once per provider it reaches, so the third is RATE_LIMITED, unrun;
+    with ``limits.max_fanout`` under 20 a call_all is refused LIMIT_EXCEEDED, unrun."""
+    import json
+
+    from rpcbus.broker.auth import token_digest
+
+    from .conftest import InProcessCluster
+
+    users = {"svc": {"token_sha256": token_digest("svc"), "provide": ["*"], "call": ["*"]},
+             "app": {"token_sha256": token_digest("app"), "call": ["*"],
+                     "rate_messages": 50}}
+    cluster = InProcessCluster(2, RPCBUS_AUTH_MODE="users",
+                               RPCBUS_AUTH_USERS=json.dumps(users),
+                               RPCBUS_LIMITS_RATE_WINDOW="60")
+    runs = Counter()
+    clients = []
+    try:
+        await cluster.start()
+        def counted(i):
+            return lambda data: runs.update([i]) or i
+        for i in range(20):
+            c = await rpcbus.connect(cluster.nodes[i % 2].url, token="svc", name=f"p{i}")
+            await c.provide("fan.x", counted(i))
+            clients.append(c)
+        caller = await rpcbus.connect(cluster.nodes[0].url, token="app")
+        clients.append(caller)
+        async with asyncio.timeout(5):   # n1 knows n2's ten (a plain call asks for them)
+            while cluster.nodes[0].node.router.fanout_of("fan.x", 0.0) < 20:
+                await caller.call("fan.x", None)
+                await asyncio.sleep(0.02)
+        done = sum(runs.values())
+        assert len(await caller.call_all("fan.x", None, timeout=5)) == 20
+        assert len(await caller.call_all("fan.x", None, timeout=5)) == 20
+        with pytest.raises(rpcbus.RateLimitedError):
+            await caller.call_all("fan.x", None, timeout=5)
+        assert sum(runs.values()) == done + 40
+        for n in cluster.nodes:          # what a reload of limits.max_fanout = 15 sets
+            n.node.router.max_fanout = 15
+        other = await rpcbus.connect(cluster.nodes[1].url, token="svc")
+        clients.append(other)
+        with pytest.raises(rpcbus.LimitExceededError, match="would reach 20 providers"):
+            await other.call_all("fan.x", None, timeout=5)
+        assert sum(runs.values()) == done + 40
+    finally:
+        for c in clients:
+            await c.close()
+        await cluster.stop()

@@ -38,6 +38,7 @@ from rpcbus.errors import (
     ShuttingDownError,
     error_from_code,
 )
+from rpcbus.found import ProviderInfo, RpcInfo
 from rpcbus.streams import Stream
 from rpcbus.sync import SyncClient, SyncStream, connect_sync
 
@@ -53,7 +54,8 @@ __all__ = [
     "ConnectFailedError", "ConnectionLostError", "InvalidMessageError", "LimitExceededError",
     "NoProviderError", "NotAuthenticatedError", "OverloadedError", "PayloadTooLargeError",
     "PermissionDeniedError",
-    "ProviderError", "ProviderGoneError", "RateLimitedError", "Reject", "Reply",
+    "ProviderError", "ProviderGoneError", "ProviderInfo", "RateLimitedError", "Reject",
+    "Reply", "RpcInfo",
     "ResponseTimeoutError",
     "Options", "RpcError", "ShuttingDownError", "Stream", "SyncClient", "SyncStream",
     "connect", "connect_sync",

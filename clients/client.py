@@ -64,6 +64,7 @@ from rpcbus import errors
 from rpcbus.backoff import Backoff
 from rpcbus.calling import Calls, Reply, reply_of
 from rpcbus.credentials import RETRY, Credentials, TokenSource, renew_in
+from rpcbus.found import ProviderInfo, RpcInfo
 from rpcbus.handlers import (
     ANSWERS,
     ASYNC_PARTS,
@@ -624,19 +625,19 @@ class Client:
         """A protocol-level round trip to the node."""
         await self._control(PING, None)
 
-    async def rpcs(self) -> list[dict[str, Any]]:
+    async def rpcs(self) -> list[RpcInfo]:
         """What the cluster provides that this client's user may call, by name: ``[{"rpc",
         "providers", "nodes": {node: count}}]`` (docs/protocol.md, "Discovery")."""
-        found: list[dict[str, Any]] = await self._control(DISCOVER, None, [None])
+        found: list[RpcInfo] = await self._control(DISCOVER, None, [None])
         return found
 
-    async def providers(self, name: str) -> list[dict[str, Any]]:
+    async def providers(self, name: str) -> list[ProviderInfo]:
         """The providers of ``name`` across the cluster: ``[{"provider", "node", "weight",
         "calls_per_s", "ms", "outstanding", "calls", "errors", "p50_ms", "p99_ms"}]``, the
         last four over about the last minute (None: not measured); a node that provides
         it too little to say more gives ``{"provider": None, "node", "count"}``. Raises
         PermissionDeniedError for a name the user may not call."""
-        found: list[dict[str, Any]] = await self._control(DISCOVER, None, [name])
+        found: list[ProviderInfo] = await self._control(DISCOVER, None, [name])
         return found
 
     async def _control(self, kind: int, names: list[str] | None,

@@ -30,6 +30,7 @@ from typing import Any, Coroutine, Sequence, TypeVar, Unpack
 
 from rpcbus.calling import Reply
 from rpcbus.client import Client, Options, connect
+from rpcbus.found import ProviderInfo, RpcInfo
 from rpcbus.handlers import Handler
 from rpcbus.streaming import DEFAULT_WINDOW
 from rpcbus.streams import Stream
@@ -77,11 +78,11 @@ class SyncClient:
                                                max_replies=max_replies,
                                                traceparent=traceparent))
 
-    def rpcs(self) -> list[dict[str, Any]]:
+    def rpcs(self) -> list[RpcInfo]:
         """``Client.rpcs``: what the cluster provides that this user may call."""
         return self._run(self._client.rpcs())
 
-    def providers(self, name: str) -> list[dict[str, Any]]:
+    def providers(self, name: str) -> list[ProviderInfo]:
         """``Client.providers``: the providers of ``name`` across the cluster."""
         return self._run(self._client.providers(name))
 

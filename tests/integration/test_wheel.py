@@ -160,14 +160,19 @@ def test_the_wheel_is_rpcbus_alone_and_its_readme_runs_beside_same_named_folders
         "        await c.call('f', None)\n"
         "    await rpcbus.connect('ws://127.0.0.1:1', nmae='typo')\n\n\n"
         "def blocking() -> None:\n"
-        "    rpcbus.connect_sync('ws://127.0.0.1:1', open_timeout='soon')\n")
+        "    rpcbus.connect_sync('ws://127.0.0.1:1', open_timeout='soon')\n\n\n"
+        "async def found(c: rpcbus.Client) -> str:\n"
+        "    names = [r['rpc'] for r in await c.rpcs()]\n"
+        "    ok = [r.value for r in await c.call_all('f') if r.ok]\n"
+        "    return str((names, ok, (await c.rpcs())[0]['name']))\n")
     typed = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
                             "--python-executable", python, "app.py"], cwd=project,
                            capture_output=True, text=True)
     errors = [line for line in typed.stdout.splitlines() if ": error:" in line]
-    assert len(errors) == 2, typed.stdout
+    assert len(errors) == 3, typed.stdout
     assert 'app.py:7: error: Unexpected keyword argument "nmae"' in errors[0]
     assert 'app.py:11: error: Argument "open_timeout"' in errors[1]
+    assert 'app.py:17: error: TypedDict "RpcInfo" has no key "name"' in errors[2]
 
     # rpcbus bench, a user feature, from the wheel (its workers start as python -m)
     bench = subprocess.run([rpcbus_cmd, "bench", "local", "--smoke", "--out",

@@ -373,6 +373,7 @@ async def test_call_all_between_js_and_python_across_nodes(two, js):
         by = {r["provider"].split("@")[0]: r for r in replies}
         assert sorted(by) == ["no", "ok", "slow", "web"], replies
         assert by["ok"]["value"] == {"n": 7} and by["ok"]["node"] == two.nodes[0].name
+        assert [by[n]["ok"] for n in ("ok", "no", "slow", "web")] == [True, False, False, True]
         assert by["no"]["error"] == {"code": "OUT_OF_STOCK", "name": "AppError",
                                      "message": "none left", "data": {"left": 0}}
         assert by["slow"]["error"]["code"] == "RESPONSE_TIMEOUT"

@@ -414,7 +414,7 @@ export class Client {
 
   /**
    * Call `name` on every provider of it across the cluster: resolves with one reply per
-   * provider, `{ provider, node, value }` or `{ provider, node, error }` (an RpcError), in the
+   * provider, `{ provider, node, ok: true, value }` or `{ provider, node, ok: false, error }` (an RpcError), in the
    * order they came, when every provider answered, `maxReplies` did, or `timeout` (ms)
    * passed (a provider still working then gets a ResponseTimeoutError). Each provider runs
    * it at most once; `signal` gives it up (every handler still running is cancelled).
@@ -615,8 +615,8 @@ export class Client {
       if (entry === undefined || entry.replies === undefined) return // ended here already
       const [, , provider, node, value, error] = msg
       entry.replies.push(Array.isArray(error) && error.length >= 2
-        ? { provider, node, error: errors.errorFromCode(String(error[0]), String(error[1]), error[2]) }
-        : { provider, node, value })
+        ? { provider, node, ok: false, error: errors.errorFromCode(String(error[0]), String(error[1]), error[2]) }
+        : { provider, node, ok: true, value })
     } else if (kind === p.PART) {
       const entry = this._pending.get(msg[1])
       if (entry === undefined || entry.inflow === undefined) return // ended here already

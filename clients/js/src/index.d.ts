@@ -102,12 +102,17 @@ export interface ProviderInfo {
   count?: number
 }
 
-/** One provider's reply to callAll: its label (name@session) and node, and its value or error. */
-export interface Reply<R = any> {
-  provider: string
-  node: string
-  value?: R
-  error?: RpcError
+/** One provider's reply to callAll: its label (docs/protocol.md, "Labels") and node, and
+ * its value (`ok` true) or error (`ok` false), as Python's `rpcbus.Reply`. */
+export type Reply<R = any> =
+  | { provider: string, node: string, ok: true, value: R, error?: undefined }
+  | { provider: string, node: string, ok: false, value?: undefined, error: RpcError }
+
+/** A name the cluster provides that the user may call (Python's `rpcbus.RpcInfo`). */
+export interface RpcInfo {
+  rpc: string
+  providers: number
+  nodes: Record<string, number>
 }
 
 /** The parts of one stream, in order; leaving `for await` early cancels the provider. */
@@ -130,7 +135,7 @@ export declare class Client {
   constructor(urls: string | string[], options?: ConnectOptions)
   call<R = any>(name: string, data?: unknown, options?: CallOptions): Promise<R>
   /** What the cluster provides that this user may call, by name. */
-  rpcs(): Promise<Array<{ rpc: string, providers: number, nodes: Record<string, number> }>>
+  rpcs(): Promise<RpcInfo[]>
   /** The providers of `name` across the cluster, with their last minute's figures. */
   providers(name: string): Promise<ProviderInfo[]>
   /** Call `name` on every provider of it: one reply per provider. */

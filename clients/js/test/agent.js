@@ -8,7 +8,7 @@
 //    "abortAfter": ms}: the parts read (up to `take`, then break) and the error, if any
 //   {"id": 6, "op": "yielded"}: parts the "endless" handlers made so far
 //   {"id": 7, "op": "callAll", "name": "x", "data": ..., "timeout": ms, "maxReplies": n}: the
-//    replies, each {provider, node, value} or {provider, node, error: {code, name, message, data}}
+//    replies, each {provider, node, ok: true, value} or {provider, node, ok: false, error: {...}}
 //   {"id": 4, "op": "close" | "drain"}
 // Answers: {"id": 1, "ok": value} or {"id": 1, "error": {"code", "name", "message", "data"}};
 // events: {"event": "state", "state": ...}, {"event": "aborted", "rpc": ...}.
@@ -85,9 +85,9 @@ async function run (cmd) {
     case 'providers': return await client.providers(cmd.name)
     case 'callAll': {
       const replies = await client.callAll(cmd.name, cmd.data ?? null, { timeout: cmd.timeout, maxReplies: cmd.maxReplies })
-      return replies.map((r) => r.error
-        ? { provider: r.provider, node: r.node, error: { code: r.error.code, name: r.error.name, message: r.error.message, data: r.error.data ?? null } }
-        : { provider: r.provider, node: r.node, value: r.value })
+      return replies.map((r) => r.ok
+        ? { provider: r.provider, node: r.node, ok: true, value: r.value }
+        : { provider: r.provider, node: r.node, ok: false, error: { code: r.error.code, name: r.error.name, message: r.error.message, data: r.error.data ?? null } })
     }
     case 'unprovide': return await client.unprovide(cmd.name) ?? null
     case 'sleep': await wait(cmd.ms); return null

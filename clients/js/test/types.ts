@@ -22,3 +22,11 @@ export async function example (signal: AbortSignal): Promise<number> {
   await c.close()
   return r
 }
+
+export async function found (c: Client): Promise<number[]> {
+  const names: string[] = (await c.rpcs()).map((r) => r.rpc)
+  // @ts-expect-error: the name is `rpc`
+  names.push((await c.rpcs())[0].name)
+  const replies = await c.callAll<number>('math.add', { a: 1, b: 2 })
+  return replies.map((r) => r.ok ? r.value : r.error.code.length) // narrowed by `ok`
+}

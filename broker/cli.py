@@ -431,23 +431,37 @@ def status(redis_url: str | None, namespace: str | None, listen: float,
 
 
 @main.command("config")
-@click.option("--defaults", is_flag=True, required=True,
+@click.option("--defaults", is_flag=True,
               help="Print every option with its default and what it does (TOML).")
 @click.option("--user", "users", multiple=True, metavar="NAME",
               help="Add a user NAME who may call and provide everything, with a new "
               "token: its hash goes in the file, the token to stderr (repeat).")
-def config_cmd(defaults: bool, users: tuple[str, ...]) -> None:
-    """Print the node's configuration file with every default (a starting point).
+@click.option("--systemd-unit", "unit", is_flag=True,
+              help="Print the systemd unit that runs this install's `rpcbus node` "
+              "(docs/operations.md, \"Under systemd\").")
+def config_cmd(defaults: bool, users: tuple[str, ...], unit: bool) -> None:
+    """Print the node's configuration file with every default (a starting point), or
+    the systemd unit for this install.
 
     \b
         rpcbus config --defaults --user app > node.toml   # app's token on stderr
         rpcbus node --config node.toml --redis redis://127.0.0.1:6379/0
+        rpcbus config --systemd-unit > /etc/systemd/system/rpcbus.service
     """
     from importlib.resources import files
 
     from rpcbus.broker.auth import new_token as make
     from rpcbus.broker.auth import token_digest
 
+    if defaults == unit:
+        raise click.UsageError("say what to print: --defaults or --systemd-unit")
+    if unit:
+        if users:
+            raise click.UsageError("--user goes with --defaults")
+        here = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "rpcbus")
+        text = (files("rpcbus.conf") / "rpcbus.service").read_text(encoding="utf-8")
+        click.echo(text.replace("/opt/rpcbus/bin/rpcbus", here), nl=False)
+        return
     text = (files("rpcbus.conf") / "rpcbus.toml").read_text(encoding="utf-8")
     for name in users:
         if not re.fullmatch(r"[A-Za-z0-9_-]+", name):

@@ -174,6 +174,17 @@ def test_the_wheel_is_rpcbus_alone_and_its_readme_runs_beside_same_named_folders
     assert 'app.py:11: error: Argument "open_timeout"' in errors[1]
     assert 'app.py:17: error: TypedDict "RpcInfo" has no key "name"' in errors[2]
 
+    # the systemd unit as docs/operations.md installs it, for this venv
+    unit = subprocess.run([rpcbus_cmd, "config", "--systemd-unit"], cwd=project,
+                          capture_output=True, text=True, check=True).stdout
+    assert f"ExecStart={rpcbus_cmd} node --config /etc/rpcbus/node.toml\n" in unit
+    analyze = shutil.which("systemd-analyze")
+    if analyze is not None or os.environ.get("CI"):
+        (project / "rpcbus.service").write_text(unit)
+        verified = subprocess.run([analyze or "systemd-analyze", "verify", "rpcbus.service"],
+                                  cwd=project, capture_output=True, text=True)
+        assert (verified.returncode, verified.stderr) == (0, ""), verified.stderr
+
     # rpcbus bench, a user feature, from the wheel (its workers start as python -m)
     bench = subprocess.run([rpcbus_cmd, "bench", "local", "--smoke", "--out",
                             str(tmp_path / "bench")], cwd=project, capture_output=True,

@@ -5,7 +5,8 @@ shuts down in bounded steps, like uvicorn: refuse new connections (HTTP 503;
 ``/readyz`` keeps answering 503 "draining") and report not ready; tell every client (``ERROR nil
 SHUTTING_DOWN``: the SDK moves to
 another node) and PING it, and read on until it answers (PONG) or leaves, for at most
-``NOTICE_WAIT`` s: its REQUESTs sent before it heard the notice are then read, so none is
+``NOTICE_WAIT`` s (broker/lifecycle.py, where the drain's order is): its REQUESTs sent
+before it heard the notice are then read, so none is
 lost with the connection; answer new REQUESTs with SHUTTING_DOWN; let calls in flight finish for
 up to ``server.drain_timeout`` seconds (a second ``stop()`` cuts that short);
 answer SHUTTING_DOWN to calls still waiting for discovery (none ran: the SDK sends
@@ -40,6 +41,17 @@ from rpcbus.broker.config import Config, ConfigError
 from rpcbus.broker.ds_session import DeepstreamSession
 from rpcbus.broker.gate import Gate
 from rpcbus.broker.history import SCAN_INTERVAL
+from rpcbus.broker.lifecycle import (
+    ANNOUNCE,
+    CLOSE,
+    CUT_OFF,
+    HAND_BACK,
+    REACHABLE_AGAIN,
+    TELL,
+    WAIT,
+    Drain,
+    Watch,
+)
 from rpcbus.broker.notify import Notifier
 from rpcbus.broker.router import Router
 from rpcbus.broker.session import CUT_OFF_NOTICE, Session
@@ -55,10 +67,7 @@ HEARTBEAT_RPCS = 100  # rpcs whose provider counts a heartbeat carries
 HEARTBEAT_RPC_CALLS = 20  # rpcs whose call counts and latency buckets it carries
 BUS_WAIT_S = 5.0  # how long a starting node waits for Redis before taking clients
 
-STALL = 0.25       # s without a tick: the process was stopped or starved
-STALL_HOLD = 0.2   # s to read the backlog before deadlines apply again
 WEIGHTS_CHECK = 2.0  # s between looks at the weights file's modification time
-NOTICE_WAIT = 2.0  # s a draining node waits for its clients' PONG to its notice at most
 
 
 class Node:
@@ -105,16 +114,15 @@ class Node:
         self.ready = False
         self.failed: str | None = None   # why the node stopped by itself (exit code 1)
         self.draining = False
-        self.cut_off = False             # the bus has been down past cluster.evacuate_after
-        self._down_since: float | None = None
+        # the stall hold and the cut-off rule (broker/lifecycle.py); the drain once stopping
+        self._watch = Watch(time.monotonic(), config.cluster.evacuate_after)
+        self._drain: Drain | None = None
         self.url = ""
         self.port = 0
         self._session_seq = 0
         self._started = time.time()
         self._stop = asyncio.Event()
-        self._drained = asyncio.Event()
         self._unheard: set[Session] = set()  # draining: clients yet to answer the notice
-        self._heard = asyncio.Event()
         self._closed_totals: Counter[str] = Counter()
         self.notifier = Notifier()
         # re-reads the configuration for a reload (SIGHUP, POST /reload): set by the CLI
@@ -127,9 +135,9 @@ class Node:
 
         Safe from a signal handler: a second SIGTERM or Ctrl-C forces a quick exit.
         """
-        if self._stop.is_set() and not self._drained.is_set():
+        if self._stop.is_set() and self._drain is not None and self._drain.phase != "closed":
             log.warning("drain_skipped", node=self.name, abandoned=self.router.pending)
-            self._drained.set()
+            self._drain.skip()
         if not self._stop.is_set():
             self.notifier.stopping("draining: calls in flight finish, new ones go elsewhere")
         self._stop.set()
@@ -236,98 +244,89 @@ class Node:
                         "server.admin_token_sha256 (rpcbus new-token)", host=cfg.node.host)
 
     async def _shutdown(self, server: Any) -> None:
+        """The drain, in broker/lifecycle.py ``Drain``'s order, a step per sweep."""
         self.ready = False
         self.draining = True
-        if self.link is not None:
-            self.link.set_state("terminating")  # other nodes stop sending new calls
-            await self.link.bus.flushed(1.0)
-        for session in list(self.sessions):  # clients move to another node now
-            session.send([ERROR, None, errors.SHUTTING_DOWN,
-                          "this node is shutting down: connect to another node"])
-            if session.authenticated:
-                session.send([PING, DRAIN_PING])
-                self._unheard.add(session)
-        drain_timeout = self.config.server.drain_timeout
-        until = asyncio.get_running_loop().time() + drain_timeout
-        log.info("node_draining", node=self.name, deadline_s=drain_timeout,
-                 pending=self.in_flight)
-        await self._hear_every_client(min(NOTICE_WAIT, drain_timeout))
-        if self.in_flight:
-            try:
-                async with asyncio.timeout_at(until):
-                    await self._drained.wait()
-            except TimeoutError:
+        loop = asyncio.get_running_loop()
+        drain = self._drain = Drain(self.config.server.drain_timeout)
+        interval = self.config.rpc.timer_granularity
+        while True:
+            step = drain.next(loop.time(), self._bus_flushed(), len(self._unheard),
+                              self.in_flight, self.router.pending)
+            if step == WAIT:
+                await asyncio.sleep(interval)
+            elif step == ANNOUNCE:
+                if self.link is not None:
+                    self.link.set_state("terminating")  # other nodes stop sending new calls
+            elif step == TELL:
+                for session in list(self.sessions):  # clients move to another node now
+                    session.send([ERROR, None, errors.SHUTTING_DOWN,
+                                  "this node is shutting down: connect to another node"])
+                    if session.authenticated:
+                        session.send([PING, DRAIN_PING])
+                        self._unheard.add(session)
+                log.info("node_draining", node=self.name,
+                         deadline_s=self.config.server.drain_timeout, pending=self.in_flight)
+            elif step == HAND_BACK:  # drain cut short: calls no provider took go elsewhere
                 log.warning("drain_timeout", node=self.name, pending=self.router.pending)
-            if self.router.pending:  # drain cut short: calls no provider took go elsewhere
                 handed = self.router.hand_back()
                 log.warning("drain_unfinished", node=self.name, handed_back=handed,
                             abandoned=self.router.pending)
-        if self.link is not None:
-            await self.link.bus.flushed(1.0)  # the last answers to other nodes leave too
+            else:
+                assert step == CLOSE, step
+                break
+        if drain.unheard:
+            log.info("drain_notice_unanswered", node=self.name, clients=drain.unheard)
         for session in list(self.sessions):
             session.flush()
             session.fail_now(CloseCode.GOING_AWAY, "node shutting down")
+
+    def _bus_flushed(self) -> bool:
+        """The bus has nothing queued or unanswered (or it is down, or there is none)."""
+        return self.link is None or self.link.bus.idle
 
     @property
     def in_flight(self) -> int:
         """Calls this node still has under way: routed here, or starting from other nodes."""
         return self.router.pending + (self.link.starting if self.link is not None else 0)
 
-    async def _hear_every_client(self, timeout: float) -> None:
-        """Until every client told of the shutdown answered its PING or left. TCP keeps
-        order, so by then every REQUEST it sent before it heard is read: run, or refused
-        with SHUTTING_DOWN (which the SDKs send elsewhere), never lost unread with the
-        connection. A client that does not answer PINGs costs ``timeout``, no more."""
-        if not self._unheard:
-            return
-        try:
-            async with asyncio.timeout(timeout):
-                await self._heard.wait()
-        except TimeoutError:
-            log.info("drain_notice_unanswered", node=self.name, clients=len(self._unheard))
-
     def notice_heard(self, session: Session) -> None:
         """``session`` answered the draining PING, or closed."""
-        if session in self._unheard:
-            self._unheard.discard(session)
-            if not self._unheard:
-                self._heard.set()
+        self._unheard.discard(session)
 
     async def _tick_forever(self) -> None:
-        """The one timer of the node: sweeps deadlines every ``rpc.timer_granularity``.
-
-        After a stall (the process was stopped or starved for over ``STALL`` seconds)
-        it first lets the loop read what arrived meanwhile — acknowledgements and
-        answers that would otherwise be taken for timeouts — holding deadlines back
-        for ``STALL_HOLD`` seconds.
-        """
+        """The one timer of the node: sweeps deadlines every ``rpc.timer_granularity``,
+        after a stall only once the backlog was read, and sends clients elsewhere when
+        the node stalled or was cut off that long (broker/lifecycle.py ``Watch``)."""
         loop = asyncio.get_running_loop()
         interval = self.config.rpc.timer_granularity
         router = self.router
-        last = loop.time()
-        hold_until = 0.0
-        weights_due = last + WEIGHTS_CHECK
-        history_due = last
+        watch = self._watch
+        watch.last = loop.time()  # the sweeps start now: the start-up is not a stall
+        weights_due = watch.last + WEIGHTS_CHECK
+        history_due = watch.last
         while True:
             await asyncio.sleep(interval)
             now = loop.time()
-            if now - last > STALL:
-                log.warning("node_stalled", node=self.name, stalled_s=round(now - last, 3))
-                hold_until = now + STALL_HOLD
+            run, stalled, evacuate = watch.swept(now, self.draining)
+            if stalled:
+                log.warning("node_stalled", node=self.name, stalled_s=round(stalled, 3))
                 if self.link is not None:
                     self.link.stalled(now)
-                    if now - last >= self.config.cluster.evacuate_after and not self.draining:
-                        # stopped (SIGSTOP) or starved that long: the cluster gave it up
-                        # meanwhile, and a node that does this is no home for providers
-                        self._send_clients_elsewhere(now - last, "this node was stalled")
-            last = now
-            if now < hold_until:
+                    if evacuate:  # the cluster gave it up meanwhile
+                        self._send_clients_elsewhere(stalled, "this node was stalled")
+            if not run:
                 continue
             router.read_at = time.perf_counter()   # outcomes' time (per-rpc latency)
             router.tick(now)
             if self.link is not None:
                 self.link.tick(now)
-                self._check_cut_off(now)
+                said, for_s = watch.bus(now, self.link.available, self.draining)
+                if said == CUT_OFF:
+                    self._send_clients_elsewhere(for_s, "the cluster bus (Redis) is "
+                                                 "unreachable")
+                elif said == REACHABLE_AGAIN:
+                    log.info("cluster_reachable_again", node=self.name)
             if self.history is not None and now >= history_due:
                 history_due = now + SCAN_INTERVAL
                 pending = router.history_pending()
@@ -337,26 +336,11 @@ class Node:
             if self.weights_file is not None and now >= weights_due:
                 weights_due = now + WEIGHTS_CHECK
                 self._reload_weights()
-            if self.draining and not self.in_flight:
-                self._drained.set()
 
-    def _check_cut_off(self, now: float) -> None:
-        """Once the cluster bus has been down for ``cluster.evacuate_after``, tell every
-        client (and every one that logs in while it stays down) to move to another node
-        it knows: cut off, this node can serve only local calls, and nobody elsewhere
-        can reach its providers. Clients that find no other node stay."""
-        assert self.link is not None
-        if self.link.available or self.draining:
-            if self.cut_off:
-                log.info("cluster_reachable_again", node=self.name)
-            self._down_since, self.cut_off = None, False
-            return
-        if self._down_since is None:
-            self._down_since = now
-        elif not self.cut_off and now - self._down_since >= self.config.cluster.evacuate_after:
-            self.cut_off = True
-            self._send_clients_elsewhere(now - self._down_since,
-                                         "the cluster bus (Redis) is unreachable")
+    @property
+    def cut_off(self) -> bool:
+        """The bus has been down past ``cluster.evacuate_after``: clients were sent on."""
+        return self._watch.cut_off
 
     def _send_clients_elsewhere(self, for_s: float, reason: str) -> None:
         """Tell every client to move to another node it knows (CUT_OFF_NOTICE)."""

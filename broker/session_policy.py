@@ -29,7 +29,7 @@ log = structlog.get_logger(module="rpcbus.session")
 
 BUSY_HOLD = 0.25   # s an AUTH answered BUSY waits for its answer
 
-# to every client of a node cut off from the cluster (Node._check_cut_off): connect to
+# to every client of a node cut off from the cluster (broker/lifecycle.py Watch): connect to
 # another node you know (the SDKs do, and stay when none answers)
 CUT_OFF_NOTICE = [ERROR, None, errors.CLUSTER_UNAVAILABLE,
                   "this node cannot reach the cluster: connect to another node"]

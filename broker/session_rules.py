@@ -70,8 +70,11 @@ class NodeView(Protocol):
     gate: Gate
     stats: Counter[str]
     draining: bool   # stopping: no new calls
-    cut_off: bool    # its bus has been down past cluster.evacuate_after
     name: str
+
+    @property
+    def cut_off(self) -> bool:
+        """Its bus has been down past cluster.evacuate_after."""
 
     def notice_heard(self, session: Any) -> None:
         """The client answered the drain notice's PING: what it sent before is read."""

@@ -137,14 +137,10 @@ class Bus:
         self._wake.set()
         self._idle.clear()
 
-    async def flushed(self, timeout: float) -> bool:
-        """Wait until everything queued has been written (False after ``timeout`` or if down)."""
-        try:
-            async with asyncio.timeout(timeout):
-                await self._idle.wait()
-        except TimeoutError:
-            return False
-        return self.up
+    @property
+    def idle(self) -> bool:
+        """Nothing is queued or being written (or the bus is down: nothing will be)."""
+        return self._idle.is_set()
 
     def stale(self, why: str) -> None:
         """The owner sees the bus is not delivering: drop this session and reconnect."""

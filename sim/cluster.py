@@ -31,7 +31,9 @@ from typing import Any, Callable
 from rpcbus import errors
 from rpcbus.broker.config import Config
 from rpcbus.broker.gate import Gate
+from rpcbus.broker.lifecycle import ANNOUNCE, CLOSE, CUT_OFF, HAND_BACK, TELL, WAIT, Drain, Watch
 from rpcbus.broker.router import Router
+from rpcbus.broker.session_policy import CUT_OFF_NOTICE
 from rpcbus.broker.session_rules import SessionRules
 from rpcbus.calling import Calls
 from rpcbus.cluster.core import ClusterCore
@@ -53,6 +55,7 @@ from rpcbus.protocol import (
     REQUEST,
     RESPONSE,
     STREAM,
+    UNPROVIDE,
 )
 from rpcbus.provider import Held, Serving
 from rpcbus.sim.world import LOOP_TICK, BusEnd, Redis, World
@@ -61,10 +64,7 @@ GRACE = 1.0            # s the SDK waits past a call's timeout before failing it
 SWEEP = 0.05           # s between the SDK's sweeps of its deadlines
 LATE = 2 * SWEEP       # s an SDK's own deadline may fire late (bucket, then sweep)
 HIDDEN_AGE = 0.25      # s a call's age may be underestimated on its way to a handler
-NOTICE_WAIT = 2.0      # broker/node.py: how long a draining node waits for its clients
 DRAIN_TIMEOUT = 3.0    # server.drain_timeout here
-STALL = 0.25           # broker/node.py: a sweep this late means the process was stopped
-STALL_HOLD = 0.2
 APP_CODE = "SIM_SAID_NO"  # the application error every 16th call of a caller answers
 DID_NOT_RUN = errors.DID_NOT_RUN
 DOCUMENTED = DID_NOT_RUN | {errors.RESPONSE_TIMEOUT, errors.ACCEPT_TIMEOUT, errors.PROVIDER_GONE,
@@ -81,6 +81,9 @@ def node_config(ack_timeout: float, policy: str) -> Config:
     config.auth.mode = "none"
     config.cluster.heartbeat_interval = 0.5
     config.cluster.handover_wait = 1.0
+    # within the partitions and pauses the faults draw (up to 4 s and 3 s), so cut-off
+    # and stalled nodes send their clients elsewhere in some schedules
+    config.cluster.evacuate_after = 1.5
     return config
 
 
@@ -266,7 +269,6 @@ class SimNode:
         self.gate = Gate(self.config)
         self.stats: Counter[str] = Counter()
         self.draining = False
-        self.cut_off = False
         self.alive = True
         self.sessions: list[SimSession] = []
         self.unheard: set[SimSession] = set()  # draining: clients yet to answer the notice
@@ -280,8 +282,8 @@ class SimNode:
                                 started=float(generation))
         self.end.incarnation = self.core.incarnation
         sim.redis.ends[name] = self.end
-        self._last_sweep = self.clock()
-        self._hold_until = float("-inf")
+        # the stall hold and the cut-off rule, as the node's shell feeds them
+        self.watch = Watch(self.clock(), self.config.cluster.evacuate_after)
         self._seq = 0
         self.world.after(0.0, self.end.reconnect)
         self.world.after(self.config.rpc.timer_granularity, self._sweep)
@@ -316,17 +318,36 @@ class SimNode:
             self.world.at(self.sim.redis.paused[self.name], self._sweep)
             return
         now = self.clock()
-        if now - self._last_sweep > STALL:
-            self._hold_until = now + STALL_HOLD
+        run, stalled, evacuate = self.watch.swept(now, self.draining)
+        if stalled:
             self.core.stalled(now)
-        self._last_sweep = now
-        if now >= self._hold_until:
+            if evacuate:
+                self._send_clients_elsewhere()
+        if run:
             self.router.read_at = now
             self.router.tick(now)
             self.core.tick(now)
+            if self.watch.bus(now, self.core.available, self.draining)[0] == CUT_OFF:
+                self._send_clients_elsewhere()
             if self.core.state == "starting" and self.core.joined(now):
                 self.core.set_state("ready", now)
         self.world.after(self.config.rpc.timer_granularity, self._sweep)
+
+    @property
+    def cut_off(self) -> bool:
+        return self.watch.cut_off
+
+    def _send_clients_elsewhere(self) -> None:
+        """Every client is told to move to another node (CUT_OFF_NOTICE), as the node's."""
+        for session in self.sessions:
+            if session.authenticated and not session.closed:
+                session.send(CUT_OFF_NOTICE)
+                session.flush()
+        self.sim.sent_elsewhere += 1
+
+    def _bus_flushed(self) -> bool:
+        end = self.end
+        return not end.up or (not end.outbox.queued and not end.rounds)
 
     # clients
     def notice_heard(self, session: Any) -> None:
@@ -337,39 +358,43 @@ class SimNode:
         return self.router.pending + self.core.starting
 
     def drain(self, then: Callable[[], None]) -> None:
-        """SIGTERM, as broker/node.py ``_shutdown`` does it: other nodes stop sending
-        calls here, every client is told (and PINGed: what it sent before it heard is
-        read), calls under way finish within the drain timeout, calls still waiting for
-        discovery are answered SHUTTING_DOWN, then the connections close and the process
-        exits; ``then`` runs after."""
-        now = self.clock()
+        """SIGTERM, in broker/lifecycle.py ``Drain``'s order, a step per sweep as the
+        node's shell takes them; then the connections close and the process exits;
+        ``then`` runs after."""
         self.draining = True
-        self.core.set_state("terminating", now)
-        for session in self.sessions:
-            if session.closed:
-                continue
-            session.send([ERROR, None, errors.SHUTTING_DOWN, "this node is shutting down"])
-            if session.authenticated:
-                session.send([PING, DRAIN_PING])
-                self.unheard.add(session)
-            session.flush()
-        heard_by = self.world.now + NOTICE_WAIT
-        until = self.world.now + DRAIN_TIMEOUT
+        drain = Drain(DRAIN_TIMEOUT)
 
-        def wait() -> None:
+        def step() -> None:
             if not self.alive:
                 return
             if self.paused():
-                self.world.at(self.sim.redis.paused[self.name], wait)
+                self.world.at(self.sim.redis.paused[self.name], step)
                 return
-            if (self.unheard and self.world.now < heard_by) or (
-                    self.in_flight and self.world.now < until):
-                self.world.after(self.config.rpc.timer_granularity, wait)
-                return
-            self.router.hand_back()
-            for session in self.sessions:
-                session.flush()
-            self.world.after(0.05, stop)  # the last answers to other nodes leave too
+            while True:
+                now = self.clock()
+                action = drain.next(now, self._bus_flushed(), len(self.unheard),
+                                    self.in_flight, self.router.pending)
+                if action == WAIT:
+                    self.world.after(self.config.rpc.timer_granularity, step)
+                    return
+                if action == ANNOUNCE:
+                    self.core.set_state("terminating", now)
+                elif action == TELL:
+                    for session in self.sessions:
+                        if session.closed:
+                            continue
+                        session.send([ERROR, None, errors.SHUTTING_DOWN,
+                                      "this node is shutting down"])
+                        if session.authenticated:
+                            session.send([PING, DRAIN_PING])
+                            self.unheard.add(session)
+                        session.flush()
+                elif action == HAND_BACK:
+                    self.router.hand_back()
+                else:
+                    assert action == CLOSE, action
+                    stop()
+                    return
 
         def stop() -> None:
             if not self.alive:
@@ -384,7 +409,7 @@ class SimNode:
             self.alive = False
             self.end.alive = False
             then()
-        wait()
+        step()
 
     def connect(self, to_client: Callable[[list[list[Any]] | None], None]
                 ) -> tuple[SimSession, Pipe]:
@@ -517,9 +542,16 @@ class Client:
         for msg in frame:
             if msg[0] == PING:
                 conn.pipe.send([PONG, msg[1] if len(msg) > 1 else None])
-            elif msg[0] == ERROR and msg[1] is None and msg[2] == errors.SHUTTING_DOWN:
-                self.move_off(conn)
+            elif msg[0] == ERROR and msg[2] == errors.SHUTTING_DOWN:
+                self.move_off(conn)  # the notice, or a call refused so: the node drains
+            elif msg[0] == ERROR and msg[1] is None and msg[2] == errors.CLUSTER_UNAVAILABLE:
+                self.cut_off(conn)  # the node cannot reach the cluster
         self.frame(conn, frame)
+
+    def cut_off(self, conn: Conn) -> None:
+        """As the SDK does: another connection for new work (what is under way here ends
+        here); nodes exist in a simulation, so there is always another to try."""
+        self.move_off(conn)
 
     def frame(self, conn: Conn, frame: list[list[Any]]) -> None:
         raise NotImplementedError
@@ -581,6 +613,13 @@ class Provider(Client):
                                    accept_upto=True,
                                    stale_after_ms=self.sim.ack_timeout * 500)
             conn.pipe.send([PROVIDE, 1, list(self.names)])
+
+    def cut_off(self, conn: Conn) -> None:
+        """As the SDK does: provide through another node, and no longer here (its handlers
+        under way here finish)."""
+        if conn is self.conn:
+            self.move_off(conn)
+            conn.pipe.send([UNPROVIDE, 2, list(self.names)])
 
     def frame(self, conn: Conn, frame: list[list[Any]]) -> None:
         serving = conn.serving
@@ -898,6 +937,7 @@ class Simulation:
         # the run's faults only slow things (no loss, partition, restart, drain): a live
         # provider is reachable all along, so NO_PROVIDER for its name is a violation
         self.overload_only = False
+        self.sent_elsewhere = 0  # times a node sent its clients elsewhere (cut off, stalled)
 
     def node_index(self, name: str) -> int:
         return int(name[1:])

@@ -45,6 +45,7 @@ class Result:
     outcomes: dict[str, int]
     violations: list[str] = field(default_factory=list)
     events: int = 0
+    sent_elsewhere: int = 0  # times a node sent its clients elsewhere (broker/lifecycle.py)
 
     @property
     def ok(self) -> bool:
@@ -188,7 +189,7 @@ def run_seed(seed: int, allowed: tuple[str, ...] = ALL_FAULTS, load_s: float = 6
     _check_tables(sim)
     sim.ledger.check_end()
     return Result(seed, str(faults), len(sim.ledger.calls), dict(sim.ledger.outcomes),
-                  sim.ledger.violations, world.events_run)
+                  sim.ledger.violations, world.events_run, sim.sent_elsewhere)
 
 
 def _overload(sim: Simulation, start: float, end: float) -> None:

@@ -16,7 +16,7 @@ import pytest
 import rpcbus
 from rpcbus.broker.auth import hash_password, token_digest
 from rpcbus.broker.config import ServerSection
-from rpcbus.broker.node import NOTICE_WAIT
+from rpcbus.broker.lifecycle import NOTICE_WAIT
 from rpcbus.broker.process import NodeProcess
 
 ROOT = Path(__file__).parents[2]

@@ -102,3 +102,15 @@ def test_a_seed_replays_exactly() -> None:
     first, again = run_seed(7, ALL_FAULTS), run_seed(7, ALL_FAULTS)
     assert (first.calls, first.outcomes, first.events) == (again.calls, again.outcomes,
                                                            again.events)
+
+
+def test_nodes_cut_off_or_stalled_send_their_clients_elsewhere() -> None:
+    """The node's lifecycle rules run in the simulator too (broker/lifecycle.py): seeds
+    whose partitions or pauses outlast ``cluster.evacuate_after`` make nodes send their
+    clients elsewhere, and the clients' moves break no promise."""
+    results = [run_seed(seed, ("partition", "pause")) for seed in range(1, 41)]
+    failed = [f"seed {r.seed} ({r.faults}): {r.violations[:3]}" for r in results
+              if r.violations]
+    assert not failed, "\n".join(failed)
+    assert sum(r.sent_elsewhere > 0 for r in results) >= 5, [r.sent_elsewhere
+                                                            for r in results]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from typing import Any
+from urllib.parse import unquote
 
 from rpcbus import errors
 from rpcbus.broker import ds_wire as w
@@ -81,6 +82,26 @@ _DS_ERRORS = {
 
 _to_json = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
 _from_json = json.loads
+
+
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+_PLAIN_AFTER = _PLAIN | frozenset(".:/-")
+
+
+def rpc_name(name: str) -> str:
+    """A deepstream RPC name as rpcbus's: each character rpcbus's names do not take there
+    (a space, ``%``, a leading ``/``) as ``%XX`` of its UTF-8 bytes, so every name
+    deepstream accepts is served and comes back as it was (``ds_name``)."""
+    if name and name[0] in _PLAIN and all(c in _PLAIN_AFTER for c in name):
+        return name
+    return "".join(c if c in (_PLAIN_AFTER if i else _PLAIN) else
+                   "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+                   for i, c in enumerate(name))
+
+
+def ds_name(name: str) -> str:
+    """An rpcbus name as a deepstream client sees it (``rpc_name`` undone)."""
+    return unquote(name, errors="replace") if "%" in name else name
 
 
 class _Bulk:
@@ -185,7 +206,7 @@ class DeepstreamRules:
             self._seq += 1
             self.calls[self._seq] = (cid, name)
             self._open.add(cid)
-            return [[REQUEST, self._seq, name, data, self.timeout_ms]], [], ""
+            return [[REQUEST, self._seq, rpc_name(name), data, self.timeout_ms]], [], ""
         if action == w.R_ACCEPT or action == w.R_RESPONSE or action == w.R_REJECT \
                 or action == w.R_REQUEST_ERROR:
             return self._answer(m)
@@ -193,12 +214,13 @@ class DeepstreamRules:
             names = m.names
             if not names:
                 return [], [], "PROVIDE and UNPROVIDE need names"
-            # a name deepstream takes and rpcbus does not (a space, say) is refused here,
-            # like one the user may not provide: no strike for what deepstream allows
+            # a name deepstream takes travels as rpcbus's (``rpc_name``); one still not
+            # valid (too long so) is refused here, like one the user may not provide: no
+            # strike for what deepstream allows
             good: list[str] = []
             replies = []
             for name in names:
-                if valid_name(name, self.max_name):
+                if type(name) is str and valid_name(rpc_name(name), self.max_name):
                     good.append(name)
                 else:
                     replies.append(DsMessage(w.T_RPC, w.R_MESSAGE_DENIED,
@@ -213,7 +235,7 @@ class DeepstreamRules:
             for name in good:
                 self._seq += 1
                 self._bulks[self._seq] = (bulk, name)
-                msgs.append([kind, self._seq, [name]])
+                msgs.append([kind, self._seq, [rpc_name(name)]])
             return msgs, replies, ""
         return [], [], f"unexpected RPC action {action}"
 
@@ -291,6 +313,7 @@ class DeepstreamRules:
             self.refused.append((attempt, f"the call's data cannot be written as JSON for "
                                           f"a deepstream provider: {exc}"))
             return []
+        name = ds_name(name)
         self.attempts[attempt] = (name, stream)
         user = msg[8] if len(msg) > 8 else None
         return [DsMessage(w.T_RPC, w.R_REQUEST, data=text, correlation_id=str(attempt),

@@ -138,8 +138,10 @@ KIND_NAMES = {
 
 #: Largest id or call id on the wire (msgpack uint64).
 MAX_ID = 2**64 - 1
-#: RPC names: a letter, digit or underscore first, then also ``. : / -``.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]*")
+#: RPC names: a letter, digit or underscore first, then also ``. : / -``; anything else
+#: as ``%XX`` (uppercase hex) of its UTF-8 bytes, as deepstream's names with a space come
+#: (broker/ds_rules.py: ``user/get profile`` is ``user/get%20profile``).
+NAME_PATTERN = re.compile(r"(?:[A-Za-z0-9_]|%[0-9A-F]{2})(?:[A-Za-z0-9_.:/\-]|%[0-9A-F]{2})*")
 DEFAULT_MAX_NAME = 128
 #: Longest error message a peer may send; longer ones are cut, not refused.
 MAX_ERROR_MESSAGE = 4096

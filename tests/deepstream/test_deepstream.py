@@ -162,13 +162,14 @@ async def test_every_deepstream_error_and_no_call_runs_twice(two, ds):
         for i in range(6):
             assert await caller.ok("make", name="e.reject", data=i) == i
         assert await caller.error("make", name="e.alone", data=1) == "NO_RPC_PROVIDER"
-        # a name deepstream allows and rpcbus does not: refused by name, no strike
-        await spare.ok("provide", name="get user", kind="echo")
-        refused = await spare.event(lambda e: e["event"] == "error"
-                                    and e["kind"] == "MESSAGE_DENIED")
-        assert refused["error"]["name"] == "get user"
-        assert (await caller.error("make", name="get user", data=1))["code"] == \
-            "INVALID_MESSAGE"
+        # a name with characters rpcbus's names do not take travels as %XX: served to
+        # deepstream's clients under its own name, to ours under the escaped one
+        await spare.ok("provide", name="user/get profile", kind="echo")
+        await wait_routable(py, "user/get%20profile", 5)
+        assert await caller.ok("make", name="user/get profile", data=6) == 6
+        assert await py.call("user/get%20profile", 8, timeout=3) == 8
+        await py.provide("sure%3F", lambda d: -d)
+        assert await caller.ok("make", name="sure?", data=2) == -2
         # records and presence are not served: the client's promise fails at once; an
         # event subscription is refused with an error event
         for op in ("snapshot", "has"):
@@ -180,6 +181,7 @@ async def test_every_deepstream_error_and_no_call_runs_twice(two, ds):
         ran = await provider.ok("ran")   # each call ran once, none twice
         assert ran == {"e.noaccept": 3, "e.slow": 3, "e.late": 1}, ran
         assert (await spare.ok("ran"))["e.reject"] == 7
+        assert (await spare.ok("ran"))["user/get profile"] == 3   # wait_routable's too
         # counted in the metrics as any call (each node counts its own callers' calls)
         metrics = await asyncio.to_thread(samples, node)
         assert metrics[("rpcbus_calls_total", frozenset(

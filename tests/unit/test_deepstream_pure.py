@@ -8,7 +8,7 @@ import pytest
 
 from rpcbus import errors
 from rpcbus.broker import ds_wire as w
-from rpcbus.broker.ds_rules import REQUEST_ERROR, DeepstreamRules
+from rpcbus.broker.ds_rules import REQUEST_ERROR, DeepstreamRules, ds_name, rpc_name
 from rpcbus.broker.ds_wire import DsMessage, DsProtocolError
 from rpcbus.protocol import (
     ACCEPT,
@@ -27,6 +27,7 @@ from rpcbus.protocol import (
     REQUEST,
     RESPONSE,
     STREAM,
+    valid_name,
 )
 
 # What the client writes (captured from @deepstream/client 7.0.5 and its protobuf builder)
@@ -202,16 +203,23 @@ def test_provide_answers_once_per_message_and_names_each_refusal():
             is_error=True)]
     assert rules.outbound([OK, into[2][1]]) == [rpc(w.R_PROVIDE, correlation_id="7",
                                                     is_ack=True)]
-    # a name deepstream allows and rpcbus does not: refused here, without a strike
+    # a name with characters rpcbus's names do not take travels as %XX; one too long so
+    # is refused here, without a strike
+    long = "é" * 30                                          # 180 characters as %XX
     into, out, problem = rules.inbound(rpc(w.R_PROVIDE, correlation_id="8",
-                                           names=("get user", "ok.name")))
-    assert into == [[PROVIDE, into[0][1], ["ok.name"]]] and not problem
-    assert out == [rpc(w.R_MESSAGE_DENIED, original_action=w.R_PROVIDE, name="get user",
+                                           names=("get user", long, "ok.name")))
+    assert [m[2] for m in into] == [["get%20user"], ["ok.name"]] and not problem
+    assert out == [rpc(w.R_MESSAGE_DENIED, original_action=w.R_PROVIDE, name=long,
                        correlation_id="8", is_error=True)]
-    assert rules.outbound([OK, into[0][1]]) == [rpc(w.R_PROVIDE, correlation_id="8",
+    rules.outbound([OK, into[0][1]])
+    assert rules.outbound([OK, into[1][1]]) == [rpc(w.R_PROVIDE, correlation_id="8",
                                                     is_ack=True)]
-    into, out, _ = rules.inbound(rpc(w.R_UNPROVIDE, correlation_id="9", names=(" ",)))
-    assert into == [] and [m.action for m in out] == [w.R_MESSAGE_DENIED, w.R_UNPROVIDE]
+    asked = rules.outbound([REQUEST, 41, "get%20user", 1, 1000, "c@s1", 0])
+    assert asked[0].name == "get user"                       # its provider's own name
+    into, _, _ = rules.inbound(rpc(w.R_UNPROVIDE, correlation_id="9", names=(" ", "100%")))
+    assert [m[2] for m in into] == [["%20"], ["100%25"]]
+    for name in ("user/get profile", "/x", "-x", "a%b", "a b%20c", "日本", "ok.name"):
+        assert valid_name(rpc_name(name)) and ds_name(rpc_name(name)) == name
 
 
 def test_login_refusals_busy_pings_notices_and_what_is_not_served():

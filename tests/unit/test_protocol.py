@@ -97,5 +97,7 @@ def test_names():
     assert not p.valid_name("")
     assert not p.valid_name(".hidden")
     assert not p.valid_name("with space")
+    assert p.valid_name("with%20space") and p.valid_name("%2Fleading")   # deepstream's
+    assert not any(p.valid_name(n) for n in ("50%", "a%2", "a%2f", "%zz"))  # only %XX
     assert not p.valid_name("x" * 129)
     assert p.valid_name("x" * 129, max_len=200)

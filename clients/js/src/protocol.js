@@ -32,7 +32,7 @@ export const PONG = 31
 /** Most messages in one frame unless the node says fewer (AUTH_OK max_frame_messages). */
 export const MAX_FRAME_MESSAGES = 10000
 export const MAX_NAME = 128
-const NAME = /^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$/
+const NAME = /^(?:[A-Za-z0-9_]|%[0-9A-F]{2})(?:[A-Za-z0-9_.:/-]|%[0-9A-F]{2})*$/
 
 /** True for a usable rpc name: 1-128 of A-Z a-z 0-9 _ . : / -, not starting with . : / - */
 export function validName (name, maxLength = MAX_NAME) {

@@ -463,7 +463,8 @@ def run(history: str, out: str, since: str | None = None, until: str | None = No
 
     started = time.monotonic()
     log_path, log_conf = sparklog.to_file()
-    spark = session(master, log_conf)
+    with sparklog.jvm_stderr_to(log_path):
+        spark = session(master, log_conf)
     spark.sparkContext.setLogLevel("ERROR")
     try:
         with _Progress(spark):

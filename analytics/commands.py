@@ -80,8 +80,8 @@ def analyze(history: str, out: str, since: str | None, until: str | None, master
         raise click.ClickException(
             "rpcbus analyze needs Java for Spark (17 or newer): install a JRE (Debian/Ubuntu: "
             "apt install default-jre-headless) or set JAVA_HOME")
-    _check_local_paths(history, out, None if no_report else
-                       report_dir or os.path.join(out, "report"))
+    made = _check_local_paths(history, out, None if no_report else
+                              report_dir or os.path.join(out, "report"))
     from rpcbus.analytics.analysis import Failed, NothingToAnalyse, run
 
     try:
@@ -89,6 +89,7 @@ def analyze(history: str, out: str, since: str | None, until: str | None, master
     except Failed as exc:
         raise click.ClickException(str(exc)) from None
     except NothingToAnalyse as exc:
+        _remove_if_empty(made)
         click.echo(f"rpcbus analyze: {exc}: nothing written", err=True)
         sys.exit(NOTHING_TO_ANALYSE)
 
@@ -100,9 +101,10 @@ def _local(path: str) -> str | None:
     return path.removeprefix("file://") if path.startswith("file://") else None
 
 
-def _check_local_paths(history: str, out: str, report_dir: str | None) -> None:
+def _check_local_paths(history: str, out: str, report_dir: str | None) -> list[str]:
     """Before Spark starts, one line (exit status 2) for what could only fail later:
-    a history file or folder that cannot be read, an output that cannot be written."""
+    a history file or folder that cannot be read, an output that cannot be written.
+    Returns the directories it made (the outermost of each new path)."""
     root = _local(history)
     if root is not None:
         files = [root] if os.path.isfile(root) else [
@@ -114,17 +116,32 @@ def _check_local_paths(history: str, out: str, report_dir: str | None) -> None:
                     f.read(1)
             except OSError as exc:
                 _unreadable(exc, path)
+    made: list[str] = []
     for target in (out, report_dir):
         local = _local(target) if target else None
         if local is None:
             continue
+        outermost = os.path.abspath(local)
+        while not os.path.exists(os.path.dirname(outermost)):
+            outermost = os.path.dirname(outermost)
         try:
+            if not os.path.exists(outermost):
+                made.append(outermost)
             os.makedirs(local, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=local, prefix=".rpcbus-write-check"):
                 pass
         except OSError as exc:
             raise _Mistake(f"cannot write to {target}: {exc.strerror or exc}: give an output "
                            "directory this user can write") from None
+    return made
+
+
+def _remove_if_empty(folders: list[str]) -> None:
+    """Remove the directories ``_check_local_paths`` made, where nothing was written in
+    them (folders only): a run with nothing to analyse leaves nothing behind."""
+    for folder in reversed(folders):
+        if os.path.isdir(folder) and not any(names for _, _, names in os.walk(folder)):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _unreadable(exc: OSError, path: str | None = None) -> None:

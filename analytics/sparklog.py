@@ -10,9 +10,14 @@ local mode the executors run in that JVM and log there too.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import tempfile
+from collections.abc import Iterator
 
+#: what the JVM prints at every start with Spark 4 (not worth keeping a log for)
+_INCUBATOR = b"WARNING: Using incubator modules: jdk.incubator.vector\n"
 _CONFIG = """\
 rootLogger.level = warn
 rootLogger.appenderRef.file.ref = file
@@ -42,16 +47,35 @@ def _config(path: str) -> str:
 
 
 def kept(path: str) -> bool:
-    """Whether the log holds anything (an empty one is removed); its configuration file
-    is removed either way (the JVM read it as it started)."""
+    """Whether the log holds anything but the JVM's start-up line (else it is removed);
+    its configuration file is removed either way (the JVM read it as it started)."""
     try:
         os.remove(_config(path))
     except OSError:
         pass
     try:
-        if os.path.getsize(path) > 0:
+        with open(path, "rb") as f:
+            head = f.read(len(_INCUBATOR) + 1)
+        if head and head != _INCUBATOR:  # something besides the JVM's start-up line
             return True
         os.remove(path)
     except OSError:
         pass
     return False
+
+
+@contextlib.contextmanager
+def jvm_stderr_to(path: str) -> Iterator[None]:
+    """A JVM started inside (pyspark starts the driver's as a child) writes its stderr to
+    ``path``: what it prints before log4j is up (Spark 4's "WARNING: Using incubator
+    modules") reaches the log, not the terminal. This process's stderr is back after."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)

@@ -1,7 +1,7 @@
 """The rollup reaches the driver one part at a time (analytics/series.py ``stream``): a
 rollup bigger than ``spark.driver.maxResultSize`` is analysed (one collect of it aborted
 the job), and a job Spark aborts ends ``rpcbus analyze`` with one line, never a Python
-traceback."""
+traceback; a history with nothing to analyse says so in one line and leaves nothing."""
 
 import os
 import subprocess
@@ -65,3 +65,22 @@ def test_a_job_spark_aborts_is_one_line_and_exit_1(history, tmp_path):
     assert "Exception" not in proc.stderr.replace(said[0], "")
     log = said[0].rsplit("(Spark's log: ", 1)[1].rstrip(")")
     assert "\tat org.apache.spark" in Path(log).read_text()
+
+
+def test_nothing_to_analyse_is_one_line_and_leaves_nothing_behind(tmp_path):
+    """A history with no usable row: exit 3, one line on the terminal (nothing of the
+    JVM's), and no folder left under --out."""
+    history = tmp_path / "history"
+    history.mkdir()
+    (history / "part.jsonl").write_text('{"schema_version": 99, "rpc": "x"}\n')
+    out = tmp_path / "results" / "today"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rpcbus.broker", "analyze", "--history", str(history),
+         "--out", str(out), "--master", "local[1]"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    said = proc.stderr.splitlines()
+    assert len(said) == 1 and said[0].startswith("rpcbus analyze: no usable history rows "), \
+        proc.stderr
+    assert said[0].endswith(": nothing written")
+    assert not (tmp_path / "results").exists()

@@ -201,6 +201,7 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     # a copy), their hours are read again and their rows compared (``_copies``), and only
     # if a row is there twice is the rollup made again from distinct rows (a second read
     # of everything; rows alike but for the file they came from are copies).
+    reading = time.time()  # files changed after this are being written: not judged whole
     rows = rows_of()
     every, counted = _rollup_once(rows)
     read = {r[0]: r[1] for r in counted}
@@ -209,7 +210,8 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
         every, counted = _rollup_once(rows.dropDuplicates(
             [c for c in rows.columns if c not in ("_file", "_fsize")]))
     json_lines = fmt == "json" or (fmt == "auto" and not _has_parquet(history))
-    oversized = _oversized(spark, every, history, since, until) if json_lines else 0
+    oversized = (_oversized(spark, every, history, since, until, reading) if json_lines
+                 else 0)
     written = {"rows_read": sum(read.values()) + oversized,
                "rows_skipped": sum(n for ok, n in read.items() if not ok) + oversized,
                "rows_duplicate": sum(read[r[0]] - r[1] for r in counted if r[0])}
@@ -317,7 +319,7 @@ def _copies(every: Any, rows_of: Any) -> bool:
 
 
 def _oversized(spark: Any, every: Any, history: str, since: float | None,
-               until: float | None) -> int:
+               until: float | None, reading: float) -> int:
     """Lines over ``MAX_LINE`` the reader skipped, counted from what is missing: per file
     whose rows the rollup holds (from that file alone), its size less its rows at the
     history's usual bytes per row (the median file's, x 1.25, at most ``MAX_ROW``); at
@@ -327,7 +329,9 @@ def _oversized(spark: Any, every: Any, history: str, since: float | None,
     MB) comes out as pieces at the splits' ends, unreadable rows (counted so): a file
     with unreadable rows adds nothing more. (Keeping the raw text of unreadable lines to
     tell the pieces apart cost 10 % of the job at 10M rows.) A lower bound, then: one
-    line per file, however many it holds.
+    line per file, however many it holds. Files changed since ``reading`` (when the read
+    began: nodes still writing the history) are not judged by their size now, which
+    their rows read before were never measured against.
     Returns the lines to add to the rows read and skipped; the files are said once."""
     from pyspark.sql import functions as F
 
@@ -342,7 +346,7 @@ def _oversized(spark: Any, every: Any, history: str, since: float | None,
     folders = (hour_folders(spark, history, since, until)
                if since is not None or until is not None else None)
     unseen = 0
-    for size in _big_files(spark, [history] if folders is None else folders):
+    for size in _big_files(spark, [history] if folders is None else folders, reading):
         at = int(np.searchsorted(sizes, size))
         if at < len(sizes) and sizes[at] == size:
             sizes.pop(at)                 # a file with rows, judged above
@@ -356,8 +360,9 @@ def _oversized(spark: Any, every: Any, history: str, since: float | None,
     return lines + unseen
 
 
-def _big_files(spark: Any, paths: list[str]) -> list[int]:
-    """The sizes of the files under ``paths`` of ``MAX_LINE`` bytes or more."""
+def _big_files(spark: Any, paths: list[str], before: float) -> list[int]:
+    """The sizes of the files under ``paths`` of ``MAX_LINE`` bytes or more, last changed
+    before ``before`` (seconds since the epoch)."""
     jvm = spark.sparkContext._jvm
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     out = []
@@ -368,8 +373,9 @@ def _big_files(spark: Any, paths: list[str]) -> list[int]:
             continue
         found = fs.listFiles(root, True)
         while found.hasNext():
-            size = found.next().getLen()
-            if size >= MAX_LINE:
+            status = found.next()
+            size = status.getLen()
+            if size >= MAX_LINE and status.getModificationTime() < before * 1000:
                 out.append(int(size))
     return out
 

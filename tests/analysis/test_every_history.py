@@ -134,3 +134,25 @@ def test_a_line_far_over_a_row_is_skipped_unread_and_counted(spark, tmp_path, ca
     assert (written["rows_read"], written["rows_skipped"]) == (203, 2)
     [said] = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
     assert "2 history file(s) hold lines over 1 MiB" in said
+
+
+def test_a_history_written_to_while_it_is_analysed_is_not_called_damaged(
+        spark, tmp_path, capsys, monkeypatch):
+    """A node appends to its file after the job read it (nodes write their history as it
+    is analysed): the file's size now is not what its rows were read from, and no file is
+    said to hold lines over 1 MiB (before: "1 history file(s) hold lines over 1 MiB ... a
+    damaged or foreign file", its longest line 600 bytes)."""
+    part = tmp_path / "history" / "date=2026-11-18" / "hour=11" / "node=n1" / "part.jsonl"
+    write_rows(part, [history_row(w, "svc", f"p{w % 40}", 40) for w in range(4000)])
+    big_files = analysis._big_files
+
+    def written_meanwhile(*args):
+        with open(part, "a") as f:   # what the node wrote since the job read the file
+            f.writelines(json.dumps(history_row(4000 + w, "svc", "p1", 40)) + "\n"
+                         for w in range(2000))
+        return big_files(*args)
+    monkeypatch.setattr(analysis, "_big_files", written_meanwhile)
+    written = analysis.analyze(spark, str(tmp_path / "history"), str(tmp_path / "out"),
+                               report=False)
+    assert (written["rows_read"], written["rows_skipped"]) == (4000, 0)
+    assert "warning" not in capsys.readouterr().out

@@ -72,13 +72,13 @@ from rpcbus.broker.auth import BUSY, User, Users, verify_password
 from rpcbus.broker.config import Config
 from rpcbus.broker.limits import CheckBudget, WindowLimiter
 from rpcbus.broker.tokens import (
-    MAX_TOKEN,
     Grant,
     TokenError,
     Tokens,
     expired,
     load_keys,
     looks_like_jwt,
+    too_long,
 )
 
 log = structlog.get_logger(module="rpcbus.auth")
@@ -237,9 +237,9 @@ class Gate:
         the loop (~0.1-0.25 ms, benchmarks/token_cost.py), unless ``address`` failed
         lately and the failing checks' CPU budget is spent: then BUSY, unchecked."""
         loop = asyncio.get_running_loop()
-        if len(token) > MAX_TOKEN:  # refused unread, not remembered
-            self._refuse(address, f"token too long ({len(token)} characters; {MAX_TOKEN} "
-                                  "at most)", done)
+        unread = too_long(token)
+        if unread is not None:  # refused unread, not remembered
+            self._refuse(address, str(unread), done)
             return
         key = hashlib.sha256(token.encode()).digest()
         grant = self._granted.get(key)
@@ -280,8 +280,7 @@ class Gate:
         answered the later the more its logins failed lately (``REFUSAL_DELAY`` each, up
         to ``MAX_REFUSAL_DELAY``): a client retrying bad credentials in a loop waits, a
         typo does not."""
-        failed = self._failed.get(address, 0)
-        self._failed[address] = failed + 1
+        failed = self._failed_once_more(address)
         self.stats["login_refusals"] += 1
         delay = min(failed * REFUSAL_DELAY, MAX_REFUSAL_DELAY)
         loop = asyncio.get_running_loop()
@@ -289,6 +288,13 @@ class Gate:
             loop.call_later(delay, done, None, reason)
         else:
             loop.call_soon(done, None, reason)
+
+    def _failed_once_more(self, address: str) -> int:
+        """A login from ``address`` failed: its count of the last ``FAILURE_MEMORY`` s goes
+        up by one; returns the count before."""
+        failed = self._failed.get(address, 0)
+        self._failed[address] = failed + 1
+        return failed
 
     def _make_room(self, mine: int) -> bool:
         """The queue is full: answer BUSY to the newest login of the address with the most
@@ -362,7 +368,7 @@ class Gate:
             self._verified[login.key] = True
             self._good[address] = True
         else:
-            self._failed[address] = self._failed.get(address, 0) + 1
+            self._failed_once_more(address)
             # rest as many times the check's time as logins came from failing addresses
             # lately, less one, up to MAX_REST: a typo costs nothing, a flood gets half a
             # thread (off the loop; it spends the budget of failing checks, not held by it:

@@ -67,8 +67,8 @@ class CheckBudget:
     address, so two addresses at least share it. Each failed check's cost is spent as
     debt that drains at those rates; while the node's debt is over ``burst`` (or the
     address's over ``burst / 2``), checks for addresses whose logins failed lately are
-    not made (the gate answers BUSY, or lets a password wait). Logins from other
-    addresses, and logged-in clients, are never held by it."""
+    not made (the gate answers BUSY). Logins from other addresses, and logged-in
+    clients, are never held by it."""
 
     __slots__ = ("share", "burst", "debt", "at", "_by_address", "_addresses")
 
@@ -81,15 +81,10 @@ class CheckBudget:
 
     def allows(self, address: str, now: float) -> bool:
         """A check for ``address`` (which failed lately) may run at ``now``."""
-        return self.wait(address, now) == 0.0
-
-    def wait(self, address: str, now: float) -> float:
-        """Seconds until a check for ``address`` may run (0: now)."""
-        node = max(self.debt - self.share * (now - self.at) - self.burst, 0.0) / self.share
+        if self.debt - self.share * (now - self.at) > self.burst:
+            return False
         debt, at = self._by_address.get(address, (0.0, now))
-        half = self.share / 2
-        mine = max(debt - half * (now - at) - self.burst / 2, 0.0) / half
-        return max(node, mine)
+        return debt - self.share / 2 * (now - at) <= self.burst / 2
 
     def spend(self, address: str, seconds: float, now: float) -> None:
         """A check for ``address`` failed at ``now``, having taken ``seconds`` of CPU."""

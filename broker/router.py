@@ -440,8 +440,7 @@ class Router:
         cluster = self.cluster
         if cluster is None or not cluster.knows(name):
             return local
-        found = cluster.targets(name, now, False)
-        return local + sum(weight for _, weight in found or () if weight > 0)
+        return _reach(local, cluster.targets(name, now, False) or ())
 
     def history_pending(self) -> dict[Any, int]:
         """Attempts pending now per load-history row (for ``History.scan`` and ``roll``)."""
@@ -841,7 +840,7 @@ class Router:
             remote = found
         gather = call.gather
         local = self._providers.get(call.name, ())
-        reach = len(local) + sum(weight for _, weight in remote if weight > 0)
+        reach = _reach(len(local), remote)
         if self.max_fanout and reach > self.max_fanout:
             self.stats.fanout_refused += 1
             self._conclude(call, [ERROR, call.cid, errors.LIMIT_EXCEEDED,
@@ -1733,3 +1732,8 @@ class Router:
             self.stats.discarded += 1
         else:
             caller.send(msg)
+
+
+def _reach(local: int, remote: Iterable[tuple[Any, float]]) -> int:
+    """The providers a call_all reaches: ``local`` here, and each other node's count."""
+    return local + int(sum(weight for _, weight in remote if weight > 0))

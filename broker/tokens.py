@@ -170,8 +170,9 @@ class Tokens:
         its header (algorithm, ``kid``) before any signature work; it is decoded once,
         whatever the number of keys tried, and its claims read only once a signature
         verified (``parse``)."""
-        if len(token) > MAX_TOKEN:
-            raise TokenError(f"token too long ({len(token)} characters; {MAX_TOKEN} at most)")
+        unread = too_long(token)
+        if unread is not None:
+            raise unread
         if not self.keys:
             raise TokenError("this node takes no JWT tokens (no auth.token_keys)")
         header, payload, signed, signature = parse(token)
@@ -269,6 +270,13 @@ class Tokens:
                 isinstance(grant.audience, list) and self.audience in grant.audience)):
             return f"the token's audience is not {self.audience!r}"
         return ""
+
+
+def too_long(token: str) -> TokenError | None:
+    """The refusal of a token over ``MAX_TOKEN`` characters (None: not too long)."""
+    if len(token) <= MAX_TOKEN:
+        return None
+    return TokenError(f"token too long ({len(token)} characters; {MAX_TOKEN} at most)")
 
 
 def parse(token: str) -> tuple[dict[str, Any], bytes, bytes, bytes]:

@@ -1,4 +1,5 @@
-"""Who may connect, provide and call: password and token checks, glob permissions.
+"""Who may connect, provide, call, publish and subscribe: password and token checks,
+glob permissions.
 
 Pure (no I/O, no event loop): the session calls these and runs the slow part,
 ``verify_password``, in a worker thread.
@@ -10,9 +11,10 @@ and its digest): a token is random and long, so a fast hash is enough and a
 config file that leaks gives no token away.
 
 Permissions are glob patterns (``fnmatch``, case-sensitive: ``*`` matches any
-run of characters, dots included) in two lists, ``call`` and ``provide``, on
-a user and on the roles the user has. A name is allowed when any pattern
-matches it; no matching pattern means denied.
+run of characters, dots included) in lists, ``call`` and ``provide`` for RPC
+names, ``publish`` and ``subscribe`` for event topics (docs/events.md), on a
+user and on the roles the user has. A name is allowed when any pattern matches
+it; no matching pattern means denied.
 """
 
 from __future__ import annotations
@@ -96,17 +98,22 @@ def new_token() -> str:
 
 
 class Permissions:
-    """The ``call`` and ``provide`` globs of one user, with the names they allow cached
-    (a denied name is matched again each time: junk must not fill or churn the cache).
-    Callers check a name's shape and length first."""
+    """The ``call``, ``provide``, ``publish`` and ``subscribe`` globs of one user, with the
+    names they allow cached (a denied name is matched again each time: junk must not fill
+    or churn the cache). Callers check a name's shape and length first."""
 
-    __slots__ = ("call", "provide", "_calls", "_provides")
-    CACHE = 4096   # names remembered per user; more and the cache starts over
+    __slots__ = ("call", "provide", "publish", "subscribe", "_calls", "_provides",
+                 "_publishes", "_subscribes")
+    CACHE = 4096   # names remembered per user and list; more and the cache starts over
 
-    def __init__(self, call: tuple[str, ...], provide: tuple[str, ...]) -> None:
+    def __init__(self, call: tuple[str, ...], provide: tuple[str, ...],
+                 publish: tuple[str, ...] = (), subscribe: tuple[str, ...] = ()) -> None:
         self.call, self.provide = call, provide
+        self.publish, self.subscribe = publish, subscribe
         self._calls: dict[str, bool] = {}
         self._provides: dict[str, bool] = {}
+        self._publishes: dict[str, bool] = {}
+        self._subscribes: dict[str, bool] = {}
 
     def may_call(self, name: str) -> bool:
         allowed = self._calls.get(name)
@@ -123,6 +130,14 @@ class Permissions:
         if allowed is None:
             allowed = self._decide(self._provides, self.provide, name)
         return allowed
+
+    def may_publish(self, topic: str) -> bool:
+        return self._publishes.get(topic) or self._decide(self._publishes, self.publish,
+                                                          topic)
+
+    def may_subscribe(self, topic: str) -> bool:
+        return self._subscribes.get(topic) or self._decide(self._subscribes, self.subscribe,
+                                                           topic)
 
     def _decide(self, cache: dict[str, bool], patterns: tuple[str, ...], name: str) -> bool:
         allowed = any(fnmatchcase(name, pattern) for pattern in patterns)
@@ -153,7 +168,9 @@ class User:
         return self.name if self.grant is None else f"token:{self.name}"
 
 
-_USER_KEYS = {"password", "token_sha256", "roles", "call", "provide", "max_connections",
+#: the glob lists of a user, a role or a token
+LISTS = ("call", "provide", "publish", "subscribe")
+_USER_KEYS = {"password", "token_sha256", "roles", *LISTS, "max_connections",
               "rate_messages", "rate_bytes", "max_provided"}
 
 
@@ -174,14 +191,15 @@ class Users:
     AuthConfigError naming the first bad entry."""
 
     def __init__(self, users: Mapping[str, Any], roles: Mapping[str, Any]) -> None:
-        role_perms: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        role_perms: dict[str, tuple[tuple[str, ...], ...]] = {}
         self.roles = role_perms
         for role, entry in roles.items():
             where = f"auth.roles.{role}"
-            if not isinstance(entry, Mapping) or set(entry) - {"call", "provide"}:
-                raise AuthConfigError(f"{where}: a table with `call` and/or `provide` lists")
-            role_perms[role] = (_patterns(f"{where}.call", entry.get("call", [])),
-                                _patterns(f"{where}.provide", entry.get("provide", [])))
+            if not isinstance(entry, Mapping) or set(entry) - set(LISTS):
+                raise AuthConfigError(f"{where}: a table of glob lists: "
+                                      f"{', '.join(LISTS)}")
+            role_perms[role] = tuple(_patterns(f"{where}.{key}", entry.get(key, []))
+                                     for key in LISTS)
         self.by_name: dict[str, User] = {}
         self.by_token: dict[str, User] = {}
         for name, entry in users.items():
@@ -217,16 +235,15 @@ class Users:
     def _user(self, name: str, entry: Mapping[str, Any], where: str,
               password: str | None = None, token: str | None = None,
               grant: Grant | None = None) -> User:
-        call = list(_patterns(f"{where}.call", entry.get("call", [])))
-        provide = list(_patterns(f"{where}.provide", entry.get("provide", [])))
+        lists = [list(_patterns(f"{where}.{key}", entry.get(key, []))) for key in LISTS]
         for role in entry.get("roles", []):
             if role in self.roles:   # a token's role this node lacks grants nothing
-                call += self.roles[role][0]
-                provide += self.roles[role][1]
+                for mine, granted in zip(lists, self.roles[role], strict=True):
+                    mine += granted
         rate = {k: (_count(f"{where}.{k}", entry[k]) if k in entry else None)
                 for k in ("rate_messages", "rate_bytes", "max_provided")}
         return User(name, password, token,
-                    Permissions(tuple(dict.fromkeys(call)), tuple(dict.fromkeys(provide))),
+                    Permissions(*(tuple(dict.fromkeys(mine)) for mine in lists)),
                     _count(f"{where}.max_connections", entry.get("max_connections", 0)),
                     rate["rate_messages"], rate["rate_bytes"], rate["max_provided"], grant)
 

@@ -52,6 +52,8 @@ class LimitsSection:
     max_names_per_message: int = 1000
     max_messages_per_frame: int = 10000
     max_provided_per_connection: int = 1000
+    max_subscriptions_per_connection: int = 1000
+    max_event_buffer_bytes: int = 1 << 20  # a subscriber's; beyond, its events are lost
     max_fanout: int = 128           # providers one call_all may reach; 0: no limit
     max_provided_per_user: int = 10000
     max_invalid_messages: int = 10
@@ -147,7 +149,7 @@ _MAY_BE_ZERO = {("node", "port"), ("auth", "token_leeway"),
                 ("server", "ping_interval"), ("server", "ping_timeout"),
                 ("limits", "rate_messages"), ("limits", "rate_bytes"),
                 ("limits", "max_provided_per_connection"), ("limits", "max_provided_per_user"),
-                ("limits", "max_fanout"),
+                ("limits", "max_fanout"), ("limits", "max_subscriptions_per_connection"),
                 ("limits", "max_connections"), ("limits", "max_connections_per_address"),
                 ("limits", "max_unauthenticated"),
                 ("limits", "max_unauthenticated_per_address")}

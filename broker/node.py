@@ -39,6 +39,7 @@ from rpcbus import errors
 from rpcbus.broker import discovery, endpoints
 from rpcbus.broker.config import Config, ConfigError
 from rpcbus.broker.ds_session import DeepstreamSession
+from rpcbus.broker.events import Events
 from rpcbus.broker.gate import Gate
 from rpcbus.broker.history import SCAN_INTERVAL
 from rpcbus.broker.lifecycle import (
@@ -56,9 +57,10 @@ from rpcbus.broker.notify import Notifier
 from rpcbus.broker.router import Router
 from rpcbus.broker.session import CUT_OFF_NOTICE, Session
 from rpcbus.broker.weights import WeightsError, WeightsFile
+from rpcbus.cluster.messages import event_channel
 from rpcbus.cluster.warnings import SparseWarnings
 from rpcbus.handshake import HttpRequest
-from rpcbus.protocol import DRAIN_PING, ERROR, PING
+from rpcbus.protocol import DRAIN_PING, ERROR, GAP, OK, PING
 from rpcbus.transport import CloseCode
 from rpcbus.websocket import HttpAnswer
 
@@ -107,6 +109,9 @@ class Node:
                 raise ConfigError(f"rpc.weights_file: {e}") from None
             self.router.weights = self.weights_file.weights
         self.gate = Gate(config)
+        self.events = Events()  # with the cluster's bus once run() has one
+        # SUBSCRIBEs answered once Redis hears their channels: (session, ref, channels)
+        self._unconfirmed: list[tuple[Session, int, list[str]]] = []
         self.sessions: set[Session] = set()     # connections upgraded to WebSocket
         self.connections: set[Session] = set()  # every TCP connection, HTTP ones too
         self.stats: Counter[str] = Counter()
@@ -159,6 +164,12 @@ class Node:
             from rpcbus.cluster.link import ClusterLink
             self.link = ClusterLink(self.router, cfg.cluster, self.name, self.url,
                                     self._heartbeat_info)
+            link_bus = self.link.bus
+            self.events = Events(cfg.cluster.namespace, link_bus.outbox.publish,
+                                 link_bus.listen)
+            self.link.core.on_event = self.events.heard
+            link_bus.on_listening = self._confirm_subscriptions
+            self.link.on_lost = self._events_cut_off
             bus = asyncio.create_task(self.link.run(), name="rpcbus-bus")
             bus.add_done_callback(self._bus_ended)
         if cfg.history.dir:
@@ -425,6 +436,7 @@ class Node:
             self.notice_heard(session)
         self.router.read_at = time.perf_counter()
         self.router.drop_peer(session, asyncio.get_running_loop().time())
+        self.events.gone(session)
         self._closed_totals.update(_session_counters(session))
         # one line per client; connections that never logged in are counted (/stats) and
         # logged at debug only, so a flood of them cannot flood the log
@@ -432,6 +444,45 @@ class Node:
             "session_closed", session=session.sid, label=session.label,
             frames_in=session.frames_in, frames_out=session.frames_out,
             dropped_out=session.dropped_out)
+
+    # -- events (broker/events.py) -------------------------------------------------------
+
+    def subscribed(self, session: Session, ref: int, topics: list[str]) -> None:
+        """OK for the SUBSCRIBE ``ref`` once Redis hears its topics' channels for this node:
+        from then on every event emitted anywhere in the cluster reaches the subscriber.
+        At once when they are heard already, or cannot be (no cluster, the bus down)."""
+        if self.link is None:
+            session.send([OK, ref])
+            return
+        listening = self.link.bus.listening
+        channels = [event_channel(self.config.cluster.namespace, t) for t in topics]
+        if not self.link.available or all(listening.get(c) for c in channels):
+            session.send([OK, ref])
+        else:
+            self._unconfirmed.append((session, ref, channels))
+
+    def _confirm_subscriptions(self) -> None:
+        """Redis confirmed event channels: the SUBSCRIBEs waiting for them are answered."""
+        listening = self.link.bus.listening
+        waiting: list[tuple[Session, int, list[str]]] = []
+        for session, ref, channels in self._unconfirmed:
+            if all(listening.get(c, True) for c in channels):  # (or no longer wanted)
+                session.send([OK, ref])
+            else:
+                waiting.append((session, ref, channels))
+        self._unconfirmed = waiting
+
+    def _events_cut_off(self) -> None:
+        """The bus went down: events from other nodes are lost until it is back. Each
+        subscriber is told (a GAP without topic or count), and the SUBSCRIBEs waiting
+        for Redis are answered."""
+        for session, ref, _ in self._unconfirmed:
+            session.send([OK, ref])
+        self._unconfirmed = []
+        subscribers = self.events.every_subscriber()
+        self.stats["events_cut_off_notices"] += len(subscribers)
+        for sub in subscribers:
+            sub.send([GAP, None, None])
 
     # -- HTTP ----------------------------------------------------------------------------
 
@@ -565,6 +616,8 @@ class Node:
                 "rows_dropped": self.history.writer.dropped,
                 "writer_lag_s": round(self.history.writer.lag_s, 6)},
             "cluster": self.link.snapshot() if self.link is not None else None,
+            "events": {**dict(self.events.stats), "topics": len(self.events.subscribers),
+                       "channels": len(self.events.channels)},
             "weights": None if self.weights_file is None else {
                 "file": self.weights_file.path, "rpcs": len(self.weights_file.weights.rpcs),
                 "reloads": self.weights_file.reloads,

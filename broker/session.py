@@ -12,7 +12,9 @@ refusal of a handshake (broker/gate.py), byte budgets before login, WebSocket
 ping and pong budgets, the login timer (``limits.auth_timeout`` from the TCP
 connect: the connection closes, 1008), and backpressure: a session with
 ``limits.max_inflight_per_connection`` calls pending stops being read until
-half of them have finished.
+half of them have finished; a subscriber whose unsent output passes
+``limits.max_event_buffer_bytes`` loses its events (counted, and told in a
+GAP per topic once the transport has written the backlog: ``resume_writing``).
 """
 
 from __future__ import annotations
@@ -78,6 +80,20 @@ class Session(ServerConnection, SessionRules):
             return
         self._auth_timer = self.loop.call_later(self.node.config.limits.auth_timeout,
                                                 self._auth_timeout)
+        # past this much unsent, the transport pauses us: a subscriber's events are lost
+        # (counted, told in a GAP) until it has read what is buffered
+        transport.set_write_buffer_limits(high=self.node.config.limits.max_event_buffer_bytes)
+
+    def pause_writing(self) -> None:
+        self.events_held = True
+
+    def resume_writing(self) -> None:
+        if self.events_held:
+            lost = self.events_caught_up()
+            if lost:
+                self.node.events.stats["lost"] += lost
+                self.node.warnings.warn("events_lost_slow_subscriber", session=self.sid,
+                                        address=self.address, lost=lost)
 
     def _refuse_handshake(self, status: int, text: str) -> None:
         """Answer with HTTP ``status`` and close, whatever of the request has arrived."""

@@ -21,6 +21,7 @@ from rpcbus.protocol import AUTH_FAIL, AUTH_OK, ERROR, PROTOCOL_VERSION, valid_n
 
 if TYPE_CHECKING:
     from rpcbus.broker.auth import User
+    from rpcbus.broker.events import Subscriber
     from rpcbus.broker.limits import WindowLimiter
     from rpcbus.broker.router import Provider, Router
     from rpcbus.broker.session_rules import NodeView
@@ -48,6 +49,7 @@ class SessionPolicy:
     closed: bool
     authenticated: bool
     provides: set[str]
+    topics: set[str]
     address: str
     user: User | None
     _max_name: int
@@ -276,6 +278,12 @@ class SessionPolicy:
         self._perms = perms
         self._limiter = self.node.gate.limiter_for(self.user)
         self._gated = True
+        unheard = sorted(t for t in self.topics if not perms.may_subscribe(t))
+        if unheard:
+            self.node.events.unsubscribe(cast("Subscriber", self), unheard)  # a SessionRules
+            self.send([ERROR, None, errors.PERMISSION_DENIED,
+                       f"{self._who()} may no longer subscribe to {', '.join(unheard[:20])}"
+                       + (f" and {len(unheard) - 20} more" if len(unheard) > 20 else "")])
         denied = sorted(n for n in self.provides if not perms.may_provide(n))
         if denied:
             before = len(self.provides)

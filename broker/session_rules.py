@@ -39,8 +39,11 @@ from rpcbus.protocol import (
     CREDIT,
     DISCOVER,
     DRAIN_PING,
+    EMIT,
     ERROR,
+    EVENT,
     FOUND,
+    GAP,
     OK,
     PART,
     PING,
@@ -50,7 +53,9 @@ from rpcbus.protocol import (
     REQUEST,
     RESPONSE,
     STREAM,
+    SUBSCRIBE,
     UNPROVIDE,
+    UNSUBSCRIBE,
     check_from_client,
     is_id,
 )
@@ -58,6 +63,7 @@ from rpcbus.protocol import (
 if TYPE_CHECKING:
     from rpcbus.broker.auth import Permissions, User
     from rpcbus.broker.config import Config
+    from rpcbus.broker.events import Events
     from rpcbus.broker.gate import Gate
     from rpcbus.broker.limits import WindowLimiter
     from rpcbus.broker.router import Router
@@ -68,6 +74,7 @@ class NodeView(Protocol):
     config: Config
     router: Router
     gate: Gate
+    events: Events
     stats: Counter[str]
     draining: bool   # stopping: no new calls
     name: str
@@ -82,6 +89,10 @@ class NodeView(Protocol):
     def discover(self, name: str | None, may_call: Callable[[str], bool]) -> Any:
         """What the cluster provides (DISCOVER): names, or ``name``'s providers."""
 
+    def subscribed(self, session: Any, ref: int, topics: list[str]) -> None:
+        """Answer the SUBSCRIBE ``ref`` with OK once the cluster hears ``topics`` for this
+        node (at once when it does already, or cannot: no cluster, or its bus is down)."""
+
 
 class SessionRules(SessionPolicy):
     """A client of this node, as caller and provider (the router's ``Peer``). ``node`` is
@@ -91,6 +102,7 @@ class SessionRules(SessionPolicy):
     # SHUTTING_DOWN to another node (broker/ds_session.py's deepstream clients do neither)
     runs_before_accept = False
     moves_on_drain = True
+    echoes = True  # hears its own events (deepstream's clients hand them on themselves)
 
     def __init__(self, node: NodeView, sid: str) -> None:
         limits = node.config.limits
@@ -116,6 +128,9 @@ class SessionRules(SessionPolicy):
         self.calls: dict[int, Any] = {}    # its calls in flight by its ids (the router's)
         self.accepted_upto = 0           # ACCEPT_UPTO: attempts up to this one it took
         self.provides: set[str] = set()
+        self.topics: set[str] = set()    # what it subscribes to (broker/events.py's)
+        self.events_held = False         # its client reads too slowly: events are lost
+        self.events_lost: dict[str, int] = {}  # since it was held, by topic (told in GAPs)
         self.is_node = False             # a client, not another node of the cluster
         self.address = ""                # the client's IP address (the shell's to set)
         self._max_name = limits.max_name_length
@@ -259,6 +274,19 @@ class SessionRules(SessionPolicy):
                                f"{self._who()} may not call {name!r}"])
                 else:
                     self.send([FOUND, msg[1], self.node.discover(name, may_call)])
+        elif kind == EMIT:  # an event for every subscriber of its topic, on any node
+            if self._limiter is None or self._take(None, now):
+                if self._perms is not None and not self._perms.may_publish(msg[1]):
+                    self._deny(None, f"{self._who()} may not publish to {msg[1]!r}")
+                else:
+                    self.node.events.emit(self, msg[1], msg[2])
+        elif kind == SUBSCRIBE:
+            if self._limiter is None or self._take(msg[1], now):
+                self._subscribe(msg[1], msg[2])
+        elif kind == UNSUBSCRIBE:
+            if self._limiter is None or self._take(msg[1], now):
+                self.node.events.unsubscribe(self, msg[2])
+                self.send([OK, msg[1]])
         elif kind == PING:
             if self._limiter is None or self._take(None, now, ping=True):
                 self.send([PONG, msg[1] if len(msg) > 1 else None])
@@ -267,6 +295,45 @@ class SessionRules(SessionPolicy):
         elif kind == PONG and len(msg) > 1 and msg[1] == DRAIN_PING:
             self.node.notice_heard(self)  # what it sent before it heard the notice is read
 
+
+    # -- events (broker/events.py) -----------------------------------------------------
+
+    def _subscribe(self, ref: int, topics: list[str]) -> None:
+        """Subscribe to every topic of a SUBSCRIBE or to none: each must be allowed, and
+        the connection's topics stay within ``limits.max_subscriptions_per_connection``."""
+        if self._perms is not None:
+            denied = [t for t in topics if not self._perms.may_subscribe(t)]
+            if denied:
+                self._deny(ref, f"{self._who()} may not subscribe to "
+                                f"{', '.join(denied[:5])[:256]}")
+                return
+        limit = self.node.config.limits.max_subscriptions_per_connection
+        if limit and len(self.topics | set(topics)) > limit:
+            self.node.stats["subscribe_limited"] += 1
+            self.send([ERROR, ref, errors.LIMIT_EXCEEDED,
+                       f"this connection may subscribe to at most {limit} topics"])
+            return
+        self.node.events.subscribe(self, topics)
+        self.node.subscribed(self, ref, topics)
+
+    def event(self, topic: str, data: Any) -> None:
+        """An event of a topic it subscribes to: queued, or counted lost while the client
+        reads too slowly (``events_held``: its write buffer is over
+        ``limits.max_event_buffer_bytes``); it hears how many in a GAP once it caught up."""
+        if self.events_held:
+            lost = self.events_lost
+            lost[topic] = lost.get(topic, 0) + 1
+            return
+        self.send([EVENT, topic, data])
+
+    def events_caught_up(self) -> int:
+        """Its client read what was held up: a GAP for each topic it lost events of, and
+        events flow again. Returns how many it lost."""
+        self.events_held = False
+        lost, self.events_lost = self.events_lost, {}
+        for topic, count in lost.items():
+            self.send([GAP, topic, count])
+        return sum(lost.values())
 
 
 def _anything(name: str) -> bool:

@@ -64,6 +64,7 @@ from rpcbus import errors
 from rpcbus.backoff import Backoff
 from rpcbus.calling import Calls, Reply, reply_of
 from rpcbus.credentials import RETRY, Credentials, TokenSource, renew_in
+from rpcbus.events import EventHandler, GapHandler, Subscriptions
 from rpcbus.found import ProviderInfo, RpcInfo
 from rpcbus.handlers import (
     ANSWERS,
@@ -86,8 +87,11 @@ from rpcbus.protocol import (
     CANCEL,
     CREDIT,
     DISCOVER,
+    EMIT,
     ERROR,
+    EVENT,
     FOUND,
+    GAP,
     MAX_WINDOW,
     OK,
     PART,
@@ -108,7 +112,9 @@ from rpcbus.protocol import (
     REQUEST,
     RESPONSE,
     STREAM,
+    SUBSCRIBE,
     UNPROVIDE,
+    UNSUBSCRIBE,
     decode_each,
     valid_name,
 )
@@ -234,6 +240,7 @@ class Client:
         self._streams: dict[int, Flow] = {}    # open streams (their ends are in _pending)
         self._replies: dict[int, list[Reply]] = {}  # call_all's under way: replies so far
         self._handlers: dict[str, _Entry] = {}
+        self._events = Subscriptions()         # event topics and their handlers
         self._wires: set[_Wire] = set()        # open connections (new calls use _wire)
         self._handler_threads = handler_threads
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
@@ -372,6 +379,10 @@ class Client:
         self._max_timeout = self.session.get("max_timeout_ms", 0) / 1000  # 0: not told
         if self._handlers:  # provide again everything provided before
             wire.send([PROVIDE, next(self._ids), list(self._handlers)])
+        topics = self._events.topics
+        if topics:  # and subscribe again (the events in between were lost: told at the loss)
+            for i in range(0, len(topics), 100):  # within any node's max_names_per_message
+                wire.send([SUBSCRIBE, next(self._ids), topics[i:i + 100]])
         self._send_queued(wire)
         self._connected.set()
         self._backoff.reset()
@@ -419,6 +430,7 @@ class Client:
             wire.flush()
             await wire.close()
         self._fail_all(errors.ConnectionLostError(None, "the client was closed"))
+        self._events.close()
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
         self._set_state("closed")
@@ -621,6 +633,56 @@ class Client:
         self._handlers.pop(name, None)
         await self._control(UNPROVIDE, [name])
 
+    # -- events (docs/events.md) ---------------------------------------------------------
+
+    async def subscribe(self, topic: str, handler: EventHandler, *,
+                        on_gap: GapHandler | None = None) -> None:
+        """Hand every event emitted to ``topic`` from now on, by any client on any node,
+        to ``handler(data)`` (across reconnects, until ``unsubscribe``); returns once
+        the cluster hears the topic for this client. ``on_gap(topic, count)`` is told of
+        events lost: ``count`` the node dropped while this client read too slowly, or
+        None (its node lost the cluster bus, or this client its connection). See
+        rpcbus.events for how handlers run. Raises PermissionDeniedError,
+        LimitExceededError, ValueError for a bad topic."""
+        if not valid_name(topic):
+            raise ValueError(f"invalid topic {topic!r}")
+        if self._events.add(topic, handler, on_gap):
+            try:
+                await self._control(SUBSCRIBE, [topic])
+            except BaseException:
+                self._events.remove(topic)
+                raise
+
+    async def unsubscribe(self, topic: str, handler: EventHandler | None = None) -> None:
+        """Stop handing ``topic``'s events to ``handler`` (to any handler: None); the node
+        stops sending them once no handler is left."""
+        if self._events.remove(topic, handler) and self._wire is not None:
+            await self._control(UNSUBSCRIBE, [topic])
+
+    async def emit(self, topic: str, data: Any = None) -> None:
+        """Send an event to every subscriber of ``topic`` on any node: at most once, in
+        order with this client's other events of ``topic``, no answer. Waits for a
+        connection (up to ``open_timeout``: ConnectionLostError). An emit the user may
+        not make is refused by the node (logged: ``node_error``); data over the node's
+        frame limit is dropped here (logged: ``event_too_large``)."""
+        if not valid_name(topic):
+            raise ValueError(f"invalid topic {topic!r}")
+        wire = self._wire
+        if wire is None:
+            if self._closed:
+                raise errors.ConnectionLostError(None, "the client is closed")
+            async with asyncio.timeout(self._open_timeout):
+                await self._connected.wait()
+            wire = self._wire
+            if wire is None:
+                raise errors.ConnectionLostError(None, "the connection was lost")
+        wire.send([EMIT, topic, data])
+
+    @property
+    def events_lost(self) -> int:
+        """Events the nodes said they dropped for this client (it read too slowly)."""
+        return self._events.lost
+
     async def ping(self) -> None:
         """A protocol-level round trip to the node."""
         await self._control(PING, None)
@@ -688,6 +750,10 @@ class Client:
         kind = msg[0]
         if kind == RESPONSE or kind == OK or kind == FOUND:
             self._settle(msg[1], msg[2] if kind != OK else None, None)
+        elif kind == EVENT:
+            self._events.deliver(msg[1], msg[2])
+        elif kind == GAP:
+            self._events.gap(msg[1], msg[2])
         elif kind == REPLY:
             replies = self._replies.get(msg[1])
             if replies is not None:
@@ -927,6 +993,9 @@ class Client:
                     None, f"the call's data makes a {size}-byte message, over the node's "
                           f"limit of {limit} bytes (max_frame); nothing was sent"))
             return None
+        if kind == EMIT:  # at most once: dropped, and said
+            log.warning("event_too_large topic=%s size=%d limit=%d", msg[1], size, limit)
+            return None
         if kind == RESPONSE or kind == PART:
             log.warning("answer_too_large call_id=%s size=%d limit=%d", msg[1], size, limit)
             return [ERROR, msg[1], errors.PAYLOAD_TOO_LARGE,
@@ -1014,6 +1083,8 @@ class Client:
         self._connected.clear()
         if self._closed:
             return
+        if self._events.handlers:  # what is emitted until the next connection is lost
+            self._events.gap(None, None)
         if not self._reconnect:
             self._closed = True
             self._fail_all(lost)

@@ -56,6 +56,15 @@ DISCOVER = 28
 FOUND = 29
 PING = 30
 PONG = 31
+# events (docs/events.md): SUBSCRIBE and UNSUBSCRIBE a connection to topics (answered OK),
+# EMIT to a topic (no answer: at most once), EVENT to each subscriber of it, on any node;
+# GAP tells a subscriber how many events of a topic it lost (it read too slowly), or with
+# topic and count nil that its node lost the cluster bus (events from elsewhere are lost)
+SUBSCRIBE = 32
+UNSUBSCRIBE = 33
+EMIT = 34
+EVENT = 35
+GAP = 36
 
 # Node-internal, never on a wire: the router asks a peer that stands for another node
 # whether it started an attempt (rpcbus.cluster.peers turns it into a bus CHECK).
@@ -99,6 +108,11 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (ERROR, "node → client"): ("ref or nil", "code", "message", "[app_code, data]?"),
     (CANCEL, "node → provider"): ("id",),
     (CANCEL, "caller → node"): ("cid",),
+    (SUBSCRIBE, "client → node"): ("ref", "[topic, ...]"),
+    (UNSUBSCRIBE, "client → node"): ("ref", "[topic, ...]"),
+    (EMIT, "client → node"): ("topic", "data"),
+    (EVENT, "node → client"): ("topic", "data"),
+    (GAP, "node → client"): ("topic or nil", "count or nil"),
     (PING, "either way"): ("payload?",),
     (PONG, "either way"): ("payload",),
 }
@@ -134,6 +148,11 @@ KIND_NAMES = {
     FOUND: "FOUND",
     PING: "PING",
     PONG: "PONG",
+    SUBSCRIBE: "SUBSCRIBE",
+    UNSUBSCRIBE: "UNSUBSCRIBE",
+    EMIT: "EMIT",
+    EVENT: "EVENT",
+    GAP: "GAP",
 }
 
 #: Largest id or call id on the wire (msgpack uint64).
@@ -249,14 +268,15 @@ def is_id(value: Any) -> bool:
     return type(value) is int and 0 <= value <= MAX_ID
 
 
-def _names_problem(names: Any, max_len: int, max_names: int) -> str | None:
+def _names_problem(names: Any, max_len: int, max_names: int,
+                   what: str = "rpc name") -> str | None:
     if type(names) is not list or not names:
         return "names must be a non-empty array of strings"
     if len(names) > max_names:
         return f"at most {max_names} names per message"
     for name in names:
         if not valid_name(name, max_len):
-            return f"invalid rpc name {str(name)[:64]!r}: 1-{max_len} of A-Z a-z 0-9 _ . : / -"
+            return f"invalid {what} {str(name)[:64]!r}: 1-{max_len} of A-Z a-z 0-9 _ . : / -"
     return None
 
 
@@ -331,6 +351,15 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
         if n != 3 or not is_id(msg[1]):
             return f"{KIND_NAMES[kind]} takes [{kind}, ref, [name, ...]]"
         return _names_problem(msg[2], max_name, max_names)
+    if kind == SUBSCRIBE or kind == UNSUBSCRIBE:
+        if n != 3 or not is_id(msg[1]):
+            return f"{KIND_NAMES[kind]} takes [{kind}, ref, [topic, ...]]"
+        return _names_problem(msg[2], max_name, max_names, "topic")
+    if kind == EMIT:
+        if n != 3 or not valid_name(msg[1], max_name):
+            return (f"EMIT takes [34, topic, data], a topic of 1-{max_name} of "
+                    "A-Z a-z 0-9 _ . : / -")
+        return None
     if kind == DISCOVER:
         if n != 3 or not is_id(msg[1]) or (msg[2] is not None
                                            and not valid_name(msg[2], max_name)):

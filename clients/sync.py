@@ -14,7 +14,10 @@ the async client's: ``rpcbus.NoProviderError``, ``ResponseTimeoutError``, ...).
 Handlers: a plain function runs in a worker thread (as with the async client), so it may
 block (a database, ``requests``, ``time.sleep``) and may itself call through this client;
 a cancelled call (its caller gave up) cannot stop such a thread: its answer is dropped.
-An ``async def`` handler runs on the client's loop and is cancelled as usual.
+An ``async def`` handler runs on the client's loop and is cancelled as usual. Event
+handlers (``subscribe``) that are plain functions run one at a time, in the order the
+events came, in a thread of their own (``rpcbus-sync-events``): they may block too, and
+events wait for them meanwhile.
 
 Interrupting a blocked method (Ctrl-C: ``KeyboardInterrupt`` in the calling thread)
 cancels its coroutine: an interrupted ``call`` tells the node, as a cancelled async call
@@ -25,11 +28,14 @@ never closed is stopped with the interpreter (its thread is a daemon).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import inspect
 import threading
 from typing import Any, Coroutine, Sequence, TypeVar, Unpack
 
 from rpcbus.calling import Reply
 from rpcbus.client import Client, Options, connect
+from rpcbus.events import EventHandler, GapHandler
 from rpcbus.found import ProviderInfo, RpcInfo
 from rpcbus.handlers import Handler
 from rpcbus.streaming import DEFAULT_WINDOW
@@ -43,6 +49,7 @@ class SyncClient:
 
     def __init__(self, urls: str | Sequence[str], **options: Unpack[Options]) -> None:
         self._loop = asyncio.new_event_loop()
+        self._events_thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="rpcbus-sync",
                                         daemon=True)
         self._thread.start()
@@ -103,6 +110,30 @@ class SyncClient:
     def ping(self) -> None:
         self._run(self._client.ping())
 
+    def subscribe(self, topic: str, handler: EventHandler, *,
+                  on_gap: GapHandler | None = None) -> None:
+        """``Client.subscribe``; a plain function runs in the events thread (see above)."""
+        if not inspect.iscoroutinefunction(handler):
+            handler = self._in_events_thread(handler)
+        self._run(self._client.subscribe(topic, handler, on_gap=on_gap))
+
+    def unsubscribe(self, topic: str) -> None:
+        """``Client.unsubscribe``: every handler of ``topic``."""
+        self._run(self._client.unsubscribe(topic))
+
+    def emit(self, topic: str, data: Any = None) -> None:
+        self._run(self._client.emit(topic, data))
+
+    def _in_events_thread(self, handler: EventHandler) -> EventHandler:
+        if self._events_thread is None:
+            self._events_thread = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="rpcbus-sync-events")
+        pool = self._events_thread
+
+        def queued(data: Any) -> Any:
+            return asyncio.wrap_future(pool.submit(handler, data))
+        return queued
+
     def drain(self, timeout: float | None = None) -> None:
         """``Client.drain``: withdraw the names, let running handlers finish, close."""
         try:
@@ -119,6 +150,8 @@ class SyncClient:
             self._run(self._client.close())
         finally:
             self._stop_loop()
+            if self._events_thread is not None:
+                self._events_thread.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> "SyncClient":
         return self

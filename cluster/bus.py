@@ -1,4 +1,5 @@
-"""The cluster bus over Redis pub/sub: one control topic, one private topic per node.
+"""The cluster bus over Redis pub/sub: one control topic, one private topic per node,
+and the event channels this node's subscribers need.
 
 ``publish(topic, msg)`` only queues. One writer task sends everything queued
 per topic as one PUBLISH of one batch (cluster/messages.py), all topics of a
@@ -21,6 +22,13 @@ topic, the incarnation of the node it is for (``publish(..., to=)``). A topic's
 queue holds messages for one incarnation: queueing for a newer one drops what
 waited for the older (that process is gone), and a message for an older one is
 dropped (counted in ``dropped``).
+
+Event channels (broker/events.py): ``listen(channel, on)`` adds one to the
+topics heard or takes it out, on Redis at once while a session serves (one
+SUBSCRIBE or UNSUBSCRIBE for what changed meanwhile) and at each new session's
+start; ``listening[channel]`` is true once Redis has confirmed it in this
+session, and ``on_listening()`` is called then (the node answers the
+subscriptions that waited for it).
 
 Faults: any error in a session — Redis, the network, a Redis Cluster slot
 that moved or a shard master lost, or anything else (a bug, a message msgpack
@@ -125,6 +133,10 @@ class Bus:
         # on its own as soon as a round fails: ``up`` may be False before that)
         self._serving = False
         self._seeds = Seeds(url) if is_cluster(url) else None  # kept between sessions
+        # event channels wanted -> Redis confirmed them in this session
+        self.listening: dict[str, bool] = {}
+        self.on_listening: Callable[[], None] = lambda: None
+        self._relisten = asyncio.Event()  # ``listening`` changed since the last look
 
     topic_of = staticmethod(node_topic)
 
@@ -141,6 +153,14 @@ class Bus:
     def idle(self) -> bool:
         """Nothing is queued or being written (or the bus is down: nothing will be)."""
         return self._idle.is_set()
+
+    def listen(self, channel: str, on: bool) -> None:
+        """Hear ``channel`` from now on (``on``), or no longer (see the module docstring)."""
+        if on:
+            self.listening.setdefault(channel, False)
+        else:
+            self.listening.pop(channel, None)
+        self._relisten.set()
 
     def stale(self, why: str) -> None:
         """The owner sees the bus is not delivering: drop this session and reconnect."""
@@ -168,6 +188,8 @@ class Bus:
             except Exception as exc:  # a bug must cost a reconnect, never the bus
                 log.exception("bus_session_failed")
                 reason = f"{type(exc).__name__}: {exc}"
+            for channel in self.listening:
+                self.listening[channel] = False
             if self._serving:
                 self._serving = False
                 self.outbox.went_down()
@@ -181,30 +203,59 @@ class Bus:
     async def _serve_once(self) -> None:
         links: Links | None = None
         writer: asyncio.Task[None] | None = None
+        listener: asyncio.Task[None] | None = None
         try:
-            links = await open_links(self.url, [self.control, self.private], self._deliver,
-                                     self._tls_ca, self._seeds,
+            self._relisten.clear()
+            heard = set(self.listening)
+            links = await open_links(self.url, [self.control, self.private, *heard],
+                                     self._deliver, self._tls_ca, self._seeds,
                                      loopback_only=self._loopback_only)
+            for channel in heard & set(self.listening):
+                self.listening[channel] = True
+            self._relisten.set()  # what changed while it opened
             self.outbox.up = True
             self._serving = True
             self._backoff.reset()
             log.info("bus_up", url=_safe(self.url), control=self.control, private=self.private,
                      where=_safe(links.where))
             self._on_up()
+            self.on_listening()  # the event channels heard from the start are confirmed
             self.outbox.came_up()
             writer = asyncio.create_task(self._write(links))
-            ends: list[asyncio.Future[Any]] = [writer, *(c.closed for c in links.all)]
+            listener = asyncio.create_task(self._keep_listening(links, heard))
+            ends: list[asyncio.Future[Any]] = [writer, listener,
+                                               *(c.closed for c in links.all)]
             done, _ = await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
             for ended in done:
                 reason = ended.result()  # the writer raises; a connection says why it closed
                 if isinstance(reason, BaseException):
                     raise reason
         finally:
-            if writer is not None:  # a session ended by stale() leaves it running
-                writer.cancel()
-                writer.add_done_callback(_retrieve)
+            for task in (writer, listener):  # a session ended by stale() leaves them running
+                if task is not None:
+                    task.cancel()
+                    task.add_done_callback(_retrieve)
             if links is not None:
                 links.close()
+
+    async def _keep_listening(self, links: Links, heard: set[str]) -> None:
+        """Subscribe to the event channels wanted and not ``heard`` yet in this session,
+        unsubscribe from those heard and no longer wanted, whenever ``listening`` changes.
+        Raises (ending the session) when Redis refuses or a connection closes."""
+        while True:
+            await self._relisten.wait()
+            self._relisten.clear()
+            wanted = set(self.listening)
+            gone, new = sorted(heard - wanted), sorted(wanted - heard)
+            await links.listen(gone, False)
+            heard.difference_update(gone)
+            await links.listen(new, True)
+            heard.update(new)
+            confirmed = [c for c in new if c in self.listening]
+            for channel in confirmed:
+                self.listening[channel] = True
+            if confirmed:
+                self.on_listening()
 
     async def _write(self, links: Links) -> None:
         """Send what is queued, one PUBLISH per topic, all topics of a round in one

@@ -138,6 +138,8 @@ class ClusterCore:
         self._skewed: dict[str, tuple[float, float]] = {}  # peer -> (when, offset s)
         self._announce_after = 0.0
         self._settled_at = 0.0          # until then membership may miss peers (just joined)
+        # an event another node's client emitted (the node's broker/events.py ``heard``)
+        self.on_event: Callable[[str, Any], None] = lambda topic, data: None
         router.cluster = self
         router.count_changed = self._count_changed
 
@@ -419,6 +421,8 @@ class ClusterCore:
             self._state(node, msg, sent_at, now)
         elif kind == m.ANNOUNCE:
             self._announce(now)
+        elif kind == m.EVENT:  # on an event channel: for this node's subscribers
+            self.on_event(msg[1], msg[2])
 
     def _invoke(self, node: RemoteNode, msg: list[Any], age: float, now: float,
                 taken: list[RemoteCaller]) -> None:

@@ -29,6 +29,7 @@ class ClusterLink:
                  info: Callable[[], Any]) -> None:
         self.loop = asyncio.get_running_loop()
         self.up = asyncio.Event()             # set while the bus is connected
+        self.on_lost: Callable[[], None] = lambda: None  # the bus went down (the node's)
         incarnation = m.new_incarnation()
         sealer = None
         if config.seal != "none":
@@ -105,6 +106,7 @@ class ClusterLink:
     def _on_down(self, reason: str) -> None:
         self.up.clear()
         self.core.on_down(reason, self.loop.time())
+        self.on_lost()
 
     def _on_skew(self, sender: str, offset_s: float) -> None:
         self.core.on_skew(sender, offset_s, self.loop.time())

@@ -46,6 +46,9 @@ where they are made, never rewritten in place::
                                       RESPONSE with their number
     REPLY            [133, id, provider, data, error?]  one provider's answer, or error
                                       [code, message, detail?]
+    EVENT            [140, topic, data]                        event channel
+                                      an event a client of the sender emitted, for the
+                                      subscribers of ``topic`` here (docs/events.md)
 
 ``id`` is always the origin node's attempt id.
 """
@@ -54,6 +57,7 @@ from __future__ import annotations
 
 import secrets
 import time
+import zlib
 from typing import Any, NamedTuple
 
 import msgpack
@@ -76,6 +80,7 @@ PART = 130
 CREDIT = 131
 INVOKE_ALL = 132
 REPLY = 133
+EVENT = 140
 
 #: Each kind's name and fields after the kind, in order (``?``: may be left out at the
 #: end; ``...``: repeats). docs/cluster.md's table is checked against it by a test.
@@ -98,6 +103,7 @@ FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
     INVOKE_ALL: ("INVOKE_ALL", ("id", "rpc", "data", "time_left_ms", "ack_left_ms", "caller",
                                 "traceparent?", "user?")),
     REPLY: ("REPLY", ("id", "provider", "data", "error?")),
+    EVENT: ("EVENT", ("topic", "data")),
 }
 
 # Positions in an INVOKE (FIELDS[INVOKE]): where a node reads one
@@ -116,7 +122,7 @@ TERMINATING = "terminating"
 _SHAPES: dict[int, int] = {
     STATE: 4, RPC_QUERY: 1, PROVIDER_UPDATE: 2, INVOKE: 6, ACK: 1,
     RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1, CHECK: 1, ECHO: 0, ANNOUNCE: 0,
-    PART: 3, CREDIT: 2, REPLY: 3,
+    PART: 3, CREDIT: 2, REPLY: 3, EVENT: 2,
 }
 
 _INCARNATION_BITS = 10
@@ -130,6 +136,21 @@ def control_topic(namespace: str) -> str:
 def node_topic(node: str, namespace: str) -> str:
     """A node's private topic (the messages of calls, addressed to one process)."""
     return f"{namespace}:node:{node}"
+
+
+#: event topics travel on this many channels per namespace, a topic on the one its CRC-32
+#: picks: a node subscribes (on Redis) to the channels of its clients' topics only, and
+#: holds at most this many subscriptions whatever its clients subscribe to
+EVENT_CHANNELS = 256
+
+
+def event_channel(namespace: str, topic: str) -> str:
+    """The channel ``topic``'s events cross the cluster on (EVENT batches)."""
+    return f"{namespace}:ev:{zlib.crc32(topic.encode()) % EVENT_CHANNELS}"
+
+
+def is_event_channel(namespace: str, channel: str) -> bool:
+    return channel.startswith(f"{namespace}:ev:")
 
 
 def new_incarnation() -> int:
@@ -221,4 +242,6 @@ def _well_formed(msg: Any) -> bool:
                 and 0 <= count < float("inf"))
     if kind == STATE:
         return type(msg[1]) is str and type(msg[2]) is str and type(msg[4]) is dict
+    if kind == EVENT:
+        return type(msg[1]) is str
     return True

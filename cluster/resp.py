@@ -20,7 +20,8 @@ once that many replies have come back, in order (RESP pipelining);
 given ``on_message`` treats ``["message", channel, data]`` and sharded
 ``["smessage", channel, data]`` replies as pushes (a subscribed connection);
 on it an ``sunsubscribe`` nobody asked for (Redis Cluster moved the slot of a
-sharded channel away) closes the connection with ``SlotMoved``. An error
+sharded channel away; ``unsubscribing`` counts those asked for) closes the
+connection with ``SlotMoved``. An error
 reply (``MOVED`` too), a protocol error or an exception in ``on_message``
 closes the connection: ``closed`` then holds the reason, and nothing more is
 delivered. Cancelling ``connect()`` or ``request()`` leaves no connection open.
@@ -85,6 +86,7 @@ class RespConnection(asyncio.Protocol):
             asyncio.get_running_loop().create_future())
         self._can_write = asyncio.Event()
         self._can_write.set()
+        self.unsubscribing = 0  # SUNSUBSCRIBEs sent and not yet answered
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -103,9 +105,11 @@ class RespConnection(asyncio.Protocol):
                     if kind == b"message" or kind == b"smessage":
                         on_message(reply[1], reply[2])
                         continue
-                    if kind == b"sunsubscribe":  # never asked for: the slot moved away
-                        raise SlotMoved(f"Redis Cluster moved the slot of "
-                                        f"{reply[1].decode(errors='replace')}")
+                    if kind == b"sunsubscribe":
+                        if not self.unsubscribing:  # never asked for: the slot moved away
+                            raise SlotMoved(f"Redis Cluster moved the slot of "
+                                            f"{reply[1].decode(errors='replace')}")
+                        self.unsubscribing -= 1  # the answer to our SUNSUBSCRIBE
                 if isinstance(reply, hiredis.ReplyError):
                     raise RedisReplyError(f"Redis: {reply}")
                 if not waiting:

@@ -10,9 +10,10 @@
   redis-py's ``key_slot``), served by that slot's master: SPUBLISH goes there and
   SSUBSCRIBE is made there. The slot map comes from ``CLUSTER SLOTS`` of the
   first seed (or node known from the previous map) that answers. The session
-  opens one publishing connection per master and one subscribed connection per
-  master owning a subscribed topic; private node topics hash to different slots,
-  so the nodes' traffic spreads over the shards.
+  opens one publishing and one subscribed connection per master (topics are
+  subscribed to and left during a session: event channels, ``Links.listen``);
+  private node topics hash to different slots, so the nodes' traffic spreads
+  over the shards.
 
 A slot that moves (a reshard: Redis unsubscribes the channel, ``SlotMoved``; or
 a SPUBLISH answered ``MOVED``) or a master lost (its connections close) ends
@@ -94,23 +95,46 @@ class Links:
     ``subscribed`` (to the session's topics); ``all`` both (the session ends when one
     closes). ``route(topic)`` is the connection and the start of the publish command
     (``resp.publish_head`` / ``spublish_head``) for ``topic``, worked out once per topic
-    by ``target``."""
+    by ``target``; ``listener(topic)`` the subscribed connection that hears it.
+    ``sharded``: on a Redis Cluster (SSUBSCRIBE and SUNSUBSCRIBE, one channel each)."""
 
     def __init__(self, target: Callable[[str], tuple[RespConnection, bytes]],
                  publishing: list[RespConnection], subscribed: list[RespConnection],
-                 where: str) -> None:
+                 where: str, listener: Callable[[str], RespConnection] | None = None,
+                 sharded: bool = False) -> None:
         self._target = target
         self._routes: dict[str, tuple[RespConnection, bytes]] = {}
         self.publishing = publishing
         self.subscribed = subscribed
         self.all = publishing + subscribed
         self.where = where  # for the log: the Redis, or the shards and who owns what
+        self.listener = listener or (lambda topic: subscribed[0])
+        self._sharded = sharded
 
     def route(self, topic: str) -> tuple[RespConnection, bytes]:
         known = self._routes.get(topic)
         if known is None:
             known = self._routes[topic] = self._target(topic)
         return known
+
+    async def listen(self, topics: list[str], on: bool) -> None:
+        """Subscribe to ``topics`` (``on``) or unsubscribe, once Redis has answered.
+        Raises the connection's reason if one closes first (the session is over)."""
+        if not topics:
+            return
+        if not self._sharded:  # one command for them all
+            await self.subscribed[0].request(b"SUBSCRIBE" if on else b"UNSUBSCRIBE",
+                                             *(t.encode() for t in topics),
+                                             replies=len(topics))
+            return
+        asked = []
+        for topic in topics:  # a sharded command's channels must share one slot
+            conn = self.listener(topic)
+            if not on:
+                conn.unsubscribing += 1
+            asked.append(conn.request(b"SSUBSCRIBE" if on else b"SUNSUBSCRIBE",
+                                      topic.encode()))
+        await asyncio.gather(*asked)
 
     def close(self) -> None:
         for conn in self.all:
@@ -195,25 +219,26 @@ async def _open_sharded(topics: list[str], on_message: Callable[[bytes, bytes], 
             seeds.known = []  # nor asked for the next slot map
             raise
     pubs: dict[Address, RespConnection] = {}
-    subs: list[RespConnection] = []
+    subs: dict[Address, RespConnection] = {}  # on every master: topics come and go
     try:
         for master in found.masters():
             pubs[master] = await _connect(master, seeds, tls_ca, timeout)
+            subs[master] = await _connect(master, seeds, tls_ca, timeout, on_message)
         by_owner: dict[Address, list[str]] = {}
         for topic in topics:
             by_owner.setdefault(found.owner(topic), []).append(topic)
         for owner, mine in by_owner.items():
-            sub = await _connect(owner, seeds, tls_ca, timeout, on_message)
-            subs.append(sub)
             # one SSUBSCRIBE per channel: a command's channels must share one slot
             for topic in mine:
-                await sub.request(b"SSUBSCRIBE", topic.encode())
+                await subs[owner].request(b"SSUBSCRIBE", topic.encode())
         for pub in pubs.values():
             await pub.request(b"PING")
     except BaseException:
-        for conn in [*pubs.values(), *subs]:
+        for conn in [*pubs.values(), *subs.values()]:
             conn.abort(ConnectionError("connect failed"))
         raise
     where = ", ".join(f"{t} on {h}:{p}" for (h, p), ts in by_owner.items() for t in ts)
     return Links(lambda topic: (pubs[found.owner(topic)], resp.spublish_head(topic)),
-                 list(pubs.values()), subs, f"Redis Cluster of {len(pubs)} masters ({where})")
+                 list(pubs.values()), list(subs.values()),
+                 f"Redis Cluster of {len(pubs)} masters ({where})",
+                 lambda topic: subs[found.owner(topic)], sharded=True)

@@ -18,7 +18,8 @@ from .test_sealed_bus import sealed
 def sharded():
     # the least an rpcbus node needs of a Redis Cluster (docs/operations.md)
     redis = RedisCluster(shards=3, user=(
-        "bus", "s3cret", "resetchannels &rpcbus:* +cluster|slots +spublish +ssubscribe +ping")
+        "bus", "s3cret",
+        "resetchannels &rpcbus:* +cluster|slots +spublish +ssubscribe +sunsubscribe +ping")
     ).start()
     nodes = None
     try:
@@ -90,3 +91,25 @@ async def test_a_tls_redis_cluster_carries_the_bus(tmp_path):
         codes = nodes.stop() if nodes is not None else {}
         redis.stop()
     assert all(code == 0 for code in codes.values()), codes
+
+
+async def test_events_cross_shards_and_topics_are_left_without_ending_the_bus(sharded):
+    """Event channels are sharded channels too: a node subscribes (SSUBSCRIBE) to those of
+    its clients' topics wherever their slots live, and leaves them (SUNSUBSCRIBE) when
+    the last subscriber goes, while its bus session goes on."""
+    _, nodes = sharded
+    n1, n2, _ = nodes.nodes
+    topics = [f"t{i}" for i in range(12)]   # their channels hash over the three shards
+    got = asyncio.Queue()
+    async with rpcbus.connect(n2.url) as pub, rpcbus.connect(n1.url) as sub:
+        for topic in topics:
+            await sub.subscribe(topic, got.put_nowait)
+        for topic in topics:
+            await pub.emit(topic, topic)
+        async with asyncio.timeout(10):
+            assert sorted([await got.get() for _ in topics]) == sorted(topics)
+        for topic in topics:
+            await sub.unsubscribe(topic)
+    figures = stats(n1)
+    assert figures["events"]["channels"] == 0
+    assert figures["cluster"]["bus"]["reconnects"] == 0   # no SUNSUBSCRIBE taken as a move

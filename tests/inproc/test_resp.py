@@ -88,7 +88,7 @@ async def test_a_redis_cluster_slot_moving_away_ends_the_subscription_and_the_pu
         owner = cluster.master_of("t:moving")
         await asyncio.to_thread(cluster.move_slot, "t:moving",
                                 next(s for s in cluster.servers if s is not owner))
-        reason = await asyncio.wait_for(links.subscribed[0].closed, 5)
+        reason = await asyncio.wait_for(links.listener("t:moving").closed, 5)
         assert isinstance(reason, resp.SlotMoved) and "t:moving" in str(reason)
         with pytest.raises(resp.RedisReplyError, match="MOVED"):
             await pub.request(b"SPUBLISH", b"t:moving", b"after")

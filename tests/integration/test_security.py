@@ -30,6 +30,10 @@ max_failures = 3
 provide = ["billing.*"]
 call = ["billing.*"]
 
+[auth.roles.press]
+publish = ["news.*"]
+subscribe = ["news.*"]
+
 [auth.users.worker]
 password = "{worker_hash}"
 roles = ["billing"]
@@ -37,7 +41,12 @@ roles = ["billing"]
 [auth.users.frontend]
 token_sha256 = "{frontend_digest}"
 call = ["billing.*", "echo"]
+subscribe = ["news.sports"]
 max_connections = 2
+
+[auth.users.newsroom]
+token_sha256 = "{newsroom_digest}"
+roles = ["press"]
 
 [auth.users.chatty]
 token_sha256 = "{chatty_digest}"
@@ -56,7 +65,8 @@ def secured(tmp_path_factory):
     conf = tmp_path_factory.mktemp("sec") / "node.toml"
     conf.write_text(CONFIG.format(worker_hash=hash_password("w0rker", n=1 << 12),
                                   frontend_digest=token_digest("front-token"),
-                                  chatty_digest=token_digest("chatty-token")))
+                                  chatty_digest=token_digest("chatty-token"),
+                                  newsroom_digest=token_digest("newsroom-token")))
     proc = NodeProcess("--config", str(conf), env=FAST).start()
     yield proc
     assert proc.stop() == 0, list(proc.lines)[-20:]
@@ -75,6 +85,40 @@ async def test_password_and_token_logins_and_what_each_user_may_do(secured):
         with pytest.raises(rpcbus.PermissionDeniedError):
             await worker.call("echo", timeout=5)                   # worker: billing.* only
         assert await front.call("billing.charge", 6, timeout=5) == {"charged": 6}  # still open
+
+
+async def test_who_may_publish_and_subscribe_to_which_topics(secured):
+    """``publish`` and ``subscribe`` globs, own and from roles, as for calls: a SUBSCRIBE
+    with one topic refused subscribes to none, a refused EMIT reaches nobody."""
+    got = asyncio.Queue()
+    async with rpcbus.connect(secured.url, token="newsroom-token") as press, \
+            rpcbus.connect(secured.url, token="front-token") as front, \
+            rpcbus.connect(secured.url, user="worker", password="w0rker") as worker:
+        await front.subscribe("news.sports", got.put_nowait)
+        await press.subscribe("news.sports", got.put_nowait)   # from its role
+        with pytest.raises(rpcbus.PermissionDeniedError, match="news.politics"):
+            await front.subscribe("news.politics", got.put_nowait)
+        with pytest.raises(rpcbus.PermissionDeniedError):
+            await worker.subscribe("news.sports", got.put_nowait)   # no rule for topics
+
+        peer = await RawPeer.open(secured.url, token="front-token")
+        await peer.send([p.SUBSCRIBE, 7, ["news.sports", "news.x"]])
+        error = await peer.expect(p.ERROR)
+        assert error[1:3] == [7, "PERMISSION_DENIED"] and "news.x" in error[3]
+        await peer.send([p.EMIT, "news.sports", "from a reader"])
+        error = await peer.expect(p.ERROR)
+        assert error[1:3] == [None, "PERMISSION_DENIED"] and "publish" in error[3]
+
+        await front.emit("news.sports", "from a reader too")   # refused: reaches nobody
+        await press.emit("news.sports", "goal")
+        assert [await got.get(), await got.get()] == ["goal", "goal"]
+        await peer.send([p.PING, 1])
+        before_pong = []
+        while (msg := await peer.recv())[0] != p.PONG:
+            before_pong.append(msg)
+        assert before_pong == []                                # it subscribed to nothing
+        await peer.close()
+        assert got.empty()
 
 
 async def test_discovery_shows_a_user_only_what_it_may_call(secured):

@@ -110,3 +110,24 @@ def test_ctrl_c_in_a_script_blocked_in_call_cancels_the_providers_handler(node):
             proc.kill()
         assert "KeyboardInterrupt" in err and proc.returncode != 0
         assert cancelled.wait(10), "the provider's handler kept running"
+
+
+def test_event_handlers_of_the_blocking_client_may_block_and_keep_the_order(node):
+    """Plain-function event handlers run one at a time in the events thread: one that
+    blocks holds back the next event of the client, never its calls or its loop."""
+    got, done = [], threading.Event()
+    with rpcbus.connect_sync(node.url) as sub, rpcbus.connect_sync(node.url) as pub:
+        def slow(data):
+            time.sleep(0.01 if data % 10 else 0.05)   # blocks: fine in this thread
+            got.append((data, threading.current_thread().name))
+            if data == 99:
+                done.set()
+
+        sub.subscribe("sync.events", slow)
+        for i in range(100):
+            pub.emit("sync.events", i)
+        sub.ping()          # the loop is free while handlers block
+        assert done.wait(10)
+        sub.unsubscribe("sync.events")
+    assert [d for d, _ in got] == list(range(100))
+    assert {t for _, t in got} == {"rpcbus-sync-events_0"}

@@ -92,7 +92,7 @@ def node(tmp_path, keys):
 
 
 async def test_a_token_user_calls_and_provides_within_its_claims_only(node, keys):
-    svc_token = issue(keys["a"], "svc", "--provide", "pub.*")
+    svc_token = issue(keys["a"], "svc", "--provide", "pub.*", "--publish", "feed.*")
     app_token = issue(keys["a"], "app", "--call", "pub.*", "--role", "ops", "--ttl", "10m")
     async with rpcbus.connect(node.url, token=svc_token) as svc, \
             rpcbus.connect(node.url, token=app_token) as app:
@@ -106,6 +106,20 @@ async def test_a_token_user_calls_and_provides_within_its_claims_only(node, keys
             await app.provide("pub.mine", lambda d: d)
         with pytest.raises(rpcbus.PermissionDeniedError):      # svc has no call claim
             await svc.call("pub.whoami", 1)
+    # event topics: --publish and --subscribe claims
+    reader = issue(keys["a"], "reader", "--subscribe", "feed.*")
+    async with rpcbus.connect(node.url, token=svc_token) as svc, \
+            rpcbus.connect(node.url, token=reader) as sub:
+        got = asyncio.Queue()
+        await sub.subscribe("feed.a", got.put_nowait)
+        with pytest.raises(rpcbus.PermissionDeniedError, match="subscribe to pub.x"):
+            await svc.subscribe("pub.x", got.put_nowait)
+        await sub.emit("feed.a", "not allowed")               # reader may not publish
+        await svc.emit("feed.a", "news")
+        async with asyncio.timeout(5):
+            assert await got.get() == "news"
+        await sub.ping()   # its own emit, read before this PING, reached nobody
+        assert got.empty()
     # a P-256 key, and a token without a kid: each key whose algorithm it names is tried
     async with rpcbus.connect(node.url, token=sign(keys["b"], "ES256", kid=False,
                                                    call=["pub.*"])) as other:

@@ -1,0 +1,149 @@
+"""Events on this node: who subscribes to what, and where an emit goes. Pure: no I/O.
+
+``Events`` keeps, per topic, this node's connections subscribed to it, in the
+order they subscribed. ``emit`` hands an event to each of them
+(``Subscriber.event``: the session queues it, or counts it lost while its client
+reads too slowly, broker/session.py) and, in a cluster, queues it once on the
+topic's event channel (``rpcbus.cluster.messages.event_channel``): every other
+node listening on that channel hands it to its own subscribers (``heard``). So
+an emit crosses the bus once, to each node that listens, whatever the number of
+subscribers; the bus batches a round's events of one channel into one PUBLISH.
+
+A node listens only on the channels of its own subscribers' topics: ``listen(
+channel, on)`` is the shell's (the bus subscribes on Redis, or unsubscribes),
+called when a channel gains its first topic here or loses its last. A topic
+shares its channel with others (``EVENT_CHANNELS`` per namespace), so a node may
+hear events nobody here subscribes to: they are counted (``unheard``) and
+dropped.
+
+What it promises (docs/events.md): at most once; in order per publishing
+connection and topic (one node hands them on in the order read, one Redis
+channel carries them in the order published); nothing lost while the nodes and
+Redis are healthy and subscribers read.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, Hashable, Iterable, Protocol
+
+from rpcbus.cluster.messages import EVENT, event_channel
+
+
+class Subscriber(Protocol, Hashable):
+    """A connection that subscribes (broker/session_rules.py ``SessionRules``)."""
+
+    topics: set[str]     # what it subscribes to (kept by ``Events``)
+    echoes: bool         # it hears its own events (an rpcbus SDK; deepstream's does not)
+
+    def event(self, topic: str, data: Any) -> None:
+        """Queue the event for the client, or count it lost (the client reads too slowly)."""
+
+    def send(self, msg: list[Any]) -> None:
+        """Queue a message for the client (a notice: GAP)."""
+
+
+class Events:
+    """See the module docstring. ``namespace`` and ``publish(channel, message)`` are the
+    cluster's (None: a node alone); ``listen(channel, on)`` as above."""
+
+    def __init__(self, namespace: str | None = None,
+                 publish: Callable[[str, list[Any]], None] | None = None,
+                 listen: Callable[[str, bool], None] | None = None) -> None:
+        self.subscribers: dict[str, dict[Subscriber, None]] = {}
+        self._namespace = namespace
+        self._publish = publish
+        self._listen = listen
+        self._channels: Counter[str] = Counter()   # topics subscribed here, by channel
+        self.stats: Counter[str] = Counter()
+
+    @property
+    def channels(self) -> list[str]:
+        """The event channels this node listens on (the bus subscribes again to these
+        after a reconnect)."""
+        return list(self._channels)
+
+    def subscribe(self, sub: Subscriber, topics: Iterable[str]) -> None:
+        for topic in topics:
+            if topic in sub.topics:
+                continue
+            sub.topics.add(topic)
+            subs = self.subscribers.get(topic)
+            if subs is None:
+                subs = self.subscribers[topic] = {}
+                self._channel_gains(topic)
+            subs[sub] = None
+        self._check(sub)
+
+    def unsubscribe(self, sub: Subscriber, topics: Iterable[str]) -> None:
+        for topic in topics:
+            if topic not in sub.topics:
+                continue
+            sub.topics.discard(topic)
+            subs = self.subscribers[topic]
+            del subs[sub]
+            if not subs:
+                del self.subscribers[topic]
+                self._channel_loses(topic)
+        self._check(sub)
+
+    def gone(self, sub: Subscriber) -> None:
+        """The connection closed: it leaves every topic at once."""
+        if sub.topics:
+            self.unsubscribe(sub, list(sub.topics))
+
+    def emit(self, sender: Subscriber | None, topic: str, data: Any) -> None:
+        """An event a client of this node emitted: to the subscribers here (``sender``
+        too if it subscribes and ``echoes``), and once to the cluster."""
+        self.stats["emitted"] += 1
+        subs = self.subscribers.get(topic)
+        if subs:
+            delivered = 0
+            for sub in subs:
+                if sub is not sender or sub.echoes:
+                    sub.event(topic, data)
+                    delivered += 1
+            self.stats["delivered"] += delivered
+        if self._publish is not None:
+            assert self._namespace is not None
+            self._publish(event_channel(self._namespace, topic), [EVENT, topic, data])
+
+    def heard(self, topic: str, data: Any) -> None:
+        """An event another node's client emitted (an EVENT off the bus)."""
+        subs = self.subscribers.get(topic)
+        if not subs:
+            self.stats["unheard"] += 1
+            return
+        self.stats["heard"] += 1
+        for sub in subs:
+            sub.event(topic, data)
+        self.stats["delivered"] += len(subs)
+
+    def every_subscriber(self) -> list[Subscriber]:
+        """Each connection subscribed to anything, once."""
+        return list({sub: None for subs in self.subscribers.values() for sub in subs})
+
+    # -- channels ----------------------------------------------------------------------
+
+    def _channel_gains(self, topic: str) -> None:
+        if self._namespace is None:
+            return
+        channel = event_channel(self._namespace, topic)
+        self._channels[channel] += 1
+        if self._channels[channel] == 1 and self._listen is not None:
+            self._listen(channel, True)
+
+    def _channel_loses(self, topic: str) -> None:
+        if self._namespace is None:
+            return
+        channel = event_channel(self._namespace, topic)
+        self._channels[channel] -= 1
+        if not self._channels[channel]:
+            del self._channels[channel]
+            if self._listen is not None:
+                self._listen(channel, False)
+
+    def _check(self, sub: Subscriber) -> None:
+        """The tables agree (cheap: one connection's topics)."""
+        for topic in sub.topics:
+            assert sub in self.subscribers[topic], topic

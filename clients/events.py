@@ -1,0 +1,112 @@
+"""The client's event subscriptions: topics, their handlers, and the gaps it is told of.
+
+``Subscriptions`` keeps, per topic, the handlers ``Client.subscribe`` added (in
+that order) and hands each EVENT to them on the client's event loop. A handler
+is ``handler(data)``: a plain function runs inline (keep it short: the
+connection is not read meanwhile); a coroutine function's coroutine runs as a
+Task (kept until it ends; cancelled by ``close``). An exception in either is
+logged (``rpcbus.events``) and counted in ``handler_errors``, never raised into
+the client.
+
+Losses are told, never hidden: a GAP from the node (the client read too slowly,
+and the node dropped ``count`` events of a topic; or ``count`` None: its node lost
+the cluster bus) and a lost connection (events emitted until the subscriptions
+are made again on the next connection are lost) call each ``on_gap(topic,
+count)`` of the topics concerned, and add to ``lost`` (known counts only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any, Awaitable, Callable, Union
+
+log = logging.getLogger("rpcbus.events")
+
+EventHandler = Callable[[Any], Union[None, Awaitable[None]]]
+GapHandler = Callable[[str, Union[int, None]], None]
+
+
+class Subscriptions:
+    """See the module docstring."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, list[tuple[EventHandler, GapHandler | None]]] = {}
+        self.lost = 0            # events the node said it dropped for this client
+        self.gaps = 0            # gap notices, of known count or not
+        self.handler_errors = 0
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    @property
+    def topics(self) -> list[str]:
+        return list(self.handlers)
+
+    def add(self, topic: str, handler: EventHandler, on_gap: GapHandler | None) -> bool:
+        """True when ``topic`` is new here (the node must be told)."""
+        entries = self.handlers.get(topic)
+        if entries is None:
+            self.handlers[topic] = [(handler, on_gap)]
+            return True
+        entries.append((handler, on_gap))
+        return False
+
+    def remove(self, topic: str, handler: EventHandler | None = None) -> bool:
+        """Take ``handler`` (every handler: None) off ``topic``; True when the topic has
+        none left (the node must be told)."""
+        entries = self.handlers.get(topic)
+        if entries is None:
+            return False
+        if handler is not None:
+            entries[:] = [e for e in entries if e[0] != handler]
+        if handler is None or not entries:
+            del self.handlers[topic]
+            return True
+        return False
+
+    def deliver(self, topic: str, data: Any) -> None:
+        """An EVENT: to each handler of ``topic`` (none: it came after an unsubscribe)."""
+        for handler, _ in self.handlers.get(topic, ()):
+            try:
+                result = handler(data)
+            except Exception:
+                self._failed(topic)
+                continue
+            if inspect.isawaitable(result):
+                task = asyncio.ensure_future(result)
+                self._tasks.add(task)
+                task.add_done_callback(self._ended(topic))
+
+    def gap(self, topic: str | None, count: int | None) -> None:
+        """The node dropped ``count`` events of ``topic`` (None, None: any of them may be
+        lost), or the connection was lost (the client's own, the same)."""
+        self.gaps += 1
+        if count is not None:
+            self.lost += count
+        log.warning("events_lost topic=%s count=%s", topic if topic is not None else "*",
+                    count if count is not None else "unknown")
+        topics = [topic] if topic is not None else list(self.handlers)
+        for each in topics:
+            for _, on_gap in self.handlers.get(each, ()):
+                if on_gap is None:
+                    continue
+                try:
+                    on_gap(each, count)
+                except Exception:
+                    self._failed(each)
+
+    def close(self) -> None:
+        """Cancel the handlers still running."""
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _ended(self, topic: str) -> Callable[[asyncio.Future[Any]], None]:
+        def done(task: asyncio.Future[Any]) -> None:
+            self._tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                self._failed(topic, task.exception())
+        return done
+
+    def _failed(self, topic: str, exc: BaseException | None = None) -> None:
+        self.handler_errors += 1
+        log.error("event_handler_failed topic=%s", topic, exc_info=exc or True)

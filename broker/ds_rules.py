@@ -17,8 +17,16 @@ rpcbus's AUTH, so users, tokens, permissions and rate limits are rpcbus's. Then:
   REQUEST_ERROR or REJECT go back by that id. An answer for an attempt it no longer
   holds (cancelled, timed out) is refused INVALID_RPC_CORRELATION_ID, as deepstream
   does;
-- records, events and presence are not served: each such message is answered with
-  its topic's MESSAGE_DENIED, so the client's promise for it fails at once.
+- events: EVENT SUBSCRIBE and UNSUBSCRIBE {names} become one SUBSCRIBE or
+  UNSUBSCRIBE per name (acknowledged once all are answered; a refused name gets
+  MESSAGE_DENIED), EMIT {name, data} an EMIT; an event for it (EVENT) is written as
+  EVENT EMIT. Its own events are not sent back to it (the client hands them to its
+  own subscribers itself); a GAP has no word in deepstream's protocol and is counted
+  (``deepstream_gaps``). A refused EMIT is not told to it (deepstream's clients send
+  no id to tell it by); it is counted with the node's refusals.
+- records, presence and events' LISTEN are not served: each such message is
+  answered with its topic's MESSAGE_DENIED, so the client's promise for it fails at
+  once.
 
 Data is JSON text on this side and MessagePack values on the other: JSON in is
 parsed once (a value JSON cannot write — bytes, NaN, a map with keys that are not
@@ -43,7 +51,10 @@ from rpcbus.protocol import (
     CANCEL,
     DEFAULT_MAX_NAME,
     DRAIN_PING,
+    EMIT,
     ERROR,
+    EVENT,
+    GAP,
     OK,
     PART,
     PING,
@@ -53,7 +64,9 @@ from rpcbus.protocol import (
     REQUEST,
     RESPONSE,
     STREAM,
+    SUBSCRIBE,
     UNPROVIDE,
+    UNSUBSCRIBE,
     valid_name,
 )
 
@@ -105,11 +118,14 @@ def ds_name(name: str) -> str:
 
 
 class _Bulk:
-    """One PROVIDE or UNPROVIDE of several names: answered when each name's is."""
+    """One PROVIDE or UNPROVIDE (RPC), SUBSCRIBE or UNSUBSCRIBE (EVENT) of several names:
+    answered when each name's is."""
 
-    __slots__ = ("action", "correlation_id", "waiting")
+    __slots__ = ("topic", "action", "correlation_id", "waiting")
 
-    def __init__(self, action: int, correlation_id: str | None, waiting: int) -> None:
+    def __init__(self, topic: int, action: int, correlation_id: str | None,
+                 waiting: int) -> None:
+        self.topic = topic
         self.action = action
         self.correlation_id = correlation_id
         self.waiting = waiting
@@ -181,6 +197,8 @@ class DeepstreamRules:
             return [[AUTH, login]], [], ""
         if self.phase != OPEN:
             return [], [], f"{w.TOPIC_NAMES.get(topic, topic)} before login"
+        if topic == w.T_EVENT and action in (w.E_EMIT, w.E_SUBSCRIBE, w.E_UNSUBSCRIBE):
+            return self._event(m)
         denied = w.MESSAGE_DENIED.get(topic)
         if denied is not None:  # records, events, presence: not served
             self.stats["deepstream_refused_topics"] += 1
@@ -217,27 +235,52 @@ class DeepstreamRules:
             # a name deepstream takes travels as rpcbus's (``rpc_name``); one still not
             # valid (too long so) is refused here, like one the user may not provide: no
             # strike for what deepstream allows
-            good: list[str] = []
-            replies = []
-            for name in names:
-                if type(name) is str and valid_name(rpc_name(name), self.max_name):
-                    good.append(name)
-                else:
-                    replies.append(DsMessage(w.T_RPC, w.R_MESSAGE_DENIED,
-                                             original_action=action, name=name,
-                                             correlation_id=cid, is_error=True))
-            bulk = _Bulk(action, cid, len(good))
-            if not good:
-                return [], [*replies, DsMessage(w.T_RPC, action, correlation_id=cid,
-                                                is_ack=True)], ""
-            msgs = []
-            kind = PROVIDE if action == w.R_PROVIDE else UNPROVIDE
-            for name in good:
-                self._seq += 1
-                self._bulks[self._seq] = (bulk, name)
-                msgs.append([kind, self._seq, [rpc_name(name)]])
-            return msgs, replies, ""
+            return self._bulk(m, PROVIDE if action == w.R_PROVIDE else UNPROVIDE)
         return [], [], f"unexpected RPC action {action}"
+
+    def _bulk(self, m: DsMessage, kind: int) -> tuple[list[list[Any]], list[DsMessage], str]:
+        """A PROVIDE, UNPROVIDE, SUBSCRIBE or UNSUBSCRIBE of ``m.names``: one rpcbus
+        message (``kind``) per name, each answered on its own (``_bulk_answered``)."""
+        topic, action, cid = m.topic, m.action, m.correlation_id
+        good: list[str] = []
+        replies = []
+        for name in m.names:
+            if type(name) is str and valid_name(rpc_name(name), self.max_name):
+                good.append(name)
+            else:
+                replies.append(DsMessage(topic, w.MESSAGE_DENIED[topic],
+                                         original_action=action, name=name,
+                                         correlation_id=cid, is_error=True))
+        bulk = _Bulk(topic, action, cid, len(good))
+        if not good:
+            return [], [*replies, DsMessage(topic, action, correlation_id=cid,
+                                            is_ack=True)], ""
+        msgs = []
+        for name in good:
+            self._seq += 1
+            self._bulks[self._seq] = (bulk, name)
+            msgs.append([kind, self._seq, [rpc_name(name)]])
+        return msgs, replies, ""
+
+    def _event(self, m: DsMessage) -> tuple[list[list[Any]], list[DsMessage], str]:
+        """EVENT EMIT, SUBSCRIBE or UNSUBSCRIBE."""
+        action = m.action
+        if action != w.E_EMIT:
+            if not m.names:
+                return [], [], "SUBSCRIBE and UNSUBSCRIBE need names"
+            return self._bulk(m, SUBSCRIBE if action == w.E_SUBSCRIBE else UNSUBSCRIBE)
+        name = m.name
+        if not name:
+            return [], [], "an EMIT needs a name"
+        topic = rpc_name(name)
+        if not valid_name(topic, self.max_name):  # too long: nobody can subscribe to it
+            return [], [DsMessage(w.T_EVENT, w.E_MESSAGE_DENIED, original_action=action,
+                                  name=name, is_error=True)], ""
+        try:
+            data = None if m.data is None else _from_json(m.data)
+        except (ValueError, RecursionError):
+            return [], [], "an EMIT's data is not JSON"
+        return [[EMIT, topic, data]], [], ""
 
     def _answer(self, m: DsMessage) -> tuple[list[list[Any]], list[DsMessage], str]:
         """A provider's ACCEPT, RESPONSE, REJECT or REQUEST_ERROR, by the attempt's id."""
@@ -291,6 +334,16 @@ class DeepstreamRules:
             return self._error(msg)
         if kind == CANCEL:  # deepstream has no word for it: its later answer is refused
             self.attempts.pop(msg[1], None)
+            return []
+        if kind == EVENT:
+            try:
+                text = _to_json(msg[2])
+            except (TypeError, ValueError, RecursionError):
+                self.stats["deepstream_unwritable_events"] += 1  # JSON cannot carry it
+                return []
+            return [DsMessage(w.T_EVENT, w.E_EMIT, name=ds_name(msg[1]), data=text)]
+        if kind == GAP:  # deepstream has no word for it
+            self.stats["deepstream_gaps"] += 1
             return []
         if kind == OK:
             return self._bulk_answered(msg[1], None)
@@ -371,11 +424,11 @@ class DeepstreamRules:
         bulk.waiting -= 1
         out = []
         if code is not None:
-            out.append(DsMessage(w.T_RPC, w.R_MESSAGE_DENIED, original_action=bulk.action,
-                                 name=name, correlation_id=bulk.correlation_id,
-                                 is_error=True))
+            out.append(DsMessage(bulk.topic, w.MESSAGE_DENIED[bulk.topic],
+                                 original_action=bulk.action, name=name,
+                                 correlation_id=bulk.correlation_id, is_error=True))
         if not bulk.waiting:
-            out.append(DsMessage(w.T_RPC, bulk.action, correlation_id=bulk.correlation_id,
+            out.append(DsMessage(bulk.topic, bulk.action, correlation_id=bulk.correlation_id,
                                  is_ack=True))
         return out
 

@@ -49,6 +49,7 @@ class DeepstreamSession(Session):
 
     runs_before_accept = True
     moves_on_drain = False
+    echoes = False  # its client hands its own events to its own subscribers
     rules: DeepstreamRules
     _frames: list[bytes]
 

@@ -86,9 +86,17 @@ RPC_ACTION_NAMES = {1: "ERROR", R_REQUEST: "REQUEST", R_ACCEPT: "ACCEPT",
                     R_MESSAGE_DENIED: "MESSAGE_DENIED",
                     R_INVALID_MESSAGE_DATA: "INVALID_MESSAGE_DATA"}
 
-# the MESSAGE_DENIED action of the topics the node refuses whole (records, events,
-# presence): each client handler fails the request it answers at once with it
-MESSAGE_DENIED = {T_RECORD: 115, T_EVENT: 104, T_PRESENCE: 102, T_RPC: R_MESSAGE_DENIED}
+# EVENT
+E_EMIT = 2
+E_SUBSCRIBE = 3
+E_UNSUBSCRIBE = 4
+E_MESSAGE_DENIED = 104
+
+# each topic's MESSAGE_DENIED action: a request refused (the node refuses records and
+# presence whole, and events' LISTEN): each client handler fails the request it answers
+# at once with it
+MESSAGE_DENIED = {T_RECORD: 115, T_EVENT: E_MESSAGE_DENIED, T_PRESENCE: 102,
+                  T_RPC: R_MESSAGE_DENIED}
 
 
 class DsMessage(NamedTuple):

@@ -9,7 +9,10 @@
 //     | "noaccept" | "late" | "slow" | "leave" | "once"}
 //   {"id": 4, "op": "unprovide", "name": "x"}
 //   {"id": 5, "op": "snapshot" | "has", "name": "r"}: a record (the node refuses records);
-//     {"op": "presence"}: presence.getAll(); {"op": "subscribe", "name": "e"}: an event
+//     {"op": "presence"}: presence.getAll()
+//   {"op": "subscribe" | "unsubscribe", "name": "e"}: event.subscribe (each event it gets
+//     is printed: {"event": "emitted", "name", "data"}) or event.unsubscribe
+//   {"op": "emit", "name": "e", "data": ...}: event.emit
 //   {"id": 6, "op": "ran"}: how many calls each provided name ran here
 //   {"id": 7, "op": "load", "name": "x", "calls": n, "inflight": k, "data": ...}: n makes,
 //     k at a time; answers {"ok": {"calls", "errors", "seconds", "firstError"}}
@@ -100,7 +103,11 @@ async function run (cmd) {
     case 'snapshot': return await client.record.snapshot(cmd.name)
     case 'has': return await client.record.has(cmd.name)
     case 'presence': return await client.presence.getAll()
-    case 'subscribe': client.event.subscribe(cmd.name, () => {}); return null
+    case 'subscribe':
+      client.event.subscribe(cmd.name, (data) => out({ event: 'emitted', name: cmd.name, data: data === undefined ? null : data }))
+      return null
+    case 'unsubscribe': client.event.unsubscribe(cmd.name); return null
+    case 'emit': client.event.emit(cmd.name, cmd.data); return null
     case 'ran': return ran
     case 'load': return await load(cmd)
     case 'state': return client.getConnectionState()

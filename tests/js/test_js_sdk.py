@@ -16,7 +16,7 @@ from rpcbus.broker.auth import hash_password, token_digest
 from rpcbus.broker.local import LocalCluster
 from rpcbus.broker.process import NodeProcess
 
-from ..cluster.conftest import FAST
+from ..cluster.conftest import FAST, stats
 
 
 @pytest.fixture(scope="module")
@@ -390,3 +390,36 @@ async def test_call_all_between_js_and_python_across_nodes(two, js):
     finally:
         await asyncio.gather(*(c.close() for c in clients))
     assert await agent.ok("close") == "closed"
+
+
+async def test_js_and_python_clients_share_events_across_nodes(two, js):
+    """subscribe / emit / unsubscribe of the JS SDK beside the Python SDK's, on two nodes:
+    each publisher's events reach every subscriber, in order, once."""
+    n1, n2 = two.nodes
+    js_sub, js_pub = await js(), await js()
+    await js_sub.ok("connect", urls=[n2.url])
+    await js_pub.ok("connect", urls=[n1.url])
+    got = []
+    async with rpcbus.connect(n1.url) as py:
+        await js_sub.ok("subscribe", topic="feed")
+        await py.subscribe("feed", got.append)
+        for i in range(200):
+            await js_pub.ok("emit", topic="feed", data=["js", i])
+            await py.emit("feed", ["py", i])
+        emitted = lambda: [e["data"] for e in js_sub.events if e["event"] == "emitted"]  # noqa: E731
+        await js_sub.event(lambda e: len(emitted()) >= 400)
+        async with asyncio.timeout(10):
+            while len(got) < 400:
+                await asyncio.sleep(0.01)
+        for seen in (emitted(), got):
+            assert len(seen) == 400
+            for who in ("js", "py"):
+                assert [i for w, i in seen if w == who] == list(range(200))
+        await js_sub.ok("unsubscribe", topic="feed")
+        await py.emit("feed", ["py", "after"])
+        async with asyncio.timeout(10):
+            while got[-1] != ["py", "after"]:
+                await asyncio.sleep(0.01)
+        assert stats(n2)["events"]["topics"] == 0   # n2 sends js_sub nothing more
+    assert ["py", "after"] not in emitted()
+    assert not [e for e in js_sub.events if e["event"] == "gap"]

@@ -17,7 +17,10 @@ from rpcbus.protocol import (
     AUTH_OK,
     CANCEL,
     DRAIN_PING,
+    EMIT,
     ERROR,
+    EVENT,
+    GAP,
     OK,
     PART,
     PING,
@@ -27,6 +30,8 @@ from rpcbus.protocol import (
     REQUEST,
     RESPONSE,
     STREAM,
+    SUBSCRIBE,
+    UNSUBSCRIBE,
     valid_name,
 )
 
@@ -243,10 +248,42 @@ def test_login_refusals_busy_pings_notices_and_what_is_not_served():
     rules = opened()
     assert rules.inbound(DsMessage(w.T_CONNECTION, w.C_PING))[0] == [[PING]]  # priced
     assert rules.outbound([PONG, None]) == [DsMessage(w.T_CONNECTION, w.C_PONG)]
-    _, out, problem = rules.inbound(DsMessage(w.T_EVENT, 3, name="news"))
-    assert out == [DsMessage(w.T_EVENT, 104, original_action=3, name="news", is_error=True)]
+    _, out, problem = rules.inbound(DsMessage(w.T_EVENT, 5, name="news/*"))   # LISTEN
+    assert out == [DsMessage(w.T_EVENT, 104, original_action=5, name="news/*",
+                             is_error=True)]
     assert not problem and rules.stats["deepstream_refused_topics"] == 1
     assert rules.outbound([ERROR, None, errors.SHUTTING_DOWN, "bye"]) == []
     assert rules.outbound([PING, DRAIN_PING]) == [] and rules.draining and rules.heard_drain
     assert rules.outbound([ERROR, None, errors.NOT_AUTHENTICATED, "expired"]) == []
     assert rules.close_reason == "token expired"
+
+
+def test_events_subscribe_per_name_and_emit_both_ways():
+    rules = opened()
+    into, out, problem = rules.inbound(DsMessage(
+        w.T_EVENT, w.E_SUBSCRIBE, correlation_id="4", names=("chat/room 1", "x" * 200)))
+    assert into == [[SUBSCRIBE, 1, ["chat/room%201"]]] and not problem
+    assert out == [DsMessage(w.T_EVENT, w.E_MESSAGE_DENIED, original_action=w.E_SUBSCRIBE,
+                             name="x" * 200, correlation_id="4", is_error=True)]
+    assert rules.outbound([OK, 1]) == [DsMessage(w.T_EVENT, w.E_SUBSCRIBE, correlation_id="4",
+                                                 is_ack=True)]
+    into, _, _ = rules.inbound(DsMessage(w.T_EVENT, w.E_SUBSCRIBE, correlation_id="5",
+                                         names=("secret",)))
+    assert rules.outbound([ERROR, into[0][1], errors.PERMISSION_DENIED, "no"]) == [
+        DsMessage(w.T_EVENT, w.E_MESSAGE_DENIED, original_action=w.E_SUBSCRIBE,
+                  name="secret", correlation_id="5", is_error=True),
+        DsMessage(w.T_EVENT, w.E_SUBSCRIBE, correlation_id="5", is_ack=True)]
+    into, _, _ = rules.inbound(DsMessage(w.T_EVENT, w.E_UNSUBSCRIBE, correlation_id="6",
+                                         names=("chat/room 1",)))
+    assert into == [[UNSUBSCRIBE, 3, ["chat/room%201"]]]
+    assert rules.inbound(DsMessage(w.T_EVENT, w.E_EMIT, name="chat/room 1",
+                                   data='{"a":[1,2.5]}'))[0] == [
+        [EMIT, "chat/room%201", {"a": [1, 2.5]}]]
+    assert rules.inbound(DsMessage(w.T_EVENT, w.E_EMIT, name="e"))[0] == [[EMIT, "e", None]]
+    assert rules.inbound(DsMessage(w.T_EVENT, w.E_EMIT, name="e", data="{"))[2]  # a strike
+    assert rules.outbound([EVENT, "chat/room%201", [None, "é"]]) == [
+        DsMessage(w.T_EVENT, w.E_EMIT, name="chat/room 1", data='[null,"é"]')]
+    assert rules.outbound([EVENT, "e", b"bytes"]) == []       # JSON cannot carry it
+    assert rules.outbound([GAP, "e", 3]) == []
+    assert rules.stats["deepstream_unwritable_events"] == 1
+    assert rules.stats["deepstream_gaps"] == 1

@@ -102,6 +102,8 @@ export class Client {
     this._pending = new Map() // ref -> {resolve, reject, wire, msg?, until?, idempotent?}
     this._queued = [] // call refs waiting for a connection
     this._handlers = new Map() // name -> handler
+    this._topics = new Map() // event topic -> [[handler, onGap], ...] in the order added
+    this.eventsLost = 0 // events the nodes said they dropped for this client (read too slowly)
     this._starting = [] // [wire, id, handler, data, ctx] ACCEPTed in the frame being read
     this._draining = new Set() // wires of nodes shutting down (or cut off), until they close
     this._moving = false // moving off a node cut off from the cluster
@@ -263,6 +265,8 @@ export class Client {
         if (wire.expired) {
           wire.expired = false
           if (this._handlers.size) wire.send([p.PROVIDE, this._ids++, [...this._handlers.keys()]])
+    const topics = [...this._topics.keys()] // subscribe again (what came between: told at the loss)
+    for (let i = 0; i < topics.length; i += 100) wire.send([p.SUBSCRIBE, this._ids++, topics.slice(i, i + 100)])
         }
       }
     } catch (err) {
@@ -283,6 +287,8 @@ export class Client {
     this._defaultTimeout = this.session.response_timeout_ms ?? 10000
     this._maxTimeout = this.session.max_timeout_ms ?? 0 // the longest the node takes; 0: not told
     if (this._handlers.size) wire.send([p.PROVIDE, this._ids++, [...this._handlers.keys()]])
+    const topics = [...this._topics.keys()] // subscribe again (what came between: told at the loss)
+    for (let i = 0; i < topics.length; i += 100) wire.send([p.SUBSCRIBE, this._ids++, topics.slice(i, i + 100)])
     this._sendQueued(wire)
     const waiting = this._waiting.splice(0)
     for (const resolve of waiting) resolve()
@@ -539,6 +545,80 @@ export class Client {
     await this._control(p.UNPROVIDE, [name])
   }
 
+  // -- events (docs/events.md) -----------------------------------------------------------
+
+  /** Hand every event emitted to `topic` from now on, by any client on any node, to
+   * `handler(data)` (across reconnects, until unsubscribe()); resolves once the cluster
+   * hears the topic for this client. `options.onGap(topic, count)` is told of events lost:
+   * `count` the node dropped while this client read too slowly, or null (its node lost the
+   * cluster bus, or this client its connection). A handler's exception (or rejection) is
+   * logged, never thrown into the client. */
+  async subscribe (topic, handler, options = {}) {
+    if (!p.validName(topic)) throw new TypeError(`invalid topic ${JSON.stringify(topic)}`)
+    if (typeof handler !== 'function') throw new TypeError('handler must be a function')
+    const entries = this._topics.get(topic)
+    if (entries !== undefined) {
+      entries.push([handler, options.onGap ?? null])
+      return
+    }
+    this._topics.set(topic, [[handler, options.onGap ?? null]])
+    try {
+      await this._control(p.SUBSCRIBE, [topic])
+    } catch (err) {
+      this._topics.delete(topic)
+      throw err
+    }
+  }
+
+  /** Stop handing `topic`'s events to `handler` (to any of its handlers: none given); the
+   * node stops sending them once no handler is left. */
+  async unsubscribe (topic, handler) {
+    const entries = this._topics.get(topic)
+    if (entries === undefined) return
+    const left = handler === undefined ? [] : entries.filter(([h]) => h !== handler)
+    if (left.length) {
+      this._topics.set(topic, left)
+      return
+    }
+    this._topics.delete(topic)
+    if (this._wire !== null) await this._control(p.UNSUBSCRIBE, [topic])
+  }
+
+  /** Send an event to every subscriber of `topic` on any node: at most once, in order with
+   * this client's other events of `topic`, no answer. Waits for a connection (up to
+   * openTimeout). A refused emit is logged (`node_error`), data over the node's frame limit
+   * dropped and logged (`event_too_large`). */
+  async emit (topic, data = null) {
+    if (!p.validName(topic)) throw new TypeError(`invalid topic ${JSON.stringify(topic)}`)
+    if (this.closed) throw new errors.ConnectionLostError('the client is closed')
+    if (this._wire === null) await this._connected()
+    const wire = this._wire
+    if (wire === null || this.closed) throw new errors.ConnectionLostError('the connection was lost')
+    wire.send([p.EMIT, topic, data])
+  }
+
+  _deliver (topic, data) {
+    for (const [handler] of this._topics.get(topic) ?? []) {
+      try {
+        const result = handler(data)
+        if (isThenable(result)) result.then(undefined, (err) => this.log.warn(`event_handler_failed topic=${topic} error=${err}`))
+      } catch (err) {
+        this.log.warn(`event_handler_failed topic=${topic} error=${err}`)
+      }
+    }
+  }
+
+  _gap (topic, count) {
+    if (Number.isInteger(count)) this.eventsLost += count
+    this.log.warn(`events_lost topic=${topic ?? '*'} count=${count ?? 'unknown'}`)
+    for (const each of topic == null ? [...this._topics.keys()] : [topic]) {
+      for (const [, onGap] of this._topics.get(each) ?? []) {
+        if (onGap === null) continue
+        try { onGap(each, count ?? null) } catch (err) { this.log.warn(`on_gap_failed topic=${each} error=${err}`) }
+      }
+    }
+  }
+
   /** A protocol-level round trip to the node. */
   async ping () { await this._control(p.PING, null) }
 
@@ -551,19 +631,22 @@ export class Client {
    * (null: not measured); rejects with PermissionDeniedError for a name the user may not call. */
   async providers (name) { return await this._control(p.DISCOVER, null, [name]) }
 
+  /** Until there is a connection (at most openTimeout: ConnectionLostError). */
+  _connected () {
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        const i = this._waiting.indexOf(go)
+        if (i >= 0) this._waiting.splice(i, 1)
+        reject(new errors.ConnectionLostError(`no connection within ${this.openTimeout} ms`))
+      }, this.openTimeout)
+      const go = () => { clearTimeout(timer); resolve() }
+      this._waiting.push(go)
+    })
+  }
+
   async _control (kind, names, fields = null) {
     if (this.closed) throw new errors.ConnectionLostError('the client is closed')
-    if (this._wire === null) {
-      await new Promise((resolve, reject) => {
-        const timer = setTimeout(() => {
-          const i = this._waiting.indexOf(go)
-          if (i >= 0) this._waiting.splice(i, 1)
-          reject(new errors.ConnectionLostError(`no connection within ${this.openTimeout} ms`))
-        }, this.openTimeout)
-        const go = () => { clearTimeout(timer); resolve() }
-        this._waiting.push(go)
-      })
-    }
+    if (this._wire === null) await this._connected()
     const wire = this._wire
     if (wire === null || this.closed) throw new errors.ConnectionLostError('the connection was lost')
     const ref = this._ids++
@@ -634,6 +717,11 @@ export class Client {
         task.wake = null
         if (w) w()
       }
+    } else if (kind === p.EVENT) {
+      if (msg.length !== 3 || typeof msg[1] !== 'string') throw new Error('EVENT with the wrong fields')
+      this._deliver(msg[1], msg[2])
+    } else if (kind === p.GAP) {
+      this._gap(msg[1] ?? null, msg[2] ?? null)
     } else if (kind === p.OK) {
       this._finish(msg[1], undefined, undefined)
     } else if (kind === p.FOUND) {
@@ -819,6 +907,10 @@ export class Client {
         `the call's data makes a ${size}-byte message, over the node's limit of ${limit} bytes (max_frame); nothing was sent`))
       return null
     }
+    if (msg[0] === p.EMIT) { // at most once: dropped, and said
+      this.log.warn(`event_too_large topic=${msg[1]} size=${size} limit=${limit}`)
+      return null
+    }
     if (msg[0] === p.RESPONSE || msg[0] === p.PART) {
       return [p.ERROR, msg[1], 'PAYLOAD_TOO_LARGE',
         `the answer makes a ${size}-byte message, over the node's limit of ${limit} bytes (max_frame)`]
@@ -910,6 +1002,7 @@ export class Client {
     if (wire !== this._wire) return // a draining wire: the client moved already
     this._wire = null
     if (this.closed) return
+    if (this._topics.size) this._gap(null, null) // what is emitted until the next connection is lost
     if (!this.reconnect) {
       this.closed = true
       this._failAll(lost)

@@ -144,6 +144,16 @@ export declare class Client {
   stream<R = any>(name: string, data?: unknown, options?: StreamOptions): Stream<R>
   provide<T = any, R = any>(name: string, handler: Handler<T, R>): Promise<void>
   unprovide(name: string): Promise<void>
+  /** Events lost for this client that its nodes counted (it read too slowly). */
+  eventsLost: number
+  /** Every event emitted to `topic` from now on, on any node, to `handler(data)`;
+   * resolves once the cluster hears the topic for this client (docs/events.md). */
+  subscribe<T = any>(topic: string, handler: (data: T) => void | Promise<void>,
+    options?: { onGap?: (topic: string, count: number | null) => void }): Promise<void>
+  /** Stop handing `topic`'s events to `handler` (to every handler: none given). */
+  unsubscribe(topic: string, handler?: (data: any) => void | Promise<void>): Promise<void>
+  /** An event to every subscriber of `topic` on any node: at most once, no answer. */
+  emit(topic: string, data?: unknown): Promise<void>
   ping(): Promise<void>
   /** Withdraw every name, let running handlers finish (up to `timeout` ms), then close. */
   drain(timeout?: number): Promise<void>

@@ -28,6 +28,12 @@ export const DISCOVER = 28 // [28, ref, name or nil]: what the cluster provides
 export const FOUND = 29 // [29, ref, what]: DISCOVER's answer
 export const PING = 30
 export const PONG = 31
+// events (docs/events.md)
+export const SUBSCRIBE = 32 // [32, ref, [topic, ...]], answered by OK (once the cluster hears them)
+export const UNSUBSCRIBE = 33 // [33, ref, [topic, ...]], answered by OK
+export const EMIT = 34 // [34, topic, data]: no answer (at most once)
+export const EVENT = 35 // [35, topic, data]: an event of a subscribed topic
+export const GAP = 36 // [36, topic or nil, count or nil]: events lost for this client
 
 /** Most messages in one frame unless the node says fewer (AUTH_OK max_frame_messages). */
 export const MAX_FRAME_MESSAGES = 10000

@@ -9,6 +9,9 @@
 //   {"id": 6, "op": "yielded"}: parts the "endless" handlers made so far
 //   {"id": 7, "op": "callAll", "name": "x", "data": ..., "timeout": ms, "maxReplies": n}: the
 //    replies, each {provider, node, ok: true, value} or {provider, node, ok: false, error: {...}}
+//   {"id": 8, "op": "subscribe" | "unsubscribe", "topic": "t"}: each event it gets is printed,
+//    {"event": "emitted", "topic", "data"}, each gap {"event": "gap", "topic", "count"}
+//   {"id": 9, "op": "emit", "topic": "t", "data": ...}
 //   {"id": 4, "op": "close" | "drain"}
 // Answers: {"id": 1, "ok": value} or {"id": 1, "error": {"code", "name", "message", "data"}};
 // events: {"event": "state", "state": ...}, {"event": "aborted", "rpc": ...}.
@@ -90,6 +93,11 @@ async function run (cmd) {
         : { provider: r.provider, node: r.node, ok: false, error: { code: r.error.code, name: r.error.name, message: r.error.message, data: r.error.data ?? null } })
     }
     case 'unprovide': return await client.unprovide(cmd.name) ?? null
+    case 'subscribe':
+      return await client.subscribe(cmd.topic, (data) => out({ event: 'emitted', topic: cmd.topic, data }),
+        { onGap: (topic, count) => out({ event: 'gap', topic, count }) }) ?? null
+    case 'unsubscribe': return await client.unsubscribe(cmd.topic) ?? null
+    case 'emit': return await client.emit(cmd.topic, cmd.data ?? null) ?? null
     case 'sleep': await wait(cmd.ms); return null
     case 'drain': await client.drain(cmd.timeout); return client.state
     case 'close': await client.close(); return client.state

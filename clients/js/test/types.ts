@@ -30,3 +30,14 @@ export async function found (c: Client): Promise<number[]> {
   const replies = await c.callAll<number>('math.add', { a: 1, b: 2 })
   return replies.map((r) => r.ok ? r.value : r.error.code.length) // narrowed by `ok`
 }
+
+export async function events (c: Client): Promise<number> {
+  const seen: string[] = []
+  await c.subscribe<{ text: string }>('chat.room1', (data) => { seen.push(data.text) },
+    { onGap: (topic, count) => { seen.push(`${topic} lost ${count ?? 'some'}`) } })
+  await c.emit('chat.room1', { text: 'hi' })
+  // @ts-expect-error: a topic is a string
+  await c.emit(7, null)
+  await c.unsubscribe('chat.room1')
+  return c.eventsLost + seen.length
+}

@@ -12,8 +12,9 @@ config file that leaks gives no token away.
 
 Permissions are glob patterns (``fnmatch``, case-sensitive: ``*`` matches any
 run of characters, dots included) in lists, ``call`` and ``provide`` for RPC
-names, ``publish`` and ``subscribe`` for event topics (docs/events.md), on a
-user and on the roles the user has. A name is allowed when any pattern matches
+names, ``publish`` and ``subscribe`` for event topics, ``presence`` for the users
+whose presence one may see (docs/events.md), on a user and on the roles the user
+has. A name is allowed when any pattern matches
 it; no matching pattern means denied.
 """
 
@@ -98,18 +99,21 @@ def new_token() -> str:
 
 
 class Permissions:
-    """The ``call``, ``provide``, ``publish`` and ``subscribe`` globs of one user, with the
-    names they allow cached (a denied name is matched again each time: junk must not fill
-    or churn the cache). Callers check a name's shape and length first."""
+    """The ``call``, ``provide``, ``publish``, ``subscribe`` and ``presence`` globs of one
+    user, with the names they allow cached (a denied name is matched again each time: junk
+    must not fill or churn the cache). Callers check a name's shape and length first."""
 
-    __slots__ = ("call", "provide", "publish", "subscribe", "_calls", "_provides",
-                 "_publishes", "_subscribes")
+    __slots__ = ("call", "provide", "publish", "subscribe", "presence", "_calls",
+                 "_provides", "_publishes", "_subscribes", "_sees")
     CACHE = 4096   # names remembered per user and list; more and the cache starts over
 
     def __init__(self, call: tuple[str, ...], provide: tuple[str, ...],
-                 publish: tuple[str, ...] = (), subscribe: tuple[str, ...] = ()) -> None:
+                 publish: tuple[str, ...] = (), subscribe: tuple[str, ...] = (),
+                 presence: tuple[str, ...] = ()) -> None:
         self.call, self.provide = call, provide
         self.publish, self.subscribe = publish, subscribe
+        self.presence = presence
+        self._sees: dict[str, bool] = {}
         self._calls: dict[str, bool] = {}
         self._provides: dict[str, bool] = {}
         self._publishes: dict[str, bool] = {}
@@ -138,6 +142,10 @@ class Permissions:
     def may_subscribe(self, topic: str) -> bool:
         return self._subscribes.get(topic) or self._decide(self._subscribes, self.subscribe,
                                                            topic)
+
+    def may_see(self, user: str) -> bool:
+        """Whether ``user``'s presence may be seen (the ``presence`` globs)."""
+        return self._sees.get(user) or self._decide(self._sees, self.presence, user)
 
     def _decide(self, cache: dict[str, bool], patterns: tuple[str, ...], name: str) -> bool:
         allowed = any(fnmatchcase(name, pattern) for pattern in patterns)
@@ -169,7 +177,7 @@ class User:
 
 
 #: the glob lists of a user, a role or a token
-LISTS = ("call", "provide", "publish", "subscribe")
+LISTS = ("call", "provide", "publish", "subscribe", "presence")
 _USER_KEYS = {"password", "token_sha256", "roles", *LISTS, "max_connections",
               "rate_messages", "rate_bytes", "max_provided"}
 

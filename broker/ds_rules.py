@@ -24,9 +24,15 @@ rpcbus's AUTH, so users, tokens, permissions and rate limits are rpcbus's. Then:
   own subscribers itself); a GAP has no word in deepstream's protocol and is counted
   (``deepstream_gaps``). A refused EMIT is not told to it (deepstream's clients send
   no id to tell it by); it is counted with the node's refusals.
-- records, presence and events' LISTEN are not served: each such message is
-  answered with its topic's MESSAGE_DENIED, so the client's promise for it fails at
-  once.
+- presence: QUERY_ALL and QUERY {names} become a PRESENCE_GET (answered
+  QUERY_ALL_RESPONSE without the client's own user, as deepstream does, or
+  QUERY_RESPONSE); SUBSCRIBE_ALL, UNSUBSCRIBE_ALL, SUBSCRIBE and UNSUBSCRIBE {names}
+  a PRESENCE_SUBSCRIBE or PRESENCE_UNSUBSCRIBE (of everyone, or of the names), each
+  acknowledged; a PRESENCE notice becomes JOIN_ALL / LEAVE_ALL for a client watching
+  everyone and JOIN / LEAVE for one watching that user (never of its own user). A
+  refusal is the topic's MESSAGE_DENIED.
+- records and events' LISTEN are not served: each such message is answered with its
+  topic's MESSAGE_DENIED, so the client's promise for it fails at once.
 
 Data is JSON text on this side and MessagePack values on the other: JSON in is
 parsed once (a value JSON cannot write — bytes, NaN, a map with keys that are not
@@ -54,11 +60,16 @@ from rpcbus.protocol import (
     EMIT,
     ERROR,
     EVENT,
+    FOUND,
     GAP,
     OK,
     PART,
     PING,
     PONG,
+    PRESENCE,
+    PRESENCE_GET,
+    PRESENCE_SUBSCRIBE,
+    PRESENCE_UNSUBSCRIBE,
     PROVIDE,
     REJECT,
     REQUEST,
@@ -151,6 +162,11 @@ class DeepstreamRules:
         self._open: set[str] = set()                  # its correlationIds in flight
         self.attempts: dict[int, tuple[str, bool]] = {}  # at it: id -> (name, a stream)
         self._bulks: dict[int, tuple[_Bulk, str]] = {}   # PROVIDE ref -> (bulk, name)
+        # presence: our ref -> (its action, its correlationId); what it watches
+        self._presence: dict[int, tuple[int, str | None]] = {}
+        self.presence_all = False
+        self.presence_of: set[str] = set()
+        self.user: str | None = None   # its user, as the node counts it (AUTH_OK, or login)
         self._seq = 0
         self.failures = 0
         self.login: dict[str, Any] = {}
@@ -199,6 +215,9 @@ class DeepstreamRules:
             return [], [], f"{w.TOPIC_NAMES.get(topic, topic)} before login"
         if topic == w.T_EVENT and action in (w.E_EMIT, w.E_SUBSCRIBE, w.E_UNSUBSCRIBE):
             return self._event(m)
+        if topic == w.T_PRESENCE and w.PR_QUERY_ALL <= action <= w.PR_UNSUBSCRIBE_ALL \
+                and action not in _PRESENCE_NOTICES:
+            return self._presence_asked(m)
         denied = w.MESSAGE_DENIED.get(topic)
         if denied is not None:  # records, events, presence: not served
             self.stats["deepstream_refused_topics"] += 1
@@ -311,6 +330,57 @@ class DeepstreamRules:
             return [[PART, attempt, value], [RESPONSE, attempt, None]], [], ""
         return [[RESPONSE, attempt, value]], [], ""
 
+    def _presence_asked(self, m: DsMessage) -> tuple[list[list[Any]], list[DsMessage], str]:
+        """PRESENCE QUERY_ALL, QUERY, (UN)SUBSCRIBE_ALL, (UN)SUBSCRIBE."""
+        action, names = m.action, list(m.names)
+        if action in (w.PR_QUERY, w.PR_SUBSCRIBE, w.PR_UNSUBSCRIBE) and not names:
+            return [], [], f"PRESENCE action {action} needs names"
+        users = None if action in (w.PR_QUERY_ALL, w.PR_SUBSCRIBE_ALL,
+                                   w.PR_UNSUBSCRIBE_ALL) else names
+        kind = (PRESENCE_GET if action in (w.PR_QUERY_ALL, w.PR_QUERY) else
+                PRESENCE_SUBSCRIBE if action in (w.PR_SUBSCRIBE, w.PR_SUBSCRIBE_ALL)
+                else PRESENCE_UNSUBSCRIBE)
+        if action == w.PR_SUBSCRIBE_ALL:
+            self.presence_all = True
+        elif action == w.PR_UNSUBSCRIBE_ALL:
+            self.presence_all = False
+        elif action == w.PR_SUBSCRIBE:
+            self.presence_of.update(names)
+        elif action == w.PR_UNSUBSCRIBE:
+            self.presence_of.difference_update(names)
+        self._seq += 1
+        self._presence[self._seq] = (action, m.correlation_id)
+        return [[kind, self._seq, users]], [], ""
+
+    def _presence_answered(self, ref: int, what: Any, code: str | None) -> list[DsMessage]:
+        action, cid = self._presence.pop(ref)
+        if code is not None:
+            if action == w.PR_SUBSCRIBE:  # it watches none of them
+                self.presence_of.clear()
+            elif action == w.PR_SUBSCRIBE_ALL:
+                self.presence_all = False
+            return [DsMessage(w.T_PRESENCE, w.PR_MESSAGE_DENIED, original_action=action,
+                              correlation_id=cid, is_error=True)]
+        if action == w.PR_QUERY_ALL:
+            return [DsMessage(w.T_PRESENCE, w.PR_QUERY_ALL_RESPONSE,
+                              names=tuple(u for u in what if u != self.user))]
+        if action == w.PR_QUERY:
+            return [DsMessage(w.T_PRESENCE, w.PR_QUERY_RESPONSE, data=_to_json(what),
+                              correlation_id=cid)]
+        return [DsMessage(w.T_PRESENCE, action, correlation_id=cid, is_ack=True)]
+
+    def _presence_notice(self, user: str, online: bool) -> list[DsMessage]:
+        if user == self.user:  # deepstream tells a client nothing of its own user
+            return []
+        out = []
+        if self.presence_all:
+            out.append(DsMessage(w.T_PRESENCE, w.PR_JOIN_ALL if online else w.PR_LEAVE_ALL,
+                                 name=user))
+        if user in self.presence_of:
+            out.append(DsMessage(w.T_PRESENCE, w.PR_JOIN if online else w.PR_LEAVE,
+                                 name=user))
+        return out
+
     # -- what it is sent -----------------------------------------------------------
 
     def outbound(self, msg: list[Any]) -> list[DsMessage]:
@@ -345,12 +415,18 @@ class DeepstreamRules:
         if kind == GAP:  # deepstream has no word for it
             self.stats["deepstream_gaps"] += 1
             return []
-        if kind == OK:
-            return self._bulk_answered(msg[1], None)
+        if kind == PRESENCE:
+            return self._presence_notice(msg[1], msg[2])
+        if kind == FOUND or kind == OK:
+            if msg[1] in self._presence:
+                return self._presence_answered(msg[1], msg[2] if kind == FOUND else None, None)
+            return self._bulk_answered(msg[1], None) if kind == OK else []
         if kind == PONG:
             return [DsMessage(w.T_CONNECTION, w.C_PONG)]
         if kind == AUTH_OK:
             self.phase = OPEN
+            user = msg[1].get("user") if type(msg[1]) is dict else None
+            self.user = user if user is not None else self.login.get("user")
             return [DsMessage(w.T_AUTH, w.A_AUTH_SUCCESSFUL)]
         if kind == AUTH_FAIL:
             return self._refused(msg[1], msg[2])
@@ -389,6 +465,8 @@ class DeepstreamRules:
                                   msg[4] if len(msg) > 4 else None)]
         if ref in self._bulks:
             return self._bulk_answered(ref, code)
+        if ref in self._presence:
+            return self._presence_answered(ref, None, code)
         return []
 
     def _outcome(self, cid: str, name: str, code: str, text: str,
@@ -446,6 +524,11 @@ class DeepstreamRules:
             if self.failures >= self.max_failures:
                 out.append(DsMessage(w.T_AUTH, w.A_TOO_MANY_AUTH_ATTEMPTS))
         return out
+
+
+# what the node sends, never the client
+_PRESENCE_NOTICES = frozenset((w.PR_QUERY_ALL_RESPONSE, w.PR_QUERY_RESPONSE, w.PR_JOIN,
+                               w.PR_JOIN_ALL, w.PR_LEAVE, w.PR_LEAVE_ALL))
 
 
 def _login(data: str | None) -> dict[str, Any] | None:

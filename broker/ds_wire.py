@@ -92,10 +92,25 @@ E_SUBSCRIBE = 3
 E_UNSUBSCRIBE = 4
 E_MESSAGE_DENIED = 104
 
-# each topic's MESSAGE_DENIED action: a request refused (the node refuses records and
-# presence whole, and events' LISTEN): each client handler fails the request it answers
+# PRESENCE
+PR_QUERY_ALL = 2
+PR_QUERY_ALL_RESPONSE = 3
+PR_QUERY = 4
+PR_QUERY_RESPONSE = 5
+PR_JOIN = 6
+PR_JOIN_ALL = 7
+PR_LEAVE = 8
+PR_LEAVE_ALL = 9
+PR_SUBSCRIBE = 10
+PR_UNSUBSCRIBE = 11
+PR_SUBSCRIBE_ALL = 12
+PR_UNSUBSCRIBE_ALL = 13
+PR_MESSAGE_DENIED = 102
+
+# each topic's MESSAGE_DENIED action: a request refused (the node refuses records whole,
+# and events' LISTEN): each client handler fails the request it answers
 # at once with it
-MESSAGE_DENIED = {T_RECORD: 115, T_EVENT: E_MESSAGE_DENIED, T_PRESENCE: 102,
+MESSAGE_DENIED = {T_RECORD: 115, T_EVENT: E_MESSAGE_DENIED, T_PRESENCE: PR_MESSAGE_DENIED,
                   T_RPC: R_MESSAGE_DENIED}
 
 

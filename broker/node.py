@@ -54,6 +54,7 @@ from rpcbus.broker.lifecycle import (
     Watch,
 )
 from rpcbus.broker.notify import Notifier
+from rpcbus.broker.presence import Presence
 from rpcbus.broker.router import Router
 from rpcbus.broker.session import CUT_OFF_NOTICE, Session
 from rpcbus.broker.weights import WeightsError, WeightsFile
@@ -110,6 +111,7 @@ class Node:
             self.router.weights = self.weights_file.weights
         self.gate = Gate(config)
         self.events = Events()  # with the cluster's bus once run() has one
+        self.presence = Presence()  # the same
         # SUBSCRIBEs answered once Redis hears their channels: (session, ref, channels)
         self._unconfirmed: list[tuple[Session, int, list[str]]] = []
         self.sessions: set[Session] = set()     # connections upgraded to WebSocket
@@ -168,6 +170,9 @@ class Node:
             self.events = Events(cfg.cluster.namespace, link_bus.outbox.publish,
                                  link_bus.listen)
             self.link.core.on_event = self.events.heard
+            control = self.link.core.control
+            self.presence = Presence(lambda msg: link_bus.outbox.publish(control, msg))
+            self.link.core.presence = self.presence
             link_bus.on_listening = self._confirm_subscriptions
             self.link.on_lost = self._events_cut_off
             bus = asyncio.create_task(self.link.run(), name="rpcbus-bus")
@@ -437,6 +442,9 @@ class Node:
         self.router.read_at = time.perf_counter()
         self.router.drop_peer(session, asyncio.get_running_loop().time())
         self.events.gone(session)
+        self.presence.gone(session)
+        if session.present_as is not None:
+            self.presence.logout(session.present_as)
         self._closed_totals.update(_session_counters(session))
         # one line per client; connections that never logged in are counted (/stats) and
         # logged at debug only, so a flood of them cannot flood the log
@@ -536,8 +544,10 @@ class Node:
         callers' calls went to a provider here or to another node, and the attempts
         outstanding at its providers of the HEARTBEAT_RPCS busiest rpcs (``load``, which
         other nodes' ``local-first`` choice weighs; routing reads nothing else here: it
-        learns counts from PROVIDER_UPDATE and RPC_QUERY). A heartbeat stays small however
-        many names are provided or called."""
+        learns counts from PROVIDER_UPDATE and RPC_QUERY), and the digest of the users
+        logged in here (broker/presence.py: another node whose view disagrees asks for
+        the whole set). A heartbeat stays small however many names are provided or
+        called, or users logged in."""
         stats = self.router.stats
         counts = self.router.provider_counts()
         shown = counts if len(counts) <= HEARTBEAT_RPCS else dict(
@@ -552,7 +562,8 @@ class Node:
                 "latency": self.router.provider_latencies(served),
                 "calls_by_rpc": (busiest := self.router.rpc_stats.busiest(HEARTBEAT_RPC_CALLS)),
                 "errors_by_rpc": self.router.rpc_stats.errors_of(list(busiest)),
-                "provider_view": self.router.provider_view(list(shown)[:HEARTBEAT_RPC_CALLS])}
+                "provider_view": self.router.provider_view(list(shown)[:HEARTBEAT_RPC_CALLS]),
+                "presence": self.presence.digest()}
 
     def discover(self, name: str | None, may_call: Callable[[str], bool]) -> Any:
         """DISCOVER's answer (broker/discovery.py): every name the user may call, with its
@@ -618,6 +629,9 @@ class Node:
             "cluster": self.link.snapshot() if self.link is not None else None,
             "events": {**dict(self.events.stats), "topics": len(self.events.subscribers),
                        "channels": len(self.events.channels)},
+            "presence": {**dict(self.presence.stats), "here": len(self.presence.local),
+                         "online": len(self.presence.where),
+                         "watchers": len(self.presence.watching)},
             "weights": None if self.weights_file is None else {
                 "file": self.weights_file.path, "rpcs": len(self.weights_file.weights.rpcs),
                 "reloads": self.weights_file.reloads,

@@ -50,6 +50,7 @@ class SessionPolicy:
     authenticated: bool
     provides: set[str]
     topics: set[str]
+    present_as: str | None
     address: str
     user: User | None
     _max_name: int
@@ -180,8 +181,10 @@ class SessionPolicy:
             self.invalid(None, "AUTH name must be a string of 1-128 characters", now)
             return
         gate = self.node.gate
-        if gate.mode == "none":
-            self._authenticated(None, name)
+        if gate.mode == "none":  # who it says it is: its presence (docs/events.md)
+            claimed = params.get("user")
+            self._authenticated(None, name, claimed if type(claimed) is str
+                                and 0 < len(claimed) <= 128 else name)
             return
         self._logging_in = True
         token = params.get("token")
@@ -301,7 +304,8 @@ class SessionPolicy:
         if not self.closed:
             self.send([AUTH_FAIL, errors.BUSY, "the node is busy checking logins; retry"])
 
-    def _authenticated(self, user: User | None, name: str | None) -> None:
+    def _authenticated(self, user: User | None, name: str | None,
+                       claimed: str | None = None) -> None:
         """``name`` is a display label only: with users, who the client is reaches
         providers as ``user`` (CallContext.user), and as the start of the caller label
         and of the load history's provider name, ``user/name`` where the name differs,
@@ -319,6 +323,10 @@ class SessionPolicy:
         self._limiter = self.node.gate.limiter_for(user)
         self._gated = self._perms is not None or self._limiter is not None
         self.authenticated = True
+        # presence: the user (a token's sub), or with auth mode "none" who it says it is
+        self.present_as = user.name if user is not None else claimed
+        if self.present_as is not None:
+            self.node.presence.login(self.present_as)
         self.node.gate.logged_in(self.address)
         self.logged_in()
         self.send([AUTH_OK, self._welcome()])

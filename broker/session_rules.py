@@ -48,6 +48,10 @@ from rpcbus.protocol import (
     PART,
     PING,
     PONG,
+    PRESENCE,
+    PRESENCE_GET,
+    PRESENCE_SUBSCRIBE,
+    PRESENCE_UNSUBSCRIBE,
     PROVIDE,
     REJECT,
     REQUEST,
@@ -66,6 +70,7 @@ if TYPE_CHECKING:
     from rpcbus.broker.events import Events
     from rpcbus.broker.gate import Gate
     from rpcbus.broker.limits import WindowLimiter
+    from rpcbus.broker.presence import Presence
     from rpcbus.broker.router import Router
 
 class NodeView(Protocol):
@@ -75,6 +80,7 @@ class NodeView(Protocol):
     router: Router
     gate: Gate
     events: Events
+    presence: Presence
     stats: Counter[str]
     draining: bool   # stopping: no new calls
     name: str
@@ -131,6 +137,7 @@ class SessionRules(SessionPolicy):
         self.topics: set[str] = set()    # what it subscribes to (broker/events.py's)
         self.events_held = False         # its client reads too slowly: events are lost
         self.events_lost: dict[str, int] = {}  # since it was held, by topic (told in GAPs)
+        self.present_as: str | None = None  # the user presence counts it as (logged in)
         self.is_node = False             # a client, not another node of the cluster
         self.address = ""                # the client's IP address (the shell's to set)
         self._max_name = limits.max_name_length
@@ -287,6 +294,10 @@ class SessionRules(SessionPolicy):
             if self._limiter is None or self._take(msg[1], now):
                 self.node.events.unsubscribe(self, msg[2])
                 self.send([OK, msg[1]])
+        elif kind == PRESENCE_GET or kind == PRESENCE_SUBSCRIBE \
+                or kind == PRESENCE_UNSUBSCRIBE:
+            if self._limiter is None or self._take(msg[1], now):
+                self._presence(kind, msg[1], msg[2])
         elif kind == PING:
             if self._limiter is None or self._take(None, now, ping=True):
                 self.send([PONG, msg[1] if len(msg) > 1 else None])
@@ -334,6 +345,41 @@ class SessionRules(SessionPolicy):
         for topic, count in lost.items():
             self.send([GAP, topic, count])
         return sum(lost.values())
+
+    # -- presence (broker/presence.py) -------------------------------------------------
+
+    def _presence(self, kind: int, ref: int, users: list[str] | None) -> None:
+        presence = self.node.presence
+        if kind == PRESENCE_UNSUBSCRIBE:
+            presence.unwatch(self, users)
+            self.send([OK, ref])
+            return
+        if users is not None:
+            denied = [u for u in users if not self.may_see(u)]
+            if denied:
+                self._deny(ref, f"{self._who()} may not see the presence of "
+                                f"{', '.join(denied[:5])[:256]}")
+                return
+        if kind == PRESENCE_GET:
+            self.send([FOUND, ref, [u for u in presence.everyone() if self.may_see(u)]
+                       if users is None else {u: presence.online(u) for u in users}])
+            return
+        limit = self.node.config.limits.max_subscriptions_per_connection
+        if users is not None and limit and len(
+                presence.watching.get(self, set()) | set(users)) > limit:
+            self.node.stats["subscribe_limited"] += 1
+            self.send([ERROR, ref, errors.LIMIT_EXCEEDED,
+                       f"this connection may watch at most {limit} users"])
+            return
+        presence.watch(self, users)
+        self.send([OK, ref])
+
+    def may_see(self, user: str) -> bool:
+        """Whether this client's user may see ``user``'s presence (``presence`` globs)."""
+        return self._perms is None or self._perms.may_see(user)
+
+    def presence_changed(self, user: str, online: bool) -> None:
+        self.send([PRESENCE, user, online])
 
 
 def _anything(name: str) -> bool:

@@ -70,6 +70,8 @@ def keygen(out: str, kind: str) -> None:
               help="Event topics it may emit to (repeat).")
 @click.option("--subscribe", multiple=True, metavar="GLOB",
               help="Event topics it may subscribe to (repeat).")
+@click.option("--presence", multiple=True, metavar="GLOB",
+              help="Users whose presence it may see (repeat).")
 @click.option("--role", multiple=True, metavar="NAME",
               help="A role of the nodes' [auth.roles] (repeat).")
 @click.option("--ttl", default="1h", show_default=True,
@@ -80,8 +82,8 @@ def keygen(out: str, kind: str) -> None:
 @click.option("--audience", default="rpcbus", show_default=True,
               help="Its aud: the nodes' auth.token_audience.")
 def issue(key_file: str, user: str, call: tuple[str, ...], provide: tuple[str, ...],
-          publish: tuple[str, ...], subscribe: tuple[str, ...], role: tuple[str, ...],
-          ttl: str, issuer: str, audience: str) -> None:
+          publish: tuple[str, ...], subscribe: tuple[str, ...], presence: tuple[str, ...],
+          role: tuple[str, ...], ttl: str, issuer: str, audience: str) -> None:
     """Print a JWT for USER, signed with KEY: connect(url, token=...)."""
     import jwt
     from cryptography.hazmat.primitives import serialization
@@ -113,7 +115,7 @@ def issue(key_file: str, user: str, call: tuple[str, ...], provide: tuple[str, .
     if audience:
         claims["aud"] = audience
     for name, values in (("call", call), ("provide", provide), ("publish", publish),
-                         ("subscribe", subscribe), ("roles", role)):
+                         ("subscribe", subscribe), ("presence", presence), ("roles", role)):
         if values:
             claims[name] = list(values)
     click.echo(jwt.encode(claims, key, algorithm=alg,

@@ -16,8 +16,8 @@ refused before any work. Then the claims:
 - ``iss`` equal to ``auth.token_issuer`` and ``aud`` (a string or a list) holding
   ``auth.token_audience``, each checked unless configured empty;
 - ``sub``: the user, 1-128 characters;
-- ``call``, ``provide``, ``publish``, ``subscribe``, ``roles`` (names in
-  ``[auth.roles]``) and the limits
+- ``call``, ``provide``, ``publish``, ``subscribe``, ``presence``, ``roles`` (names
+  in ``[auth.roles]``) and the limits
   ``max_connections``, ``rate_messages``, ``rate_bytes``, ``max_provided``: the
   same keys, in the same form, as a ``[auth.users.NAME]`` table.
 
@@ -45,8 +45,8 @@ MAX_TOKEN = 8192         # characters of a JWT looked at; a longer one is refuse
 MAX_KEYS = 16            # public keys a node holds at once
 MAX_PATTERNS = 1000      # glob patterns and roles a token may carry, together
 MIN_RSA_BITS = 2048
-CLAIM_KEYS = frozenset({"call", "provide", "publish", "subscribe", "roles", "max_connections",
-                        "rate_messages", "rate_bytes", "max_provided"})
+CLAIM_KEYS = frozenset({"call", "provide", "publish", "subscribe", "presence", "roles",
+                        "max_connections", "rate_messages", "rate_bytes", "max_provided"})
 _CURVES = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
 _RSA = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
 _BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
@@ -245,7 +245,7 @@ class Tokens:
             raise TokenError("token claim sub: the user, 1-128 printable characters")
         rights = {k: claims[k] for k in CLAIM_KEYS if k in claims}
         patterns = 0
-        for key in ("call", "provide", "publish", "subscribe", "roles"):
+        for key in ("call", "provide", "publish", "subscribe", "presence", "roles"):
             value = rights.get(key, [])
             if not isinstance(value, list) or not all(
                     isinstance(v, str) and 0 < len(v) <= 256 for v in value):

@@ -64,7 +64,7 @@ from rpcbus import errors
 from rpcbus.backoff import Backoff
 from rpcbus.calling import Calls, Reply, reply_of
 from rpcbus.credentials import RETRY, Credentials, TokenSource, renew_in
-from rpcbus.events import EventHandler, GapHandler, Subscriptions
+from rpcbus.events import EventHandler, GapHandler, PresenceHandler, Subscriptions, Watchers
 from rpcbus.found import ProviderInfo, RpcInfo
 from rpcbus.handlers import (
     ANSWERS,
@@ -97,6 +97,10 @@ from rpcbus.protocol import (
     PART,
     PING,
     PONG,
+    PRESENCE,
+    PRESENCE_GET,
+    PRESENCE_SUBSCRIBE,
+    PRESENCE_UNSUBSCRIBE,
     PROTOCOL_VERSION,
     PROVIDE,
     REJECT,
@@ -241,6 +245,7 @@ class Client:
         self._replies: dict[int, list[Reply]] = {}  # call_all's under way: replies so far
         self._handlers: dict[str, _Entry] = {}
         self._events = Subscriptions()         # event topics and their handlers
+        self._watchers = Watchers()            # presence handlers
         self._wires: set[_Wire] = set()        # open connections (new calls use _wire)
         self._handler_threads = handler_threads
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
@@ -383,6 +388,10 @@ class Client:
         if topics:  # and subscribe again (the events in between were lost: told at the loss)
             for i in range(0, len(topics), 100):  # within any node's max_names_per_message
                 wire.send([SUBSCRIBE, next(self._ids), topics[i:i + 100]])
+        for users in self._watchers.asked():  # and watch presence again
+            for i in range(0, len(users or [None]), 100):
+                wire.send([PRESENCE_SUBSCRIBE, next(self._ids),
+                           None if users is None else users[i:i + 100]])
         self._send_queued(wire)
         self._connected.set()
         self._backoff.reset()
@@ -678,6 +687,36 @@ class Client:
                 raise errors.ConnectionLostError(None, "the connection was lost")
         wire.send([EMIT, topic, data])
 
+    async def presence(self, users: Sequence[str] | None = None) -> Any:
+        """Who is logged in across the cluster: every user online that this client's user
+        may see (a sorted list), or for each of ``users`` whether it is (a dict). Raises
+        PermissionDeniedError for a user it may not see."""
+        return await self._control(PRESENCE_GET, None,
+                                   [None if users is None else list(users)])
+
+    async def watch_presence(self, handler: PresenceHandler,
+                             users: Sequence[str] | None = None) -> None:
+        """``handler(user, online)`` whenever one of ``users`` (None: any user this client's
+        user may see) comes online anywhere in the cluster, or leaves it everywhere; across
+        reconnects (a change while disconnected is not told: ask ``presence()``)."""
+        wanted = None if users is None else list(users)
+        self._watchers.add(handler, wanted)
+        try:
+            await self._control(PRESENCE_SUBSCRIBE, None, [wanted])
+        except BaseException:
+            self._watchers.remove(wanted)
+            raise
+
+    async def unwatch_presence(self, users: Sequence[str] | None = None) -> None:
+        """Stop every handler (None), or watching ``users`` (a handler of everyone goes on)."""
+        gone = None if users is None else list(users)
+        named = [u for _, of in self._watchers.handlers if of is not None for u in of]
+        self._watchers.remove(gone)
+        if self._wire is not None:
+            await self._control(PRESENCE_UNSUBSCRIBE, None, [gone])
+            if gone is None and named:  # nil stops the watching of everyone only
+                await self._control(PRESENCE_UNSUBSCRIBE, None, [sorted(set(named))])
+
     @property
     def events_lost(self) -> int:
         """Events the nodes said they dropped for this client (it read too slowly)."""
@@ -754,6 +793,8 @@ class Client:
             self._events.deliver(msg[1], msg[2])
         elif kind == GAP:
             self._events.gap(msg[1], msg[2])
+        elif kind == PRESENCE:
+            self._watchers.changed(msg[1], msg[2])
         elif kind == REPLY:
             replies = self._replies.get(msg[1])
             if replies is not None:

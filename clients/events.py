@@ -1,4 +1,5 @@
-"""The client's event subscriptions: topics, their handlers, and the gaps it is told of.
+"""The client's event subscriptions (topics, their handlers, the gaps it is told of) and
+its presence watchers.
 
 ``Subscriptions`` keeps, per topic, the handlers ``Client.subscribe`` added (in
 that order) and hands each EVENT to them on the client's event loop. A handler
@@ -26,6 +27,7 @@ log = logging.getLogger("rpcbus.events")
 
 EventHandler = Callable[[Any], Union[None, Awaitable[None]]]
 GapHandler = Callable[[str, Union[int, None]], None]
+PresenceHandler = Callable[[str, bool], None]
 
 
 class Subscriptions:
@@ -110,3 +112,38 @@ class Subscriptions:
     def _failed(self, topic: str, exc: BaseException | None = None) -> None:
         self.handler_errors += 1
         log.error("event_handler_failed topic=%s", topic, exc_info=exc or True)
+
+
+class Watchers:
+    """``Client.watch_presence``'s handlers, each of every user (None) or of some; a
+    PRESENCE notice goes to each handler it concerns, inline on the client's loop (an
+    exception is logged, ``rpcbus.events``)."""
+
+    def __init__(self) -> None:
+        self.handlers: list[tuple[PresenceHandler, frozenset[str] | None]] = []
+
+    def add(self, handler: PresenceHandler, users: list[str] | None) -> None:
+        self.handlers.append((handler, None if users is None else frozenset(users)))
+
+    def remove(self, users: list[str] | None) -> None:
+        """Every handler (None), or ``users`` out of each handler's."""
+        if users is None:
+            self.handlers = []
+            return
+        gone = frozenset(users)
+        self.handlers = [(h, of if of is None else of - gone) for h, of in self.handlers
+                         if of is None or of - gone]
+
+    def asked(self) -> list[list[str] | None]:
+        """What the node must be told after a reconnect: None (everyone) and/or users."""
+        users = sorted({u for _, of in self.handlers if of is not None for u in of})
+        return ([None] if any(of is None for _, of in self.handlers) else []) + (
+            [users] if users else [])
+
+    def changed(self, user: str, online: bool) -> None:
+        for handler, of in list(self.handlers):
+            if of is None or user in of:
+                try:
+                    handler(user, online)
+                except Exception:
+                    log.error("presence_handler_failed user=%s", user, exc_info=True)

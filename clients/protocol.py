@@ -65,6 +65,16 @@ UNSUBSCRIBE = 33
 EMIT = 34
 EVENT = 35
 GAP = 36
+# presence (docs/events.md): who is logged in across the cluster. PRESENCE_GET asks (every
+# user online, or whether each of some users is; answered FOUND), PRESENCE_SUBSCRIBE and
+# PRESENCE_UNSUBSCRIBE start and stop PRESENCE notices (of everyone, or of some users):
+# a user came online anywhere, or left everywhere
+PRESENCE_GET = 37
+PRESENCE_SUBSCRIBE = 38
+PRESENCE_UNSUBSCRIBE = 39
+PRESENCE = 40
+#: Longest user name presence takes (a token's ``sub`` is at most this long too).
+MAX_USER = 128
 
 # Node-internal, never on a wire: the router asks a peer that stands for another node
 # whether it started an attempt (rpcbus.cluster.peers turns it into a bus CHECK).
@@ -113,6 +123,10 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (EMIT, "client → node"): ("topic", "data"),
     (EVENT, "node → client"): ("topic", "data"),
     (GAP, "node → client"): ("topic or nil", "count or nil"),
+    (PRESENCE_GET, "client → node"): ("ref", "[user, ...] or nil"),
+    (PRESENCE_SUBSCRIBE, "client → node"): ("ref", "[user, ...] or nil"),
+    (PRESENCE_UNSUBSCRIBE, "client → node"): ("ref", "[user, ...] or nil"),
+    (PRESENCE, "node → client"): ("user", "online"),
     (PING, "either way"): ("payload?",),
     (PONG, "either way"): ("payload",),
 }
@@ -153,6 +167,10 @@ KIND_NAMES = {
     EMIT: "EMIT",
     EVENT: "EVENT",
     GAP: "GAP",
+    PRESENCE_GET: "PRESENCE_GET",
+    PRESENCE_SUBSCRIBE: "PRESENCE_SUBSCRIBE",
+    PRESENCE_UNSUBSCRIBE: "PRESENCE_UNSUBSCRIBE",
+    PRESENCE: "PRESENCE",
 }
 
 #: Largest id or call id on the wire (msgpack uint64).
@@ -359,6 +377,14 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
         if n != 3 or not valid_name(msg[1], max_name):
             return (f"EMIT takes [34, topic, data], a topic of 1-{max_name} of "
                     "A-Z a-z 0-9 _ . : / -")
+        return None
+    if kind == PRESENCE_GET or kind == PRESENCE_SUBSCRIBE or kind == PRESENCE_UNSUBSCRIBE:
+        users = msg[2] if n == 3 else None
+        if n != 3 or not is_id(msg[1]) or (users is not None and (
+                type(users) is not list or not users or len(users) > max_names
+                or not all(type(u) is str and 0 < len(u) <= MAX_USER for u in users))):
+            return (f"{KIND_NAMES[kind]} takes [{kind}, ref, [user, ...] or nil]: at most "
+                    f"{max_names} users of 1-{MAX_USER} characters")
         return None
     if kind == DISCOVER:
         if n != 3 or not is_id(msg[1]) or (msg[2] is not None

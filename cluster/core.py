@@ -69,6 +69,16 @@ class Publisher(Protocol):
                 to: int = ..., hold_until: float = ...) -> None: ...
 
 
+class PresenceView(Protocol):
+    """What the core feeds of the node's presence (broker/presence.py ``Presence``)."""
+
+    def heard(self, node: str, user: str, online: bool) -> None: ...
+    def heard_all(self, node: str, users: list[str]) -> None: ...
+    def node_gone(self, node: str) -> None: ...
+    def wants_snapshot(self, node: str, digest: Any, now: float) -> bool: ...
+    def snapshot(self) -> list[Any]: ...
+
+
 class ClusterCore:
     """See the module docstring.
 
@@ -140,6 +150,7 @@ class ClusterCore:
         self._settled_at = 0.0          # until then membership may miss peers (just joined)
         # an event another node's client emitted (the node's broker/events.py ``heard``)
         self.on_event: Callable[[str, Any], None] = lambda topic, data: None
+        self.presence: PresenceView | None = None   # the node's (broker/presence.py)
         router.cluster = self
         router.count_changed = self._count_changed
 
@@ -423,6 +434,14 @@ class ClusterCore:
             self._announce(now)
         elif kind == m.EVENT:  # on an event channel: for this node's subscribers
             self.on_event(msg[1], msg[2])
+        elif kind == m.PRESENCE or kind == m.PRESENCE_ALL:  # a replaced process's: past
+            if self.presence is not None and not node.retired:
+                if kind == m.PRESENCE:
+                    self.presence.heard(node.name, msg[1], msg[2])
+                else:
+                    self.presence.heard_all(node.name, msg[1])
+        elif self.presence is not None and kind == m.PRESENCE_QUERY:
+            self.outbox.publish(self.control, self.presence.snapshot())
 
     def _invoke(self, node: RemoteNode, msg: list[Any], age: float, now: float,
                 taken: list[RemoteCaller]) -> None:
@@ -459,6 +478,9 @@ class ClusterCore:
         node.reported = _figures(info, "served")
         node.latency = _figures(info, "latency")
         new = self.membership.on_state(sender, state, url, started, info, sent_at, now)
+        if self.presence is not None and self.presence.wants_snapshot(
+                sender, info.get("presence"), now):
+            node.publish([m.PRESENCE_QUERY])  # what it said of its users was not all heard
         if state == m.TERMINATING:
             if sender not in self._terminating:  # heartbeats repeat it while it drains
                 self._terminating.add(sender)
@@ -515,6 +537,8 @@ class ClusterCore:
             self._retired.clear()
         self._retired[(old.name, old.incarnation)] = old
         self.membership.forget(old.name)
+        if self.presence is not None:  # the old process's users left with it
+            self.presence.node_gone(old.name)
         self._terminating.discard(old.name)
         self._skewed.pop(old.name, None)
         for rpc in self.cache.node_gone(old.name, now):
@@ -592,6 +616,8 @@ class ClusterCore:
             self.stats["nodes_dead"] += 1
             log.warning("node_dead", node=name, silent_s=self.config.heartbeat_interval *
                         self.config.heartbeat_misses)
+        if self.presence is not None:  # its users left with it
+            self.presence.node_gone(name)
         # its providers may reconnect to another node (or it was only too slow to hear):
         # calls to the names it leaves without a provider wait for one, as in a handover
         for rpc in self.cache.node_gone(name, now, handover=True):

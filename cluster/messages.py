@@ -49,6 +49,13 @@ where they are made, never rewritten in place::
     EVENT            [140, topic, data]                        event channel
                                       an event a client of the sender emitted, for the
                                       subscribers of ``topic`` here (docs/events.md)
+    PRESENCE         [141, user, online]                       control topic
+                                      the first connection of ``user`` on the sender came
+                                      (true) or its last one left (false)
+    PRESENCE_ALL     [142, [user, ...]]                        control topic
+                                      every user online on the sender (asked for)
+    PRESENCE_QUERY   [143]            publish your PRESENCE_ALL: your heartbeat's digest
+                                      of your users disagrees with what this node heard
 
 ``id`` is always the origin node's attempt id.
 """
@@ -81,6 +88,9 @@ CREDIT = 131
 INVOKE_ALL = 132
 REPLY = 133
 EVENT = 140
+PRESENCE = 141
+PRESENCE_ALL = 142
+PRESENCE_QUERY = 143
 
 #: Each kind's name and fields after the kind, in order (``?``: may be left out at the
 #: end; ``...``: repeats). docs/cluster.md's table is checked against it by a test.
@@ -104,6 +114,9 @@ FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
                                 "traceparent?", "user?")),
     REPLY: ("REPLY", ("id", "provider", "data", "error?")),
     EVENT: ("EVENT", ("topic", "data")),
+    PRESENCE: ("PRESENCE", ("user", "online")),
+    PRESENCE_ALL: ("PRESENCE_ALL", ("users",)),
+    PRESENCE_QUERY: ("PRESENCE_QUERY", ()),
 }
 
 # Positions in an INVOKE (FIELDS[INVOKE]): where a node reads one
@@ -111,7 +124,7 @@ INV_ID, INV_RPC, INV_DATA, INV_TIME_LEFT_MS, INV_ACK_LEFT_MS, INV_CALLER, INV_TR
     INV_USER, INV_WINDOW = range(1, 10)
 #: kinds that only come on a node's private topic, addressed to one process
 CALL_KINDS = frozenset((INVOKE, ACK, RESPONSE, ERROR, REJECT, CANCEL, CHECK, PART, CREDIT,
-                        INVOKE_ALL, REPLY))
+                        INVOKE_ALL, REPLY, PRESENCE_QUERY))
 
 STARTING = "starting"
 READY = "ready"
@@ -122,7 +135,7 @@ TERMINATING = "terminating"
 _SHAPES: dict[int, int] = {
     STATE: 4, RPC_QUERY: 1, PROVIDER_UPDATE: 2, INVOKE: 6, ACK: 1,
     RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1, CHECK: 1, ECHO: 0, ANNOUNCE: 0,
-    PART: 3, CREDIT: 2, REPLY: 3, EVENT: 2,
+    PART: 3, CREDIT: 2, REPLY: 3, EVENT: 2, PRESENCE: 2, PRESENCE_ALL: 1, PRESENCE_QUERY: 0,
 }
 
 _INCARNATION_BITS = 10
@@ -229,7 +242,8 @@ def _well_formed(msg: Any) -> bool:
     fields = _SHAPES.get(kind)
     if fields is None or n != fields + 1:
         return False
-    if kind in CALL_KINDS and (type(msg[1]) is not int or msg[1] < 0):
+    if kind in CALL_KINDS and kind != PRESENCE_QUERY and (type(msg[1]) is not int
+                                                           or msg[1] < 0):
         return False
     if kind == CREDIT:
         return type(msg[2]) is int and msg[2] > 0
@@ -244,4 +258,8 @@ def _well_formed(msg: Any) -> bool:
         return type(msg[1]) is str and type(msg[2]) is str and type(msg[4]) is dict
     if kind == EVENT:
         return type(msg[1]) is str
+    if kind == PRESENCE:
+        return type(msg[1]) is str and type(msg[2]) is bool
+    if kind == PRESENCE_ALL:
+        return type(msg[1]) is list and all(type(u) is str for u in msg[1])
     return True

@@ -9,7 +9,10 @@
 //     | "noaccept" | "late" | "slow" | "leave" | "once"}
 //   {"id": 4, "op": "unprovide", "name": "x"}
 //   {"id": 5, "op": "snapshot" | "has", "name": "r"}: a record (the node refuses records);
-//     {"op": "presence"}: presence.getAll()
+//     {"op": "presence", "users"?: [...]}: presence.getAll() (or getAll(users))
+//   {"op": "watch", "user"?: "u"}: presence.subscribe (of everyone, or of one user); each
+//     change is printed {"event": "presence", "user", "online", "of": user or null}
+//   {"op": "unwatch", "user"?: "u"}: presence.unsubscribe
 //   {"op": "subscribe" | "unsubscribe", "name": "e"}: event.subscribe (each event it gets
 //     is printed: {"event": "emitted", "name", "data"}) or event.unsubscribe
 //   {"op": "emit", "name": "e", "data": ...}: event.emit
@@ -102,7 +105,15 @@ async function run (cmd) {
     case 'unprovide': client.rpc.unprovide(cmd.name); return null
     case 'snapshot': return await client.record.snapshot(cmd.name)
     case 'has': return await client.record.has(cmd.name)
-    case 'presence': return await client.presence.getAll()
+    case 'presence': return cmd.users ? await client.presence.getAll(cmd.users) : await client.presence.getAll()
+    case 'watch':
+      if (cmd.user) client.presence.subscribe(cmd.user, (user, online) => out({ event: 'presence', user, online, of: cmd.user }))
+      else client.presence.subscribe((user, online) => out({ event: 'presence', user, online, of: null }))
+      return null
+    case 'unwatch':
+      if (cmd.user) client.presence.unsubscribe(cmd.user)
+      else client.presence.unsubscribe()
+      return null
     case 'subscribe':
       client.event.subscribe(cmd.name, (data) => out({ event: 'emitted', name: cmd.name, data: data === undefined ? null : data }))
       return null

@@ -170,10 +170,9 @@ async def test_every_deepstream_error_and_no_call_runs_twice(two, ds):
         assert await py.call("user/get%20profile", 8, timeout=3) == 8
         await py.provide("sure%3F", lambda d: -d)
         assert await caller.ok("make", name="sure?", data=2) == -2
-        # records and presence are not served: the client's promise fails at once
+        # records are not served: the client's promise fails at once
         for op in ("snapshot", "has"):
             assert await caller.error(op, name="some/record") == "MESSAGE_DENIED"
-        assert await caller.error("presence") == "MESSAGE_DENIED"
         ran = await provider.ok("ran")   # each call ran once, none twice
         assert ran == {"e.noaccept": 3, "e.slow": 3, "e.late": 1}, ran
         assert (await spare.ok("ran"))["e.reject"] == 7
@@ -234,6 +233,41 @@ async def test_deepstream_and_python_clients_share_events_across_nodes(two, ds):
     assert "after" not in emitted(far)
     for agent in (far, near):
         assert not [e for e in agent.events if e["event"] == "error"], agent.events
+
+
+async def test_deepstream_presence_across_nodes_with_python_clients(two, ds):
+    """presence.getAll / subscribe / unsubscribe of deepstream's client, on two nodes,
+    beside the Python SDK's: who logs in or out anywhere is seen everywhere, a client
+    never of its own user (as with deepstream)."""
+    n1, n2 = two.nodes
+    wendy = await connected(ds, n1, {"username": "wendy"})
+    await wendy.ok("watch")                   # everyone
+    await wendy.ok("watch", user="bob")       # and bob by name
+    changes = []
+    async with rpcbus.connect(n1.url, name="pia") as pia:
+        await pia.watch_presence(lambda user, online: changes.append((user, online)),
+                                 ["bob"])
+        bob = await connected(ds, n2, {"username": "bob"})
+        joined = [await wendy.event(lambda e, of=of: e["event"] == "presence"
+                                    and e["user"] == "bob" and e["of"] == of)
+                  for of in (None, "bob")]
+        assert all(e["online"] is True for e in joined)
+        everyone = await wendy.ok("presence")
+        assert {"bob", "pia"} <= set(everyone) and "wendy" not in everyone
+        assert await wendy.ok("presence", users=["bob", "zed"]) == {"bob": True,
+                                                                    "zed": False}
+        assert "wendy" in await pia.presence()   # the Python client sees her
+        await bob.ok("close")
+        left = [await wendy.event(lambda e, of=of: e["event"] == "presence"
+                                  and e["user"] == "bob" and e["online"] is False
+                                  and e["of"] == of) for of in (None, "bob")]
+        assert len(left) == 2
+        async with asyncio.timeout(5):
+            while changes != [("bob", True), ("bob", False)]:
+                await asyncio.sleep(0.02)
+    assert not [e for e in wendy.events if e["event"] == "error"], wendy.events
+    assert not [e for e in wendy.events if e["event"] == "presence"
+                and e["user"] == "wendy"]
 
 
 async def test_a_provider_that_leaves_after_accepting_and_a_caller_that_leaves(two, ds):

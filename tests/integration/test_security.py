@@ -33,6 +33,7 @@ call = ["billing.*"]
 [auth.roles.press]
 publish = ["news.*"]
 subscribe = ["news.*"]
+presence = ["front*"]
 
 [auth.users.worker]
 password = "{worker_hash}"
@@ -119,6 +120,22 @@ async def test_who_may_publish_and_subscribe_to_which_topics(secured):
         assert before_pong == []                                # it subscribed to nothing
         await peer.close()
         assert got.empty()
+
+
+async def test_who_may_see_whose_presence(secured):
+    """``presence`` globs: a user sees the presence of the users they match, no more."""
+    async with rpcbus.connect(secured.url, token="newsroom-token") as press, \
+            rpcbus.connect(secured.url, token="front-token") as front:
+        async with asyncio.timeout(5):
+            while "frontend" not in await press.presence():
+                await asyncio.sleep(0.02)
+        assert await press.presence() == ["frontend"]      # not itself: "newsroom"
+        assert await press.presence(["frontend"]) == {"frontend": True}
+        with pytest.raises(rpcbus.PermissionDeniedError, match="newsroom"):
+            await press.presence(["newsroom"])
+        assert await front.presence() == []                 # no presence globs: nobody
+        with pytest.raises(rpcbus.PermissionDeniedError):
+            await front.watch_presence(lambda u, o: None, ["newsroom"])
 
 
 async def test_discovery_shows_a_user_only_what_it_may_call(secured):

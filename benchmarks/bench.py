@@ -11,6 +11,9 @@ Scenarios:
   overload open-loop arrivals from 0.5x to 5x the measured capacity, on 1 and 2
            nodes and NATS: goodput, latency, every outcome, wasted work per step
            (its own options: rpcbus bench overload --help; benchmarks/overload.py)
+  events   one publisher to 1, 100 and 1,000 subscribers on 1 and 2 nodes, beside
+           deepstream 7 and NATS: deliveries/s, server CPU per delivery, p99 emit to
+           delivery (its own options: rpcbus bench events --help; benchmarks/events.py)
 
 Everything runs in its own process (nodes, an embedded redis-server or, with
 --redis-shards N, Redis Cluster, provider and caller processes), on loopback,
@@ -57,20 +60,26 @@ SCENARIOS = {
 
 
 class _Bench(click.Command):
-    """``rpcbus bench``; ``rpcbus bench overload ...`` is benchmarks/overload.py, whose
-    options are its own."""
+    """``rpcbus bench``; ``rpcbus bench overload ...`` is benchmarks/overload.py and
+    ``rpcbus bench events ...`` benchmarks/events.py, whose options are their own."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args[:1] == ["overload"]:
-            ctx.meta["overload"] = args[1:]
+        if args[:1] in (["overload"], ["events"]):
+            ctx.meta["own"] = args
             return []
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        if "overload" in ctx.meta:
-            from rpcbus.benchmarks import overload
+        if "own" in ctx.meta:
+            name, *rest = ctx.meta["own"]
+            if name == "events":
+                from rpcbus.benchmarks import events
 
-            overload.main(ctx.meta["overload"])
+                events.main(rest)
+            else:
+                from rpcbus.benchmarks import overload
+
+                overload.main(rest)
             return None
         return super().invoke(ctx)
 

@@ -20,14 +20,27 @@ What it promises (docs/events.md): at most once; in order per publishing
 connection and topic (one node hands them on in the order read, one Redis
 channel carries them in the order published); nothing lost while the nodes and
 Redis are healthy and subscribers read.
+
+A node that cannot keep up sheds instead of falling behind or stalling: an
+event heard more than ``max_age`` seconds after it was published, and any event
+once handing events on has taken ``slice_s`` of ``clock`` since the last
+``tick`` (one frame of a publisher, or one read of the bus, can carry thousands
+of events, each for thousands of subscribers), is not handed on here; its
+topic's subscribers here are told how many in a GAP at the next ``tick`` (one per
+topic, however many). So the node's loop is never held long by events (its calls
+and heartbeats go on), it keeps reading its Redis subscription at the pace Redis
+writes it (Redis never closes it for a backlog, which would cost the node its
+calls too), and a local emit still crosses the bus for the other nodes.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any, Callable, Hashable, Iterable, Protocol
 
-from rpcbus.cluster.messages import EVENT, event_channel
+from rpcbus.cluster import messages as m
+from rpcbus.protocol import EVENT, GAP
 
 
 class Subscriber(Protocol, Hashable):
@@ -36,8 +49,9 @@ class Subscriber(Protocol, Hashable):
     topics: set[str]     # what it subscribes to (kept by ``Events``)
     echoes: bool         # it hears its own events (an rpcbus SDK; deepstream's does not)
 
-    def event(self, topic: str, data: Any) -> None:
-        """Queue the event for the client, or count it lost (the client reads too slowly)."""
+    def event(self, msg: list[Any]) -> None:
+        """Queue the EVENT ``msg`` for the client (one list, shared by every subscriber: it
+        is never changed), or count it lost (the client reads too slowly)."""
 
     def send(self, msg: list[Any]) -> None:
         """Queue a message for the client (a notice: GAP)."""
@@ -49,8 +63,15 @@ class Events:
 
     def __init__(self, namespace: str | None = None,
                  publish: Callable[[str, list[Any]], None] | None = None,
-                 listen: Callable[[str, bool], None] | None = None) -> None:
+                 listen: Callable[[str, bool], None] | None = None,
+                 max_age: float = 1.0, slice_s: float = 0.05,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.subscribers: dict[str, dict[Subscriber, None]] = {}
+        self.max_age = max_age
+        self._slice = slice_s
+        self._clock = clock
+        self._until = 0.0                 # handing on stops then, until the next tick
+        self._late: dict[str, int] = {}   # events shed since the last tick, by topic
         self._namespace = namespace
         self._publish = publish
         self._listen = listen
@@ -97,27 +118,58 @@ class Events:
         too if it subscribes and ``echoes``), and once to the cluster."""
         self.stats["emitted"] += 1
         subs = self.subscribers.get(topic)
-        if subs:
+        if subs and self._spent():  # busy: shed here, told at the tick (still published)
+            self._late[topic] = self._late.get(topic, 0) + 1
+        elif subs:
+            msg = [EVENT, topic, data]  # the client protocol's, one for all of them
             delivered = 0
             for sub in subs:
                 if sub is not sender or sub.echoes:
-                    sub.event(topic, data)
+                    sub.event(msg)
                     delivered += 1
             self.stats["delivered"] += delivered
         if self._publish is not None:
             assert self._namespace is not None
-            self._publish(event_channel(self._namespace, topic), [EVENT, topic, data])
+            self._publish(m.event_channel(self._namespace, topic), [m.EVENT, topic, data])
 
-    def heard(self, topic: str, data: Any) -> None:
-        """An event another node's client emitted (an EVENT off the bus)."""
+    def heard(self, topic: str, data: Any, age: float = 0.0) -> None:
+        """An event another node's client emitted (an EVENT off the bus), ``age`` seconds
+        under way."""
         subs = self.subscribers.get(topic)
         if not subs:
             self.stats["unheard"] += 1
             return
+        if age > self.max_age or self._spent():  # behind, or busy: shed, told at the tick
+            self._late[topic] = self._late.get(topic, 0) + 1
+            return
         self.stats["heard"] += 1
+        msg = [EVENT, topic, data]
         for sub in subs:
-            sub.event(topic, data)
+            sub.event(msg)
         self.stats["delivered"] += len(subs)
+
+    def _spent(self) -> bool:
+        """This slice of handing events on is used up (the first event after a tick
+        starts one)."""
+        now = self._clock()
+        if not self._until:
+            self._until = now + self._slice
+            return False
+        return now > self._until
+
+    def tick(self) -> int:
+        """A new slice; tell the subscribers of each topic that had events shed how many
+        (a GAP each). Returns how many were shed."""
+        self._until = 0.0
+        if not self._late:
+            return 0
+        late, self._late = self._late, {}
+        for topic, count in late.items():
+            for sub in self.subscribers.get(topic, ()):
+                sub.send([GAP, topic, count])
+        shed = sum(late.values())
+        self.stats["shed"] += shed
+        return shed
 
     def every_subscriber(self) -> list[Subscriber]:
         """Each connection subscribed to anything, once."""
@@ -128,7 +180,7 @@ class Events:
     def _channel_gains(self, topic: str) -> None:
         if self._namespace is None:
             return
-        channel = event_channel(self._namespace, topic)
+        channel = m.event_channel(self._namespace, topic)
         self._channels[channel] += 1
         if self._channels[channel] == 1 and self._listen is not None:
             self._listen(channel, True)
@@ -136,7 +188,7 @@ class Events:
     def _channel_loses(self, topic: str) -> None:
         if self._namespace is None:
             return
-        channel = event_channel(self._namespace, topic)
+        channel = m.event_channel(self._namespace, topic)
         self._channels[channel] -= 1
         if not self._channels[channel]:
             del self._channels[channel]

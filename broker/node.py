@@ -168,7 +168,7 @@ class Node:
                                     self._heartbeat_info)
             link_bus = self.link.bus
             self.events = Events(cfg.cluster.namespace, link_bus.outbox.publish,
-                                 link_bus.listen)
+                                 link_bus.listen, cfg.cluster.event_max_age)
             self.link.core.on_event = self.events.heard
             control = self.link.core.control
             self.presence = Presence(lambda msg: link_bus.outbox.publish(control, msg))
@@ -335,6 +335,8 @@ class Node:
                 continue
             router.read_at = time.perf_counter()   # outcomes' time (per-rpc latency)
             router.tick(now)
+            if self.events.tick():
+                self.warnings.warn("events_shed", shed=self.events.stats["shed"])
             if self.link is not None:
                 self.link.tick(now)
                 said, for_s = watch.bus(now, self.link.available, self.draining)

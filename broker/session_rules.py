@@ -41,7 +41,6 @@ from rpcbus.protocol import (
     DRAIN_PING,
     EMIT,
     ERROR,
-    EVENT,
     FOUND,
     GAP,
     OK,
@@ -187,6 +186,13 @@ class SessionRules(SessionPolicy):
                 if len(msg) == 3 and type(msg[1]) is int and serving:
                     router.part(self, msg[1], msg[2])
                     continue
+            elif kind == EMIT:  # an event: the names check is the SUBSCRIBE's (a topic
+                # nobody could subscribe to reaches nobody), the length is checked here
+                if (len(msg) == 3 and self.authenticated and type(msg[1]) is str
+                        and 0 < len(msg[1]) <= self._max_name):
+                    if not self._gated or self._admit_emit(msg[1], now):
+                        self.node.events.emit(self, msg[1], msg[2])
+                    continue
             elif kind == ACCEPT:  # one call's (deepstream's clients send one per call);
                 # taken while draining too: calls under way finish
                 if len(msg) == 2 and type(msg[1]) is int and self.authenticated:
@@ -282,11 +288,8 @@ class SessionRules(SessionPolicy):
                 else:
                     self.send([FOUND, msg[1], self.node.discover(name, may_call)])
         elif kind == EMIT:  # an event for every subscriber of its topic, on any node
-            if self._limiter is None or self._take(None, now):
-                if self._perms is not None and not self._perms.may_publish(msg[1]):
-                    self._deny(None, f"{self._who()} may not publish to {msg[1]!r}")
-                else:
-                    self.node.events.emit(self, msg[1], msg[2])
+            if self._admit_emit(msg[1], now):
+                self.node.events.emit(self, msg[1], msg[2])
         elif kind == SUBSCRIBE:
             if self._limiter is None or self._take(msg[1], now):
                 self._subscribe(msg[1], msg[2])
@@ -327,15 +330,25 @@ class SessionRules(SessionPolicy):
         self.node.events.subscribe(self, topics)
         self.node.subscribed(self, ref, topics)
 
-    def event(self, topic: str, data: Any) -> None:
-        """An event of a topic it subscribes to: queued, or counted lost while the client
-        reads too slowly (``events_held``: its write buffer is over
-        ``limits.max_event_buffer_bytes``); it hears how many in a GAP once it caught up."""
+    def _admit_emit(self, topic: str, now: float) -> bool:
+        """Within the rate limit, and a topic its user may publish to (else told why)."""
+        if self._limiter is not None and not self._take(None, now):
+            return False
+        if self._perms is not None and not self._perms.may_publish(topic):
+            self._deny(None, f"{self._who()} may not publish to {topic!r}")
+            return False
+        return True
+
+    def event(self, msg: list[Any]) -> None:
+        """An EVENT of a topic it subscribes to (one message, shared by every subscriber):
+        queued, or counted lost while the client reads too slowly (``events_held``: its
+        write buffer is over ``limits.max_event_buffer_bytes``); it hears how many in a
+        GAP once it caught up."""
         if self.events_held:
             lost = self.events_lost
-            lost[topic] = lost.get(topic, 0) + 1
+            lost[msg[1]] = lost.get(msg[1], 0) + 1
             return
-        self.send([EVENT, topic, data])
+        self.send(msg)
 
     def events_caught_up(self) -> int:
         """Its client read what was held up: a GAP for each topic it lost events of, and

@@ -148,8 +148,9 @@ class ClusterCore:
         self._skewed: dict[str, tuple[float, float]] = {}  # peer -> (when, offset s)
         self._announce_after = 0.0
         self._settled_at = 0.0          # until then membership may miss peers (just joined)
-        # an event another node's client emitted (the node's broker/events.py ``heard``)
-        self.on_event: Callable[[str, Any], None] = lambda topic, data: None
+        # an event another node's client emitted, and how long it was under way (the
+        # node's broker/events.py ``heard``)
+        self.on_event: Callable[[str, Any, float], None] = lambda topic, data, age: None
         self.presence: PresenceView | None = None   # the node's (broker/presence.py)
         router.cluster = self
         router.count_changed = self._count_changed
@@ -377,6 +378,8 @@ class ClusterCore:
                     self.router.part(node, msg[1], msg[3], msg[2])
                 elif kind == m.INVOKE_ALL:
                     self._invoke(node, msg, age, now, taken)
+                elif kind == m.EVENT:  # on an event channel: for this node's subscribers
+                    self.on_event(msg[1], msg[2], age)
                 else:
                     self._on_message(node, msg, batch.sent_at, now)
             except Exception:  # a bug must cost one message, never the bus
@@ -432,8 +435,6 @@ class ClusterCore:
             self._state(node, msg, sent_at, now)
         elif kind == m.ANNOUNCE:
             self._announce(now)
-        elif kind == m.EVENT:  # on an event channel: for this node's subscribers
-            self.on_event(msg[1], msg[2])
         elif kind == m.PRESENCE or kind == m.PRESENCE_ALL:  # a replaced process's: past
             if self.presence is not None and not node.retired:
                 if kind == m.PRESENCE:

@@ -26,6 +26,7 @@ class ClusterSection:
     key_id: str = ""
     keys: dict[str, Any] = field(default_factory=dict)
     max_skew: float = 30.0
+    event_max_age: float = 1.0      # s: events heard later than this are shed (docs/events.md)
 
     # not a setting (no annotation: not a field): set by the config when ``seal`` was not
     # chosen and the URL is on loopback; every Redis the bus uses (the master a Sentinel

@@ -103,3 +103,21 @@ def test_a_soak_with_a_node_restarted_in_turn_fails_no_call(tmp_path):
     failed = [(s["t"], s["errors"]) for s in result["samples"] if s["errors"]]
     assert not failed, failed
     assert sum(s["calls"] for s in result["samples"]) > 300 * 30
+
+
+def test_rpcbus_bench_events_accounts_for_every_event_beside_nats(tmp_path):
+    """``rpcbus bench events``, tiny: every event an rpcbus subscriber did not get was
+    told to it (GAP counts), on 1 node and across 2; NATS beside."""
+    run = subprocess.run(
+        [sys.executable, "-m", "rpcbus.broker", "bench", "events", "--fanout", "3",
+         "--nodes", "1,2", "--duration", "0.5", "--compare", "nats", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    rows = json.loads((tmp_path / "result.json").read_text())
+    assert [(r["system"], r["nodes"]) for r in rows] == [("rpcbus", 1), ("rpcbus", 2),
+                                                          ("nats", 1)]
+    for r in rows:
+        assert r["emitted"] > 0 and r["delivered"] > 0 and r["p99_ms"] is not None, r
+    for r in rows[:2]:
+        assert r["delivered"] + r["lost_told"] == r["expected"], r
+    assert "| rpcbus | 2 | 3 |" in (tmp_path / "summary.md").read_text()

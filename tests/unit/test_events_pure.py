@@ -3,6 +3,8 @@ gets an event and what crosses the bus, with plain subscribers and no I/O."""
 
 from rpcbus.broker.events import Events
 from rpcbus.cluster.messages import EVENT, event_channel
+from rpcbus.protocol import EVENT as CLIENT_EVENT
+from rpcbus.protocol import GAP
 
 
 class Sub:
@@ -11,8 +13,9 @@ class Sub:
         self.echoes = echoes
         self.got = []
 
-    def event(self, topic, data):
-        self.got.append((topic, data))
+    def event(self, msg):
+        assert msg[0] == CLIENT_EVENT
+        self.got.append((msg[1], msg[2]))
 
     def send(self, msg):
         self.got.append(msg)
@@ -61,3 +64,23 @@ def test_a_node_alone_delivers_here_and_publishes_nothing():
     events.subscribe(a, ["t"])
     events.emit(None, "t", "x")
     assert a.got == [("t", "x")] and events.channels == []
+
+
+def test_a_busy_or_late_node_sheds_events_and_tells_each_subscriber_how_many():
+    clock = [0.0]
+    published = []
+    events = Events("ns", lambda ch, msg: published.append(msg), lambda ch, on: None,
+                    max_age=1.0, slice_s=0.05, clock=lambda: clock[0])
+    a, b = Sub(), Sub()
+    events.subscribe(a, ["t"])
+    events.subscribe(b, ["u"])
+    events.emit(None, "t", 1)           # starts a slice
+    events.heard("u", 2, age=1.5)       # heard too late: shed
+    clock[0] = 0.06                     # the slice is used up: shed, still published
+    events.emit(None, "t", 3)
+    events.heard("t", 4)
+    assert a.got == [("t", 1)] and b.got == [] and len(published) == 2
+    assert events.tick() == 3
+    assert a.got[-1] == [GAP, "t", 2] and b.got == [[GAP, "u", 1]]
+    events.emit(None, "t", 5)           # a new slice
+    assert a.got[-1] == ("t", 5) and events.stats["shed"] == 3

@@ -53,7 +53,7 @@ class LimitsSection:
     max_messages_per_frame: int = 10000
     max_provided_per_connection: int = 1000
     max_subscriptions_per_connection: int = 1000
-    max_event_buffer_bytes: int = 1 << 20  # a subscriber's; beyond, its events are lost
+    max_event_buffer_bytes: int = 256 << 10  # a subscriber's; beyond, its events are lost
     max_fanout: int = 128           # providers one call_all may reach; 0: no limit
     max_provided_per_user: int = 10000
     max_invalid_messages: int = 10

@@ -186,17 +186,17 @@ class SessionRules(SessionPolicy):
                 if len(msg) == 3 and type(msg[1]) is int and serving:
                     router.part(self, msg[1], msg[2])
                     continue
+            elif kind == ACCEPT:  # one call's (deepstream's clients send one per call);
+                # taken while draining too: calls under way finish
+                if len(msg) == 2 and type(msg[1]) is int and self.authenticated:
+                    router.accept(self, msg[1], now)
+                    continue
             elif kind == EMIT:  # an event: the names check is the SUBSCRIBE's (a topic
                 # nobody could subscribe to reaches nobody), the length is checked here
                 if (len(msg) == 3 and self.authenticated and type(msg[1]) is str
                         and 0 < len(msg[1]) <= self._max_name):
                     if not self._gated or self._admit_emit(msg[1], now):
                         self.node.events.emit(self, msg[1], msg[2])
-                    continue
-            elif kind == ACCEPT:  # one call's (deepstream's clients send one per call);
-                # taken while draining too: calls under way finish
-                if len(msg) == 2 and type(msg[1]) is int and self.authenticated:
-                    router.accept(self, msg[1], now)
                     continue
             self._handle_other(msg, now)
             if not self.is_open():

@@ -789,12 +789,6 @@ class Client:
         kind = msg[0]
         if kind == RESPONSE or kind == OK or kind == FOUND:
             self._settle(msg[1], msg[2] if kind != OK else None, None)
-        elif kind == EVENT:
-            self._events.deliver(msg[1], msg[2])
-        elif kind == GAP:
-            self._events.gap(msg[1], msg[2])
-        elif kind == PRESENCE:
-            self._watchers.changed(msg[1], msg[2])
         elif kind == REPLY:
             replies = self._replies.get(msg[1])
             if replies is not None:
@@ -820,6 +814,12 @@ class Client:
                 if self.stale_requests & (self.stale_requests - 1) == 0:  # 1, 2, 4, 8, ...
                     log.info("stale_requests_refused url=%s total=%d", wire.url,
                              self.stale_requests)
+        elif kind == EVENT:  # after the kinds every call carries
+            self._events.deliver(msg[1], msg[2])
+        elif kind == GAP:
+            self._events.gap(msg[1], msg[2])
+        elif kind == PRESENCE:
+            self._watchers.changed(msg[1], msg[2])
         elif kind == ERROR:
             ref, code, message = msg[1], msg[2], msg[3]
             if ref is None and code == errors.CLUSTER_UNAVAILABLE:

@@ -423,3 +423,22 @@ async def test_js_and_python_clients_share_events_across_nodes(two, js):
         assert stats(n2)["events"]["topics"] == 0   # n2 sends js_sub nothing more
     assert ["py", "after"] not in emitted()
     assert not [e for e in js_sub.events if e["event"] == "gap"]
+
+
+async def test_js_presence_across_nodes_beside_python(two, js):
+    """presence / watchPresence / unwatchPresence of the JS SDK: logins and logouts of
+    Python and JS clients on either node."""
+    n1, n2 = two.nodes
+    watcher = await js()
+    await watcher.ok("connect", urls=[n1.url], options={"name": "jwatch"})
+    await watcher.ok("watchPresence", users=["pyjo"])
+    async with rpcbus.connect(n2.url, name="pyjo"):
+        event = await watcher.event(lambda e: e["event"] == "presence")
+        assert (event["user"], event["online"]) == ("pyjo", True)
+        assert await watcher.ok("presence", users=["pyjo", "nobody"]) == {"pyjo": True,
+                                                                           "nobody": False}
+        assert {"pyjo", "jwatch"} <= set(await watcher.ok("presence"))
+    await watcher.event(lambda e: e["event"] == "presence" and e["online"] is False)
+    await watcher.ok("unwatchPresence")
+    assert [(e["user"], e["online"]) for e in watcher.events if e["event"] == "presence"] == [
+        ("pyjo", True), ("pyjo", False)]

@@ -103,6 +103,7 @@ export class Client {
     this._queued = [] // call refs waiting for a connection
     this._handlers = new Map() // name -> handler
     this._topics = new Map() // event topic -> [[handler, onGap], ...] in the order added
+    this._watchers = [] // presence: [handler, Set of users or null (everyone)]
     this.eventsLost = 0 // events the nodes said they dropped for this client (read too slowly)
     this._starting = [] // [wire, id, handler, data, ctx] ACCEPTed in the frame being read
     this._draining = new Set() // wires of nodes shutting down (or cut off), until they close
@@ -267,6 +268,9 @@ export class Client {
           if (this._handlers.size) wire.send([p.PROVIDE, this._ids++, [...this._handlers.keys()]])
     const topics = [...this._topics.keys()] // subscribe again (what came between: told at the loss)
     for (let i = 0; i < topics.length; i += 100) wire.send([p.SUBSCRIBE, this._ids++, topics.slice(i, i + 100)])
+    if (this._watchers.some(([, of]) => of === null)) wire.send([p.PRESENCE_SUBSCRIBE, this._ids++, null])
+    const named = [...new Set(this._watchers.flatMap(([, of]) => of === null ? [] : [...of]))]
+    for (let i = 0; i < named.length; i += 100) wire.send([p.PRESENCE_SUBSCRIBE, this._ids++, named.slice(i, i + 100)])
         }
       }
     } catch (err) {
@@ -289,6 +293,9 @@ export class Client {
     if (this._handlers.size) wire.send([p.PROVIDE, this._ids++, [...this._handlers.keys()]])
     const topics = [...this._topics.keys()] // subscribe again (what came between: told at the loss)
     for (let i = 0; i < topics.length; i += 100) wire.send([p.SUBSCRIBE, this._ids++, topics.slice(i, i + 100)])
+    if (this._watchers.some(([, of]) => of === null)) wire.send([p.PRESENCE_SUBSCRIBE, this._ids++, null])
+    const named = [...new Set(this._watchers.flatMap(([, of]) => of === null ? [] : [...of]))]
+    for (let i = 0; i < named.length; i += 100) wire.send([p.PRESENCE_SUBSCRIBE, this._ids++, named.slice(i, i + 100)])
     this._sendQueued(wire)
     const waiting = this._waiting.splice(0)
     for (const resolve of waiting) resolve()
@@ -619,6 +626,42 @@ export class Client {
     }
   }
 
+  /** Who is logged in across the cluster: every user online that this client's user may
+   * see (a sorted array), or for each of `users` whether it is (an object). */
+  async presence (users = null) {
+    return await this._control(p.PRESENCE_GET, null, [users === null ? null : [...users]])
+  }
+
+  /** `handler(user, online)` whenever one of `users` (null: any user this client's user may
+   * see) comes online anywhere in the cluster, or leaves it everywhere; across reconnects
+   * (a change while disconnected is not told: ask presence()). */
+  async watchPresence (handler, users = null) {
+    if (typeof handler !== 'function') throw new TypeError('handler must be a function')
+    const entry = [handler, users === null ? null : new Set(users)]
+    this._watchers.push(entry)
+    try {
+      await this._control(p.PRESENCE_SUBSCRIBE, null, [users === null ? null : [...users]])
+    } catch (err) {
+      this._watchers = this._watchers.filter((e) => e !== entry)
+      throw err
+    }
+  }
+
+  /** Stop every handler (no users given), or watching `users` (a handler of everyone goes on). */
+  async unwatchPresence (users = null) {
+    const named = [...new Set(this._watchers.flatMap(([, of]) => of === null ? [] : [...of]))]
+    if (users === null) {
+      this._watchers = []
+    } else {
+      const gone = new Set(users)
+      this._watchers = this._watchers.map(([h, of]) => [h, of === null ? null : new Set([...of].filter((u) => !gone.has(u)))])
+        .filter(([, of]) => of === null || of.size > 0)
+    }
+    if (this._wire === null) return
+    await this._control(p.PRESENCE_UNSUBSCRIBE, null, [users === null ? null : [...users]])
+    if (users === null && named.length) await this._control(p.PRESENCE_UNSUBSCRIBE, null, [named])
+  }
+
   /** A protocol-level round trip to the node. */
   async ping () { await this._control(p.PING, null) }
 
@@ -717,11 +760,6 @@ export class Client {
         task.wake = null
         if (w) w()
       }
-    } else if (kind === p.EVENT) {
-      if (msg.length !== 3 || typeof msg[1] !== 'string') throw new Error('EVENT with the wrong fields')
-      this._deliver(msg[1], msg[2])
-    } else if (kind === p.GAP) {
-      this._gap(msg[1] ?? null, msg[2] ?? null)
     } else if (kind === p.OK) {
       this._finish(msg[1], undefined, undefined)
     } else if (kind === p.FOUND) {
@@ -742,6 +780,16 @@ export class Client {
       }
       this._take(wire, msg[1], msg[2], msg[3], msg[4], msg[5], msg[7] ?? null, msg[8] ?? null,
         kind === p.STREAM ? msg[9] : 0)
+    } else if (kind === p.EVENT) {
+      if (msg.length !== 3 || typeof msg[1] !== 'string') throw new Error('EVENT with the wrong fields')
+      this._deliver(msg[1], msg[2])
+    } else if (kind === p.GAP) {
+      this._gap(msg[1] ?? null, msg[2] ?? null)
+    } else if (kind === p.PRESENCE) {
+      for (const [handler, of] of [...this._watchers]) {
+        if (of !== null && !of.has(msg[1])) continue
+        try { handler(msg[1], msg[2]) } catch (err) { this.log.warn(`presence_handler_failed user=${msg[1]} error=${err}`) }
+      }
     } else if (kind === p.ERROR) {
       const [, ref, code, message, detail] = msg
       if (msg.length < 4 || msg.length > 5 || typeof code !== 'string' || typeof message !== 'string') {

@@ -154,6 +154,13 @@ export declare class Client {
   unsubscribe(topic: string, handler?: (data: any) => void | Promise<void>): Promise<void>
   /** An event to every subscriber of `topic` on any node: at most once, no answer. */
   emit(topic: string, data?: unknown): Promise<void>
+  /** Every user online that this user may see, or for each of `users` whether it is. */
+  presence(): Promise<string[]>
+  presence(users: string[]): Promise<Record<string, boolean>>
+  /** `handler(user, online)` on each login or logout across the cluster (of `users`). */
+  watchPresence(handler: (user: string, online: boolean) => void, users?: string[] | null): Promise<void>
+  /** Stop every handler (no users given), or watching `users`. */
+  unwatchPresence(users?: string[] | null): Promise<void>
   ping(): Promise<void>
   /** Withdraw every name, let running handlers finish (up to `timeout` ms), then close. */
   drain(timeout?: number): Promise<void>

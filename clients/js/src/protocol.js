@@ -34,6 +34,11 @@ export const UNSUBSCRIBE = 33 // [33, ref, [topic, ...]], answered by OK
 export const EMIT = 34 // [34, topic, data]: no answer (at most once)
 export const EVENT = 35 // [35, topic, data]: an event of a subscribed topic
 export const GAP = 36 // [36, topic or nil, count or nil]: events lost for this client
+// presence: who is logged in across the cluster
+export const PRESENCE_GET = 37 // [37, ref, [user, ...] or nil], answered by FOUND
+export const PRESENCE_SUBSCRIBE = 38 // [38, ref, [user, ...] or nil], answered by OK
+export const PRESENCE_UNSUBSCRIBE = 39 // [39, ref, [user, ...] or nil], answered by OK
+export const PRESENCE = 40 // [40, user, online]: a user came online anywhere, or left everywhere
 
 /** Most messages in one frame unless the node says fewer (AUTH_OK max_frame_messages). */
 export const MAX_FRAME_MESSAGES = 10000

@@ -12,6 +12,8 @@
 //   {"id": 8, "op": "subscribe" | "unsubscribe", "topic": "t"}: each event it gets is printed,
 //    {"event": "emitted", "topic", "data"}, each gap {"event": "gap", "topic", "count"}
 //   {"id": 9, "op": "emit", "topic": "t", "data": ...}
+//   {"id": 10, "op": "presence" | "watchPresence" | "unwatchPresence", "users"?: [...]}: each
+//    change watched is printed {"event": "presence", "user", "online"}
 //   {"id": 4, "op": "close" | "drain"}
 // Answers: {"id": 1, "ok": value} or {"id": 1, "error": {"code", "name", "message", "data"}};
 // events: {"event": "state", "state": ...}, {"event": "aborted", "rpc": ...}.
@@ -98,6 +100,10 @@ async function run (cmd) {
         { onGap: (topic, count) => out({ event: 'gap', topic, count }) }) ?? null
     case 'unsubscribe': return await client.unsubscribe(cmd.topic) ?? null
     case 'emit': return await client.emit(cmd.topic, cmd.data ?? null) ?? null
+    case 'presence': return await client.presence(cmd.users ?? null)
+    case 'watchPresence':
+      return await client.watchPresence((user, online) => out({ event: 'presence', user, online }), cmd.users ?? null) ?? null
+    case 'unwatchPresence': return await client.unwatchPresence(cmd.users ?? null) ?? null
     case 'sleep': await wait(cmd.ms); return null
     case 'drain': await client.drain(cmd.timeout); return client.state
     case 'close': await client.close(); return client.state

@@ -39,5 +39,9 @@ export async function events (c: Client): Promise<number> {
   // @ts-expect-error: a topic is a string
   await c.emit(7, null)
   await c.unsubscribe('chat.room1')
-  return c.eventsLost + seen.length
+  const online: string[] = await c.presence()
+  const some: Record<string, boolean> = await c.presence(['ann'])
+  await c.watchPresence((user, on) => { seen.push(`${user} ${on ? 'in' : 'out'}`) }, ['ann'])
+  await c.unwatchPresence()
+  return c.eventsLost + seen.length + online.length + Object.keys(some).length
 }

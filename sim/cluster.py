@@ -30,8 +30,10 @@ from typing import Any, Callable
 
 from rpcbus import errors
 from rpcbus.broker.config import Config
+from rpcbus.broker.events import Events
 from rpcbus.broker.gate import Gate
 from rpcbus.broker.lifecycle import ANNOUNCE, CLOSE, CUT_OFF, HAND_BACK, TELL, WAIT, Drain, Watch
+from rpcbus.broker.presence import Presence
 from rpcbus.broker.router import Router
 from rpcbus.broker.session_policy import CUT_OFF_NOTICE
 from rpcbus.broker.session_rules import SessionRules
@@ -45,6 +47,7 @@ from rpcbus.protocol import (
     CREDIT,
     DRAIN_PING,
     ERROR,
+    OK,
     PART,
     PING,
     PONG,
@@ -280,6 +283,13 @@ class SimNode:
                                 stale=self.end.stale,
                                 incarnation=generation * 100 + sim.node_index(name),
                                 started=float(generation))
+        # events and presence, as broker/node.py wires them
+        cluster = self.config.cluster
+        self.events = Events(cluster.namespace, self.end.outbox.publish, self.end.listen,
+                             cluster.event_max_age, clock=self.clock)
+        self.core.on_event = self.events.heard
+        self.presence = Presence(partial(self.end.outbox.publish, self.core.control))
+        self.core.presence = self.presence
         self.end.incarnation = self.core.incarnation
         sim.redis.ends[name] = self.end
         # the stall hold and the cut-off rule, as the node's shell feeds them
@@ -289,9 +299,16 @@ class SimNode:
         self.world.after(self.config.rpc.timer_granularity, self._sweep)
 
     def _heartbeat_info(self) -> dict[str, Any]:
-        """What a node's heartbeat tells the others' ``local-first`` choice (broker/node.py)."""
+        """What a node's heartbeat tells the others' ``local-first`` choice and presence
+        (broker/node.py)."""
         served = self.router.provider_rates(64)
-        return {"served": served, "latency": self.router.provider_latencies(served)}
+        return {"served": served, "latency": self.router.provider_latencies(served),
+                "presence": self.presence.digest()}
+
+    def subscribed(self, session: SimSession, ref: int, topics: list[str]) -> None:
+        """A SUBSCRIBE's OK: the simulated Redis hears a channel from the moment it is
+        asked to (broker/node.py waits for Redis' confirmation)."""
+        session.send([OK, ref])
 
     def clock(self) -> float:
         return self.world.now + self.offset
@@ -326,6 +343,7 @@ class SimNode:
         if run:
             self.router.read_at = now
             self.router.tick(now)
+            self.events.tick()
             self.core.tick(now)
             if self.watch.bus(now, self.core.available, self.draining)[0] == CUT_OFF:
                 self._send_clients_elsewhere()
@@ -406,6 +424,7 @@ class SimNode:
                         session.to_client.flush()
                         session.to_client.close()  # what it wrote arrives, then the end
                     self.router.drop_peer(session, self.clock())
+                    self._left(session)
             self.alive = False
             self.end.alive = False
             then()
@@ -461,7 +480,15 @@ class SimNode:
         if session.to_client is not None:
             session.to_client.cut()
         self.router.drop_peer(session, self.clock())
+        self._left(session)
         session.on_close()
+
+    def _left(self, session: SimSession) -> None:
+        """Its topics, watchers and presence go with it (broker/node.py session_closed)."""
+        self.events.gone(session)
+        self.presence.gone(session)
+        if session.present_as is not None:
+            self.presence.logout(session.present_as)
 
     def kill(self) -> None:
         """SIGKILL: nothing more from this process; its clients see their connections

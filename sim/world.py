@@ -101,6 +101,14 @@ class BusEnd:
         self.alive = True
         self._pending_flush = False
         self.rounds: list[tuple[int, Round]] = []  # rounds sent, not yet answered
+        self.listening: set[str] = set()  # event channels it subscribes to
+
+    def listen(self, channel: str, on: bool) -> None:
+        """Subscribe to an event channel (``on``) or leave it, at once."""
+        if on:
+            self.listening.add(channel)
+        else:
+            self.listening.discard(channel)
 
     @property
     def up(self) -> bool:
@@ -224,6 +232,8 @@ class Redis:
         self.batches += 1
         if topic == self.control:
             targets = list(self.ends.values())
+        elif m.is_event_channel(self.namespace, topic):
+            targets = [end for end in self.ends.values() if topic in end.listening]
         else:
             node = topic.rsplit(":", 1)[1]
             target = self.ends.get(node)
@@ -259,6 +269,7 @@ class Redis:
                 continue
             stalled = max(self.deaf.get(end.name, -1.0), self.cut.get(end.name, -1.0),
                           -1.0 if topic == self.control
+                          or m.is_event_channel(self.namespace, topic)
                           else self.deaf_private.get(end.name, -1.0))
             if self.node_paused(end.name):
                 stalled = max(stalled, self.paused[end.name])

@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=6.0, help="simulated seconds of load")
     parser.add_argument("--streams", action="store_true",
                         help="a quarter of the calls are streams, a tenth call_alls (checked too)")
+    parser.add_argument("--events", action="store_true",
+                        help="publishers and subscribers beside the calls (sim/events.py)")
     parser.add_argument("--rules", choices=("current", "before-37"), default="current",
                         help="the provider rules to run (before-37: the ones #37 fixed)")
     args = parser.parse_args(argv)
@@ -35,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     calls = failed = 0
     for seed in seeds:
-        result = run_seed(seed, allowed, args.load, args.rules, streams=args.streams)
+        result = run_seed(seed, allowed, args.load, args.rules, streams=args.streams,
+                          events=args.events)
         calls += result.calls
         if not result.ok:
             failed += 1

@@ -114,3 +114,26 @@ def test_nodes_cut_off_or_stalled_send_their_clients_elsewhere() -> None:
     assert not failed, "\n".join(failed)
     assert sum(r.sent_elsewhere > 0 for r in results) >= 5, [r.sent_elsewhere
                                                             for r in results]
+
+
+def _run_events(args: tuple[int, tuple[str, ...]]) -> tuple[int, str, list[str]]:
+    quiet()
+    seed, allowed = args
+    result = run_seed(seed, allowed, events=True)
+    return seed, result.faults, result.violations
+
+
+@pytest.mark.timeout(240)
+def test_event_seeds_hold() -> None:
+    """Publishers and subscribers beside the calls (sim/events.py): on 100 seeds of every
+    fault, each subscriber's events from each publisher in order and none twice; on 60
+    seeds that only slow things (latency, skewed clocks, busy clients), every event
+    emitted after a subscription reached it or was counted in a GAP."""
+    work = [(seed, ALL_FAULTS) for seed in range(1, 101)] + [
+        (seed, ("slow", "skew", "block")) for seed in range(101, 161)]
+    with ProcessPoolExecutor(2) as pool:
+        results = list(pool.map(_run_events, work, chunksize=10))
+    failed = [f"python -m rpcbus.sim --events --seed {seed} --faults {faults}: "
+              f"{violations[:3]}"
+              for seed, faults, violations in results if violations]
+    assert not failed, "\n".join(failed)

@@ -207,7 +207,8 @@ class Presence:
         told: set[Watcher] = set()
         for watcher in self._of.get(user, ()):
             told.add(watcher)
-            watcher.presence_changed(user, online)
+            if watcher.may_see(user):  # its rights may have changed since it asked
+                watcher.presence_changed(user, online)
         for watcher in self._everyone:
             if watcher not in told and watcher.may_see(user):
                 watcher.presence_changed(user, online)

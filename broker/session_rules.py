@@ -309,7 +309,6 @@ class SessionRules(SessionPolicy):
         elif kind == PONG and len(msg) > 1 and msg[1] == DRAIN_PING:
             self.node.notice_heard(self)  # what it sent before it heard the notice is read
 
-
     # -- events (broker/events.py) -----------------------------------------------------
 
     def _subscribe(self, ref: int, topics: list[str]) -> None:
@@ -393,6 +392,7 @@ class SessionRules(SessionPolicy):
 
     def presence_changed(self, user: str, online: bool) -> None:
         self.send([PRESENCE, user, online])
+
 
 
 def _anything(name: str) -> bool:

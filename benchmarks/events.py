@@ -9,8 +9,9 @@ each ``--batch`` emits: rpcbus's PING, NATS's flush, a deepstream presence query
 for ``--duration`` seconds, while the subscribers (in up to ``--procs``
 processes, each holding its share of the connections) count what they get and
 how late: each event carries the publisher's monotonic clock in µs, so latency
-is emit to delivery. On 2 nodes the publisher is on n1 and every subscriber on
-n2 (every event crosses Redis). Figures per run:
+is emit to delivery. One node is a node alone (as deepstream and nats-server run
+here); on 2 nodes (an embedded Redis between them) the publisher is on n1 and
+every subscriber on n2 (every event crosses Redis). Figures per run:
 
 - deliveries/s: events received by all subscribers, over the publishing time;
 - lost: events the nodes dropped for subscribers that fell behind (GAP counts;
@@ -225,9 +226,20 @@ def _run(kind: str, pub_url: str, sub_url: str, pids: list[int], fanout: int,
 
 
 def _rpcbus(nodes: int, fanouts: list[int], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One node is a node alone (no Redis: as deepstream and nats-server run here); two
+    are a cluster on an embedded Redis, whose CPU counts too."""
     from rpcbus.broker.local import LocalCluster
+    from rpcbus.broker.process import NodeProcess
 
-    cluster = LocalCluster(nodes=nodes, env={"RPCBUS_AUTH_MODE": "none"}).start()
+    env = {"RPCBUS_AUTH_MODE": "none"}
+    if nodes == 1:
+        node = NodeProcess(env=env).start()
+        try:
+            return [{**_run("rpcbus", node.url, node.url, [node.pid], f, args), "nodes": 1}
+                    for f in fanouts]
+        finally:
+            node.stop()
+    cluster = LocalCluster(nodes=nodes, env=env).start()
     try:
         pids = [n.pid for n in cluster.nodes] + (
             [cluster.redis.proc.pid] if cluster.redis is not None else [])

@@ -219,7 +219,7 @@ class DeepstreamRules:
                 and action not in _PRESENCE_NOTICES:
             return self._presence_asked(m)
         denied = w.MESSAGE_DENIED.get(topic)
-        if denied is not None:  # records, events, presence: not served
+        if denied is not None:  # records, events' LISTEN, ...: not served
             self.stats["deepstream_refused_topics"] += 1
             return [], [DsMessage(topic, denied, original_action=action, name=m.name,
                                   correlation_id=m.correlation_id,

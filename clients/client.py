@@ -700,11 +700,11 @@ class Client:
         user may see) comes online anywhere in the cluster, or leaves it everywhere; across
         reconnects (a change while disconnected is not told: ask ``presence()``)."""
         wanted = None if users is None else list(users)
-        self._watchers.add(handler, wanted)
+        entry = self._watchers.add(handler, wanted)
         try:
             await self._control(PRESENCE_SUBSCRIBE, None, [wanted])
         except BaseException:
-            self._watchers.remove(wanted)
+            self._watchers.drop(entry)
             raise
 
     async def unwatch_presence(self, users: Sequence[str] | None = None) -> None:

@@ -122,8 +122,15 @@ class Watchers:
     def __init__(self) -> None:
         self.handlers: list[tuple[PresenceHandler, frozenset[str] | None]] = []
 
-    def add(self, handler: PresenceHandler, users: list[str] | None) -> None:
-        self.handlers.append((handler, None if users is None else frozenset(users)))
+    def add(self, handler: PresenceHandler,
+            users: list[str] | None) -> tuple[PresenceHandler, frozenset[str] | None]:
+        """Add a handler; returns its entry (``drop`` takes it back)."""
+        entry = (handler, None if users is None else frozenset(users))
+        self.handlers.append(entry)
+        return entry
+
+    def drop(self, entry: tuple[PresenceHandler, frozenset[str] | None]) -> None:
+        self.handlers = [e for e in self.handlers if e is not entry]
 
     def remove(self, users: list[str] | None) -> None:
         """Every handler (None), or ``users`` out of each handler's."""

@@ -17,7 +17,7 @@ a cancelled call (its caller gave up) cannot stop such a thread: its answer is d
 An ``async def`` handler runs on the client's loop and is cancelled as usual. Event
 handlers (``subscribe``) that are plain functions run one at a time, in the order the
 events came, in a thread of their own (``rpcbus-sync-events``): they may block too, and
-events wait for them meanwhile.
+events wait for them meanwhile; presence handlers (``watch_presence``) run there too.
 
 Interrupting a blocked method (Ctrl-C: ``KeyboardInterrupt`` in the calling thread)
 cancels its coroutine: an interrupted ``call`` tells the node, as a cancelled async call
@@ -35,7 +35,7 @@ from typing import Any, Coroutine, Sequence, TypeVar, Unpack
 
 from rpcbus.calling import Reply
 from rpcbus.client import Client, Options, connect
-from rpcbus.events import EventHandler, GapHandler
+from rpcbus.events import EventHandler, GapHandler, PresenceHandler
 from rpcbus.found import ProviderInfo, RpcInfo
 from rpcbus.handlers import Handler
 from rpcbus.streaming import DEFAULT_WINDOW
@@ -124,11 +124,30 @@ class SyncClient:
     def emit(self, topic: str, data: Any = None) -> None:
         self._run(self._client.emit(topic, data))
 
-    def _in_events_thread(self, handler: EventHandler) -> EventHandler:
+    def presence(self, users: Sequence[str] | None = None) -> Any:
+        """``Client.presence``: every user online (a list), or ``users``' (a dict)."""
+        return self._run(self._client.presence(users))
+
+    def watch_presence(self, handler: PresenceHandler,
+                       users: Sequence[str] | None = None) -> None:
+        """``Client.watch_presence``; ``handler(user, online)`` runs in the events thread."""
+        pool = self._events_pool()
+
+        def queued(user: str, online: bool) -> None:
+            pool.submit(handler, user, online)
+        self._run(self._client.watch_presence(queued, users))
+
+    def unwatch_presence(self, users: Sequence[str] | None = None) -> None:
+        self._run(self._client.unwatch_presence(users))
+
+    def _events_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._events_thread is None:
             self._events_thread = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="rpcbus-sync-events")
-        pool = self._events_thread
+        return self._events_thread
+
+    def _in_events_thread(self, handler: EventHandler) -> EventHandler:
+        pool = self._events_pool()
 
         def queued(data: Any) -> Any:
             return asyncio.wrap_future(pool.submit(handler, data))

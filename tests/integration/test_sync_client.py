@@ -131,3 +131,19 @@ def test_event_handlers_of_the_blocking_client_may_block_and_keep_the_order(node
         sub.unsubscribe("sync.events")
     assert [d for d, _ in got] == list(range(100))
     assert {t for _, t in got} == {"rpcbus-sync-events_0"}
+
+
+def test_presence_from_the_blocking_client(node):
+    seen, came = [], threading.Event()
+    with rpcbus.connect_sync(node.url, name="sync-watcher") as watcher:
+        def changed(user, online):
+            seen.append((user, online, threading.current_thread().name))
+            came.set()
+
+        watcher.watch_presence(changed, ["sync-late"])
+        with rpcbus.connect_sync(node.url, name="sync-late"):
+            assert came.wait(10)
+            assert watcher.presence(["sync-late", "sync-watcher"]) == {
+                "sync-late": True, "sync-watcher": True}
+        watcher.unwatch_presence()
+    assert seen[0] == ("sync-late", True, "rpcbus-sync-events_0")

@@ -28,9 +28,10 @@ once handing events on has taken ``slice_s`` of ``clock`` since the last
 of events, each for thousands of subscribers), is not handed on here; its
 topic's subscribers here are told how many in a GAP at the next ``tick`` (one per
 topic, however many). So the node's loop is never held long by events (its calls
-and heartbeats go on), it keeps reading its Redis subscription at the pace Redis
-writes it (Redis never closes it for a backlog, which would cost the node its
-calls too), and a local emit still crosses the bus for the other nodes.
+and heartbeats go on), it reads its Redis subscription about as fast as Redis
+writes it (a backlog there past Redis' pub/sub output limit closes the
+subscription, and the node's calls pay for it too), and a local emit still
+crosses the bus for the other nodes.
 """
 
 from __future__ import annotations

@@ -42,6 +42,17 @@ class Watcher(Protocol, Hashable):
         """Whether its user may see ``user``'s presence."""
 
 
+def _one_less(counts: Counter[str], user: str) -> bool:
+    """Count ``user`` down; True when none is left (it leaves ``counts``)."""
+    left = counts[user] - 1
+    assert left >= 0, user
+    if left:
+        counts[user] = left
+        return False
+    del counts[user]
+    return True
+
+
 def _crc(user: str) -> int:
     return zlib.crc32(user.encode("utf-8", "surrogatepass"))
 
@@ -74,12 +85,8 @@ class Presence:
             self._up(user)
 
     def logout(self, user: str) -> None:
-        left = self.local[user] - 1
-        assert left >= 0, user
-        if left:
-            self.local[user] = left
+        if not _one_less(self.local, user):
             return
-        del self.local[user]
         self._xor ^= _crc(user)
         if self._publish is not None:
             self._publish([PRESENCE, user, False])
@@ -194,13 +201,8 @@ class Presence:
             self._tell(user, True)
 
     def _down(self, user: str) -> None:
-        left = self.where[user] - 1
-        assert left >= 0, user
-        if left:
-            self.where[user] = left
-            return
-        del self.where[user]
-        self._tell(user, False)
+        if _one_less(self.where, user):
+            self._tell(user, False)
 
     def _tell(self, user: str, online: bool) -> None:
         self.stats["changes"] += 1

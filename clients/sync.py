@@ -35,7 +35,7 @@ from typing import Any, Coroutine, Sequence, TypeVar, Unpack
 
 from rpcbus.calling import Reply
 from rpcbus.client import Client, Options, connect
-from rpcbus.events import EventHandler, GapHandler, PresenceHandler
+from rpcbus.events import EventHandler, GapHandler, PresenceHandler, log
 from rpcbus.found import ProviderInfo, RpcInfo
 from rpcbus.handlers import Handler
 from rpcbus.streaming import DEFAULT_WINDOW
@@ -133,8 +133,14 @@ class SyncClient:
         """``Client.watch_presence``; ``handler(user, online)`` runs in the events thread."""
         pool = self._events_pool()
 
+        def run(user: str, online: bool) -> None:
+            try:
+                handler(user, online)
+            except Exception:  # in its thread: said, as on the client's loop
+                log.error("presence_handler_failed user=%s", user, exc_info=True)
+
         def queued(user: str, online: bool) -> None:
-            pool.submit(handler, user, online)
+            pool.submit(run, user, online)
         self._run(self._client.watch_presence(queued, users))
 
     def unwatch_presence(self, users: Sequence[str] | None = None) -> None:

@@ -33,7 +33,7 @@ class _Peer:
         self.runs_before_accept = False
         self.load = self.attempts = 0
         self.lat = self.seen = self.steady = 0.0
-        self.minute: Any = None
+        self.minutes: Any = None
         self.pace: Any = None
         self.user_name: str | None = None
         self.origin = ""

@@ -1,12 +1,13 @@
 """Discovery: what the cluster provides, for ``client.rpcs()`` and ``client.providers(name)``
 (DISCOVER, docs/protocol.md). Pure: the node shell hands in what it knows.
 
-Each node measures its own providers over about the last minute (``MinuteStats``: calls
-and errors, and the latency of the attempts ``local-first`` times, one in 8) and tells
-the cluster in every heartbeat (``provider_view``: the busiest rpcs, up to 8 providers
-each); the node a client asks answers from its own providers and the other nodes' last
-heartbeats, with no round trip: a name too little provided to be in another node's
-heartbeat shows that node's provider count only. A user sees only the names it may call.
+Each node measures its own providers per rpc over about the last minute (``MinuteStats``,
+one per provider and name: calls, errors, and the latency of the attempts the router
+times, one in 8 under load) and tells the cluster in every heartbeat (``provider_view``:
+the busiest rpcs, up to 8 providers each); the node a client asks answers from its own
+providers and the other nodes' last heartbeats, with no round trip: a name too little
+provided to be in another node's heartbeat shows that node's provider count only. A user
+sees only the names it may call.
 """
 
 from __future__ import annotations
@@ -17,39 +18,57 @@ from typing import Any, Callable
 from rpcbus.schema import BOUNDS
 
 HALF = 30.0  # s: the window is the current half and the one before (30-60 s)
+LAT_STEP = 0.1  # ``seen``: of the way down to each timed attempt's time (up: at once)
 _EMPTY = (0,) * (len(BOUNDS) + 1)
 
 
 class MinuteStats:
-    """One provider connection's last minute: calls ended (from the router's ``attempts``
-    and ``load``, counted under ``local-first``), errors, and the latency buckets of its
-    timed attempts, in two halves of ``HALF`` seconds."""
+    """One provider connection's figures for one rpc (the router keeps one per name it
+    provides): attempts sent (``sent``), a timed attempt's time (``seen``: peak EWMA, up
+    at once, down ``LAT_STEP`` of the way), and over about the last minute, in two
+    halves of ``HALF`` seconds, errors and the latency buckets of its timed attempts.
+    The attempts under way are not kept here (it would cost every call): the router
+    counts them from its attempts table when it reads the figures. It updates the
+    fields in place on its hot path (``sample`` is what it inlines)."""
 
-    __slots__ = ("buckets", "before", "errors", "errors_before", "mark", "mark_before")
+    __slots__ = ("buckets", "before", "errors", "errors_before", "mark", "mark_before",
+                 "sent", "seen", "since")
 
-    def __init__(self) -> None:
+    def __init__(self, now: float = 0.0) -> None:
         self.buckets = [0] * (len(BOUNDS) + 1)
         self.before: tuple[int, ...] = _EMPTY
         self.errors = self.errors_before = 0
-        self.mark = self.mark_before = 0   # calls ended as of the halves' starts
+        self.mark = self.mark_before = 0   # attempts ended as of the halves' starts
+        self.sent = 0                      # attempts sent
+        self.seen = 0.0                    # s a timed attempt takes, smoothed
+        self.since = now                   # when the provider began to provide the rpc
 
     def sample(self, seconds: float) -> None:
         """A timed attempt took ``seconds``."""
         self.buckets[bisect_left(BOUNDS, seconds)] += 1
+        seen = self.seen
+        self.seen = seconds if seconds > seen else seen + LAT_STEP * (seconds - seen)
 
-    def rotate(self, ended: int) -> None:
+    def rotate(self, held: int) -> None:
         """Every ``HALF`` s (the router's tick): the current half becomes the one before;
-        ``ended`` is the calls ended so far."""
+        ``held``: attempts under way now."""
+        held = min(held, self.sent)  # provided again: attempts sent before count there
         self.before, self.buckets = tuple(self.buckets), [0] * (len(BOUNDS) + 1)
         self.errors_before, self.errors = self.errors, 0
-        self.mark_before, self.mark = self.mark, ended
+        self.mark_before, self.mark = self.mark, self.sent - held
 
-    def figures(self, ended: int | None) -> list[Any]:
-        """[calls, errors, p50 ms, p99 ms] over the two halves (None where nothing was
-        timed); ``ended`` is the calls ended so far (None: not counted, under the
-        ``cluster`` policy)."""
+    def figures(self, now: float, rotated: float, held: int) -> list[Any]:
+        """[calls/s, ms, outstanding, calls, errors, p50 ms, p99 ms] with ``held``
+        attempts under way: calls ended and errors over the two halves (the current
+        one began at ``rotated``), calls/s over the time they span (at least a second),
+        the smoothed time of an attempt, and the quantiles of the timed ones (None where
+        none was timed)."""
+        held = min(held, self.sent)  # provided again: attempts sent before count there
+        assert self.sent >= self.mark >= self.mark_before >= 0
+        calls = max(self.sent - held - self.mark_before, 0)
+        span = max(now - max(self.since, rotated - HALF), 1.0)
         merged = [a + b for a, b in zip(self.buckets, self.before, strict=True)]
-        return [None if ended is None else max(ended - self.mark_before, 0),
+        return [round(calls / span, 1), round(self.seen * 1000, 2), held, calls,
                 self.errors + self.errors_before,
                 _ms(quantile(merged, 0.5)), _ms(quantile(merged, 0.99))]
 

@@ -38,7 +38,7 @@ class Gather:
     runs_before_accept = False
     load = attempts = 0
     rate = lat = seen = steady = 0.0
-    minute: MinuteStats | None = None  # a caller, never a provider
+    minutes: dict[str, MinuteStats] | None = None  # a caller, never a provider
     pace: Pace | None = None           # likewise
 
     def __init__(self, router: "Router", parent: "Call", max_replies: int) -> None:

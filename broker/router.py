@@ -61,13 +61,14 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence, cast
 
 from rpcbus import errors
 from rpcbus.broker.admission import INITIAL_LIMIT, NODE_LIMIT, PATIENCE, Pace, Waiting
 from rpcbus.broker.choice import LAT_FLOOR, POLICIES, QUIET, SLOWER, local_first
-from rpcbus.broker.discovery import HALF, MinuteStats
+from rpcbus.broker.discovery import HALF, LAT_STEP, MinuteStats
 from rpcbus.broker.fanout import Gather
 from rpcbus.broker.rpcstats import OTHER, RpcStatsTable
 from rpcbus.deadlines import Deadlines
@@ -101,7 +102,6 @@ _HISTORY_MASK = HISTORY_SAMPLE - 1
 BALANCED_NAMES = 4096
 RATE_SAMPLE = 0.05  # s between samples of the providers' call rates (``rate``)
 RATE_STEP = 0.05    # of the way to each sample: smoothed over about a second
-LAT_STEP = 0.1      # ``lat``: of the way down to each attempt's time (up: at once)
 LAT_SAMPLE = 8      # attempts at a busy provider: 1 in this many is timed for ``lat``
 _LAT_MASK = LAT_SAMPLE - 1
 LAT_IDLE = 0.9      # an idle provider's ``lat`` per sample: a slow one is tried again
@@ -128,7 +128,8 @@ class Peer(Protocol):
     rate: float             # attempts sent per second, over about a second (kept here)
     lat: float              # seconds an attempt takes there, smoothed (kept here)
     steady: float           # ``lat`` smoothed over time: judges a local provider slow
-    minute: MinuteStats | None  # a provider here: its last minute (discovery), else None
+    # a provider here: its figures per rpc it provides (discovery), else None
+    minutes: dict[str, MinuteStats] | None
     seen: float             # ``lat`` when an attempt there last ended (kept here)
     # as a provider: it may run a call before it accepts it (a deepstream client), so an
     # attempt there is never moved: not at its ack timeout (ACCEPT_TIMEOUT), not when it
@@ -481,21 +482,43 @@ class Router:
 
     def provider_view(self, names: Iterable[str], most: int = 8) -> dict[str, list[list[Any]]]:
         """Per rpc of ``names`` provided here, up to ``most`` of its providers (the busiest
-        first): [name, calls/s, ms an attempt takes, attempts outstanding, and over about
-        the last minute calls, errors, p50 ms, p99 ms, then its label (name@session, as
-        call_all's replies name it)] (what ``local-first`` measures; zeros and None under
-        ``cluster``, but errors), for the dashboard and discovery."""
+        first), each with its figures for that rpc alone (``MinuteStats.figures``):
+        [name, calls/s, ms an attempt takes, attempts outstanding, and over about the
+        last minute calls, errors, p50 ms, p99 ms, then its label (name@session, as
+        call_all's replies name it)], for the dashboard and discovery."""
         out = {}
+        now, rotated = self._now, self._rotated
+        held = self._held_by_rpc()
         for name in names:
             peers = self._providers.get(name)
             if peers:
-                rows = sorted(peers, key=lambda p: -p.rate)[:most]
-                out[name] = [[p.provider_name, round(p.rate, 1), round(p.seen * 1000, 2),
-                              p.load, *(p.minute.figures(p.attempts - p.load
-                                                         if self.local_first else None)
-                                        if p.minute is not None else (None, 0, None, None)),
-                              p.label] for p in rows]
+                rows = []
+                for p in peers:
+                    stat = p.minutes.get(name) if p.minutes is not None else None
+                    rows.append([p.provider_name,
+                                 *(stat.figures(now, rotated, held[p, name])
+                                   if stat is not None else (0.0, 0.0, 0, 0, 0, None, None)),
+                                 p.label])
+                rows.sort(key=lambda row: -row[4])  # the most calls first
+                out[name] = rows[:most]
         return out
+
+    def _held_by_rpc(self) -> Counter[tuple[Peer, str]]:
+        """Attempts under way per (provider here, rpc): counted from the attempts table
+        when figures are read (a heartbeat, a rotation), not kept per call."""
+        held: Counter[tuple[Peer, str]] = Counter()
+        for call in self._calls.values():
+            peer = call.provider
+            if peer is not None and peer.minutes is not None:
+                held[peer, call.name] += 1
+        return held
+
+    def _failed_at(self, peer: Peer, call: Call) -> None:
+        """``call``'s attempt at ``peer`` failed (an error, or no answer in time): one
+        error in the provider's figures for the name."""
+        minutes = peer.minutes
+        if minutes is not None and (stat := minutes.get(call.name)) is not None:
+            stat.errors += 1
 
     def admission(self, most: int = 32) -> dict[str, Any]:
         """What admission holds now (``/stats``): per target (the ``most`` busiest), its
@@ -539,8 +562,8 @@ class Router:
     def provide(self, peer: Provider, names: list[str]) -> None:
         """Add ``peer`` as a provider of each name (idempotent)."""
         self._provider_peers.add(peer)
-        if peer.minute is None and not peer.is_node:
-            peer.minute = MinuteStats()
+        if peer.minutes is None and not peer.is_node:
+            peer.minutes = {}
         if peer.pace is None:
             self._pace(peer)
         for name in names:
@@ -552,6 +575,8 @@ class Router:
                 if self.count_changed is not None:
                     self.count_changed(name, self.advertised(name))
             peer.provides.add(name)
+            if peer.minutes is not None and name not in peer.minutes:
+                peer.minutes[name] = MinuteStats(self._now)
         if self._waiting:  # calls waiting for a slot may have one now
             self._release(peer, self._now)
 
@@ -570,6 +595,8 @@ class Router:
                 if self.count_changed is not None:
                     self.count_changed(name, self.advertised(name))
             peer.provides.discard(name)
+            if peer.minutes is not None:  # provided again, it is counted afresh
+                peer.minutes.pop(name, None)
 
     def drop_peer(self, peer: Peer, now: float, acks_may_follow: bool = False) -> None:
         """``peer`` is gone. Attempts it accepted — or, a node, acknowledged — fail now
@@ -782,9 +809,12 @@ class Router:
             lat = peer.lat
             peer.lat = peer.seen = (took if took > lat or call.probe
                                     else lat + LAT_STEP * (took - lat))
-            minute = peer.minute
-            if minute is not None:  # MinuteStats.sample, inlined
-                minute.buckets[bisect_left(BOUNDS, took)] += 1
+            minutes = peer.minutes
+            if minutes is not None and (stat := minutes.get(call.name)) is not None:
+                # MinuteStats.sample, inlined
+                stat.buckets[bisect_left(BOUNDS, took)] += 1
+                lat = stat.seen
+                stat.seen = took if took > lat else lat + LAT_STEP * (took - lat)
             pace = peer.pace
             assert pace is not None  # every target has one (``_dispatch``)
             if not attempt & _LAT_MASK:  # its limit learns from 1 attempt in LAT_SAMPLE
@@ -987,8 +1017,7 @@ class Router:
         self._end_attempt(call)
         if call.hrow is not None:
             self._history_end(call, Outcome.ERRORS)  # errors
-        if peer.minute is not None:
-            peer.minute.errors += 1
+        self._failed_at(peer, call)
         self.stats.provider_errors += 1
         self._conclude(call, [ERROR, call.cid, code, message[:MAX_ERROR_MESSAGE]]
                        if detail is None else
@@ -1089,9 +1118,11 @@ class Router:
                     self._release(peer, now)
         if now >= self._rotated + HALF:  # each provider's last minute moves on (discovery)
             self._rotated = now
+            held = self._held_by_rpc()
             for peer in self._provider_peers:
-                if peer.minute is not None:
-                    peer.minute.rotate(peer.attempts - peer.load)
+                if peer.minutes is not None:
+                    for name, stat in peer.minutes.items():
+                        stat.rotate(held[peer, name])
         if now >= self._sampled + RATE_SAMPLE and self.local_first:
             seen, span = self._sent_then, now - self._sampled
             self._sampled = now
@@ -1203,8 +1234,8 @@ class Router:
             if provider is not None and not provider.closed:
                 provider.send([CANCEL, attempt])
             if msg is not None:
-                if provider is not None and provider.minute is not None:
-                    provider.minute.errors += 1  # it did not answer in time
+                if provider is not None:
+                    self._failed_at(provider, call)  # it did not answer in time
                 self._conclude(call, msg)
                 continue
             assert provider is not None  # parked calls (no provider) never come here
@@ -1342,6 +1373,9 @@ class Router:
                     provider.steady = provider.seen
         provider.load += 1
         provider.attempts += 1
+        minutes = provider.minutes  # its figures for this name (discovery)
+        if minutes is not None and (stat := minutes.get(call.name)) is not None:
+            stat.sent += 1
         # never past its limit (a call_all's child excepted: above)
         assert provider.load <= pace.limit + 1 or type(call.caller) is Gather, provider.label
         if not pace.probe and self.read_at >= pace.probe_at + PROBE_GAP:
@@ -1690,9 +1724,12 @@ class Router:
             lat = peer.lat
             peer.lat = peer.seen = (took if took > lat or call.probe
                                     else lat + LAT_STEP * (took - lat))
-            minute = peer.minute
-            if minute is not None:  # MinuteStats.sample, inlined
-                minute.buckets[bisect_left(BOUNDS, took)] += 1
+            minutes = peer.minutes
+            if minutes is not None and (stat := minutes.get(call.name)) is not None:
+                # MinuteStats.sample, inlined
+                stat.buckets[bisect_left(BOUNDS, took)] += 1
+                lat = stat.seen
+                stat.seen = took if took > lat else lat + LAT_STEP * (took - lat)
             if peer.pace is not None and not call.id & _LAT_MASK:
                 peer.pace.sample(took, peer.load + 1)
         if self._waiting:

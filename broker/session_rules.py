@@ -128,7 +128,7 @@ class SessionRules(SessionPolicy):
         self.lat = 0.0                   # seconds an attempt takes here, smoothed
         self.pace: Any = None            # its ack timeout and limit (the router's)
         self.steady = 0.0                # ``lat`` smoothed over time (router.tick)
-        self.minute: Any = None          # its last minute as a provider (router.provide)
+        self.minutes: Any = None         # its figures per rpc as a provider (router.provide)
         self.seen = 0.0                  # ``lat`` when an attempt here last ended
         self.calls: dict[int, Any] = {}    # its calls in flight by its ids (the router's)
         self.accepted_upto = 0           # ACCEPT_UPTO: attempts up to this one it took

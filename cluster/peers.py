@@ -59,7 +59,7 @@ class RemoteNode:
         self.latency: dict[str, float] = {}
         # unused: a node reports its own (``latency``)
         self.lat = self.seen = self.steady = 0.0
-        self.minute: Any = None          # a node: never a provider's last minute here
+        self.minutes: Any = None         # a node: never a provider's figures here
         self.calls: dict[int, Any] = {}  # never added to: a provider, never a caller
         self.accepted_upto = 0           # a node acknowledges (ACK), never ACCEPT_UPTO
         self.provides: set[str] = set()
@@ -113,7 +113,7 @@ class RemoteCaller:
     runs_before_accept = False
     load = attempts = 0
     rate = lat = seen = steady = 0.0
-    minute: Any = None
+    minutes: Any = None
     pace: Any = None  # a caller, never a target
 
     __slots__ = ("link", "node", "origin", "id", "key", "label", "user_name", "inflight",

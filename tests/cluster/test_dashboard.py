@@ -27,6 +27,7 @@ async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser)
     n1, n2 = c.nodes
     async with rpcbus.connect(n2.url) as p2, rpcbus.connect(n1.url) as caller:
         await p2.provide("dash.before", lambda d: d)
+        await p2.provide("dash.quiet", lambda d: d)      # same connection, never called
 
         def fails(d):
             raise ValueError("no")
@@ -92,6 +93,12 @@ async def test_dashboard_shows_the_cluster_and_follows_it(make_cluster, browser)
                     " return r && parseFloat(r.cells[3].textContent) > 0 &&"
                     " Array.from(r.cells).map(c => c.textContent); })()")
                 assert provider[2] == "n2" and re.fullmatch(r"[\d.]+ (ms|s)", provider[4])
+                # per (provider, rpc): the quiet name of the same connection shows none
+                # of its busy name's calls
+                quiet = await browser.value(
+                    "Array.from(document.querySelector("
+                    "'#providers tr[data-rpc=\"dash.quiet\"]').cells).map(c => c.textContent)")
+                assert quiet[1] == provider[1] and quiet[3:] == ["0.0", "–", "0"], quiet
                 # the live chart: calls/s of the whole cluster, poll after poll
                 last = await browser.wait_for(
                     "(() => { const s = document.getElementById('chart');"

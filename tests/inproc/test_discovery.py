@@ -22,6 +22,7 @@ async def test_names_and_providers_with_their_last_minute_from_any_node(cluster2
             c = await rpcbus.connect(node.url, name=name)
             await c.provide(rpc, handler)
             clients.append(c)
+        await clients[0].provide("quiet", quick)   # a1's second name: nobody calls it
         callers = [await rpcbus.connect(n.url) for n in (n1, n2)]
         clients += callers
         for caller in callers:
@@ -31,16 +32,19 @@ async def test_names_and_providers_with_their_last_minute_from_any_node(cluster2
                 except rpcbus.AppError:
                     pass
         async with asyncio.timeout(10):     # until each node's heartbeat has told the other
-            while True:
+            while True:                     # every call ended, as its provider's node counts
                 found = {(r["provider"].split("@")[0], r["node"]): r
                          for r in await callers[1].providers("work") if r["provider"]}
                 known = [{r["rpc"] for r in await c.rpcs()} for c in callers]
-                if len(found) == 3 and all(r["calls"] for r in found.values()) and all(
-                        names == {"work", "other"} for names in known):
+                if sum(r["calls"] for r in found.values()) == 80 and all(
+                        names == {"work", "other", "quiet"} for names in known):
                     break
                 await asyncio.sleep(0.1)
         assert set(found) == {("a1", "n1"), ("a2", "n1"), ("b1", "n2")}
-        assert sum(r["calls"] for r in found.values()) == 80
+        # figures per (provider, rpc): a1's quiet name carries none of its calls of "work"
+        [quiet] = await callers[1].providers("quiet")
+        assert found[("a1", "n1")]["calls"] > 0 and quiet["provider"].startswith("a1@")
+        assert (quiet["calls"], quiet["calls_per_s"], quiet["outstanding"]) == (0, 0.0, 0)
         assert found[("b1", "n2")]["errors"] == found[("b1", "n2")]["calls"] > 0
         assert all(r["errors"] == 0 and r["weight"] == 1.0 for k, r in found.items()
                    if k[0] != "b1")
@@ -49,6 +53,7 @@ async def test_names_and_providers_with_their_last_minute_from_any_node(cluster2
         for caller in callers:              # the same names from either node
             assert await caller.rpcs() == [
                 {"rpc": "other", "providers": 1, "nodes": {"n2": 1}},
+                {"rpc": "quiet", "providers": 1, "nodes": {"n1": 1}},
                 {"rpc": "work", "providers": 3, "nodes": {"n1": 2, "n2": 1}}]
         assert await callers[0].providers("nobody") == []
     finally:

@@ -23,7 +23,7 @@ class Peer:
         self.attempts = 0
         self.rate = 0.0
         self.lat = self.seen = self.steady = 0.0
-        self.minute = None
+        self.minutes = None
         self.pace = None
         self.provides = set()
         self.is_node = False

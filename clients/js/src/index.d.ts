@@ -87,14 +87,18 @@ export interface CallAllOptions {
 }
 
 /** One provider of a name (discovery); a node that says only how many: provider null. */
+/** One provider of a name, with its node's figures of it for that name alone. */
 export interface ProviderInfo {
   provider: string | null
   node: string
   weight?: number
+  /** calls ended over about the last minute, per second */
   calls_per_s?: number
+  /** a timed attempt's time, peak EWMA */
   ms?: number
+  /** attempts under way now */
   outstanding?: number
-  /** over about the last minute; null: not measured */
+  /** over about the last minute; p50/p99 null: no attempt timed */
   calls?: number | null
   errors?: number | null
   p50_ms?: number | null

@@ -13,9 +13,12 @@ goes through ``_frame``: fragments are joined (at most ``max_size`` bytes in all
 text message goes to ``text_received``, a ping or pong is first offered to
 ``control_received`` (the node prices them) and a ping answered, a close answered
 and the connection closed. A broken frame (reserved bits, masked the wrong way, a
-long or fragmented control frame, an unknown opcode, a stray continuation) fails
-the connection with 1002, a message over ``max_size`` with 1009, at once: nothing
-after it is read. A partial frame waits in a buffer bounded by ``max_size``.
+long or fragmented control frame, an unknown opcode, a stray continuation, a close
+code that may not be sent, a 64-bit length with its top bit set) fails the
+connection with 1002, a text message or close reason that is not UTF-8 with 1007
+(a fragmented text message at its first bad byte), a message over ``max_size`` with
+1009, at once: nothing after it is read. A partial frame waits in a buffer bounded by
+``max_size``. tests/inproc/test_rfc6455.py holds both ends to RFC 6455 case by case.
 
 Writes: ``send(msg)`` appends to an outbox; the first message of a tick schedules
 one ``flush`` with ``call_soon``, which encodes the whole outbox as one frame (split
@@ -39,6 +42,7 @@ Python (~0.7 µs a small frame, ~1.9 ms a MiB, against 0.17 µs and 39 µs).
 from __future__ import annotations
 
 import asyncio
+import codecs
 import enum
 import os
 from typing import Any, Callable
@@ -101,6 +105,13 @@ class CloseCode(enum.IntEnum):
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
     TRY_AGAIN_LATER = 1013
+
+
+def valid_close_code(code: int) -> bool:
+    """A code a close frame may carry (RFC 6455 7.4, and the IANA registry's 1012-1014):
+    1000-1003, 1007-1014, and 3000-4999 for libraries and applications; 1004-1006 and
+    1015 name states, not reasons, and may never be sent."""
+    return 1000 <= code <= 1014 and code not in (1004, 1005, 1006) or 3000 <= code <= 4999
 
 
 def _array_header(n: int) -> bytes:
@@ -184,7 +195,8 @@ class FrameIO(asyncio.Protocol):
         self._out: list[list[Any]] = []
         self._inbuf: bytes | bytearray = b""
         self._fragments: list[bytes] | None = None
-        self._fragment_text = False
+        # a fragmented text message's UTF-8 check, fragment by fragment (None: binary)
+        self._utf8: codecs.IncrementalDecoder | None = None
         self._fragment_size = 0
         self._lost: asyncio.Future[None] = self.loop.create_future()
         self._heard = False                   # bytes arrived since the last keepalive look
@@ -297,8 +309,8 @@ class FrameIO(asyncio.Protocol):
     # -- in --------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self._failed:
-            return
+        if self._failed or self.close_code is not None:
+            return  # failed, or the peer closed: nothing after is read
         self._heard = True
         state = self.state
         if state is OPEN or state is CLOSING:
@@ -334,6 +346,10 @@ class FrameIO(asyncio.Protocol):
                     break
                 length = int.from_bytes(buf[head:head + 8], "big")
                 head += 8
+                if length >> 63:  # RFC 6455 5.2: the most significant bit must be 0
+                    self._inbuf = b""
+                    self.fail_now(CloseCode.PROTOCOL_ERROR, "a 64-bit length with its top bit set")
+                    return
             if limit is not None and length > limit:
                 self._inbuf = b""
                 self.fail_now(CloseCode.MESSAGE_TOO_BIG, f"a frame over {limit} bytes")
@@ -395,11 +411,18 @@ class FrameIO(asyncio.Protocol):
             if limit is not None and self._fragment_size > limit:
                 return self.fail_now(CloseCode.MESSAGE_TOO_BIG,
                                      f"a message over {limit} bytes")
-            fragments.append(bytes(payload))
+            utf8 = self._utf8
+            if utf8 is None:
+                fragments.append(bytes(payload))
+            else:  # text: checked as it comes (fails at the first bad byte), not kept
+                try:
+                    utf8.decode(payload, bool(fin))
+                except UnicodeDecodeError:
+                    return self.fail_now(CloseCode.INVALID_DATA, "a text message not UTF-8")
             if fin:
-                self._fragments = None
+                self._fragments = self._utf8 = None
                 self.frames_in += 1
-                if self._fragment_text:
+                if utf8 is not None:
                     self.text_received()
                 else:
                     self.frame_received(b"".join(fragments))
@@ -409,9 +432,15 @@ class FrameIO(asyncio.Protocol):
         if self._fragments is not None:
             return self.fail_now(CloseCode.PROTOCOL_ERROR,
                                  "a new message inside a fragmented one")
+        if opcode == 0x1:  # text: valid UTF-8 (RFC 6455 8.1) or the connection fails
+            utf8 = codecs.getincrementaldecoder("utf-8")()
+            try:
+                utf8.decode(payload, bool(fin))
+            except UnicodeDecodeError:
+                return self.fail_now(CloseCode.INVALID_DATA, "a text message not UTF-8")
         if not fin:
-            self._fragments = [bytes(payload)]
-            self._fragment_text = opcode == 0x1
+            self._fragments = [] if opcode == 0x1 else [bytes(payload)]
+            self._utf8 = utf8 if opcode == 0x1 else None
             self._fragment_size = len(payload)
         else:
             self.frames_in += 1
@@ -426,9 +455,14 @@ class FrameIO(asyncio.Protocol):
         connection closes."""
         if len(payload) == 1:
             return self.fail_now(CloseCode.PROTOCOL_ERROR, "a close frame of one byte")
-        self.close_code = int.from_bytes(payload[:2], "big") if payload \
-            else CloseCode.NO_STATUS_RCVD
-        self.close_reason = payload[2:].decode("utf-8", "replace")
+        code = int.from_bytes(payload[:2], "big") if payload else CloseCode.NO_STATUS_RCVD
+        if payload and not valid_close_code(code):
+            return self.fail_now(CloseCode.PROTOCOL_ERROR, f"close code {code} may not be sent")
+        try:
+            self.close_reason = payload[2:].decode("utf-8")
+        except UnicodeDecodeError:
+            return self.fail_now(CloseCode.INVALID_DATA, "a close reason not UTF-8")
+        self.close_code = code
         if self.state is OPEN:
             self.flush()
             self._send_close(self.close_code, "")

@@ -48,15 +48,21 @@ def as_here(argv: list[str], rpcbus_cmd: str, python: str, ports: dict[str, str]
     return out
 
 
-def build_wheel(tmp: Path) -> Path:
-    """Built from a copy of the files git knows (a build in place would write into the tree)."""
-    src = tmp / "src"
-    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-                             cwd=ROOT, capture_output=True, text=True,
+def tracked_copy(dest: Path, under: str = ".") -> Path:
+    """A copy of the files git knows under ``under`` (a build in place would write into
+    the tree, and would take what git ignores)."""
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+                              under], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.split()
     for name in tracked:
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, src / name)
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, dest / name)
+    return dest / under
+
+
+def build_wheel(tmp: Path) -> Path:
+    """Built from a copy of the files git knows."""
+    src = tracked_copy(tmp / "src")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", "-w", str(tmp / "dist"), str(src)], check=True,
                    capture_output=True)

@@ -77,10 +77,10 @@ class LimitsSection:
 class AuthSection:
     mode: str = "users"             # "none" only when set explicitly
     max_failures: int = 3
-    users: dict = field(default_factory=dict)
-    roles: dict = field(default_factory=dict)
+    users: dict[str, Any] = field(default_factory=dict)
+    roles: dict[str, Any] = field(default_factory=dict)
     # JWT tokens (broker/tokens.py): label -> PEM public key file; several for rotation
-    token_keys: dict = field(default_factory=dict)
+    token_keys: dict[str, Any] = field(default_factory=dict)
     token_issuer: str = "rpcbus"    # "" = any issuer
     token_audience: str = "rpcbus"  # "" = any audience
     token_leeway: float = 5.0       # s of slack for the issuer's clock
@@ -118,7 +118,7 @@ class DeepstreamSection:
 class LogSection:
     level: str = "info"
     format: str = "auto"
-    levels: dict = field(default_factory=dict)   # module prefix -> level
+    levels: dict[str, Any] = field(default_factory=dict)   # module prefix -> level
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any, Callable
 
 import rpcbus
 from rpcbus.broker.local import LocalCluster
@@ -28,10 +29,10 @@ async def run_demo(calls: int) -> int:
                 rpcbus.connect(n3.url, name="caller@n3") as c3, \
                 rpcbus.connect(n1.url, name="caller@n1") as c1:
 
-            def adder(where: str):
+            def adder(where: str) -> Callable[[dict[str, int]], dict[str, Any]]:
                 return lambda data: {"sum": data["a"] + data["b"], "served_by": where}
 
-            async def greet(data: dict, ctx: rpcbus.CallContext) -> str:
+            async def greet(data: dict[str, str], ctx: rpcbus.CallContext) -> str:
                 await asyncio.sleep(0.01)  # an awaiting handler: ACCEPT travels first
                 return f"hello {data['name']}, you are {ctx.caller}"
 

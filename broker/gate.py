@@ -382,7 +382,7 @@ class Gate:
 
     def _pressure_now(self, now: float) -> float:
         """Logins from failing addresses, decayed with PRESSURE_HALF_LIFE."""
-        return self._pressure * 0.5 ** ((now - self._pressure_at) / PRESSURE_HALF_LIFE)
+        return float(self._pressure * 0.5 ** ((now - self._pressure_at) / PRESSURE_HALF_LIFE))
 
     def _rested(self) -> None:
         self._wake = None

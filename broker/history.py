@@ -41,7 +41,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import structlog
 from msgpack import packb
@@ -87,7 +87,7 @@ class History:
     """The recorder of one node (pure but for ``clock``; ``roll`` is called by the node)."""
 
     def __init__(self, node: str, window: float, writer: "HistoryWriter | None",
-                 now_wall: float, clock: Any = time.perf_counter,
+                 now_wall: float, clock: Callable[[], float] = time.perf_counter,
                  policy: str = "cluster") -> None:
         self.node = node
         self.policy = policy   # the node's cluster.policy, on every row (fairness reads it)

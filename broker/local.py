@@ -26,7 +26,7 @@ from rpcbus.broker.process import NodeProcess
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 class RedisSentinel:
@@ -245,7 +245,7 @@ class RedisCluster:
                 and f"cluster_known_nodes:{len(self.servers)}" in info):
             return False
         replication = self.command(server, "INFO", "replication")  # a replica has its data
-        return replication["role"] == "master" or replication["master_link_status"] == "up"
+        return bool(replication["role"] == "master" or replication["master_link_status"] == "up")
 
     def stop(self) -> None:
         for server in self.servers:

@@ -25,7 +25,7 @@ from prometheus_client.core import (
 )
 
 from rpcbus import __version__
-from rpcbus.broker.rpcstats import BOUNDS
+from rpcbus.schema import BOUNDS
 
 if TYPE_CHECKING:
     from rpcbus.broker.node import Node
@@ -200,7 +200,7 @@ def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
 def render(node: "Node") -> bytes:
     """The node's metrics now, in the Prometheus text format."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_NodeCollector(node))  # type: ignore[arg-type]
+    registry.register(_NodeCollector(node))
     # the process (CPU, memory, open files), the interpreter and its GC, and the build
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
@@ -208,7 +208,7 @@ def render(node: "Node") -> bytes:
     build = GaugeMetricFamily("rpcbus_build_info", "The running rpcbus: 1, by version.",
                               labels=["version"])
     build.add_metric([__version__], 1)
-    registry.register(_Fixed([build]))  # type: ignore[arg-type]
+    registry.register(_Fixed([build]))
     return generate_latest(registry)
 
 

@@ -531,7 +531,7 @@ class Node:
             now = asyncio.get_running_loop().time()
             if not self.link.joined(now):
                 return "joining the cluster"
-            skew = self.link.clock_problem(now)
+            skew: str | None = self.link.clock_problem(now)
             if skew is not None:
                 return skew
         return None

@@ -70,7 +70,7 @@ class NodeProcess:
         lines = list(self.lines)
         for line in reversed(lines):
             if line.get("event") == "raw" and line.get("text", "").startswith("Error:"):
-                return line["text"][len("Error:"):].strip()
+                return str(line["text"])[len("Error:"):].strip()
             if line.get("level") in ("error", "critical"):
                 detail = line.get("error") or line.get("hint") or ""
                 return f"{line.get('event')}: {detail}".rstrip(": ")

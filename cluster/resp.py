@@ -190,8 +190,9 @@ async def connect(url: str, tls_ca: str = "", timeout: float = 2.0,
     before connecting to it; asked again at every connect, so after every failover)."""
     if url.startswith(SENTINEL):
         sentinels, master, options = parse_sentinel_url(url)
-        finder = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": timeout,
-                                                      "socket_connect_timeout": timeout})
+        finder = Sentinel(  # type: ignore[no-untyped-call]  # redis-py: not annotated
+            sentinels, sentinel_kwargs={"socket_timeout": timeout,
+                                        "socket_connect_timeout": timeout})
         try:
             host, port = await finder.discover_master(master)
         finally:

@@ -33,7 +33,7 @@ import base64
 import hmac
 import os
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import msgpack
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -106,10 +106,10 @@ class Sealer:
         aad = topic.encode() + msgpack.packb(header)
         if self.mode == SIGN:
             tag = hmac.digest(self.keys[self.key_id], aad + batch, "sha256")
-            return msgpack.packb(header + [batch, tag])
+            return cast(bytes, msgpack.packb(header + [batch, tag]))
         nonce = os.urandom(12)
         body = nonce + self._aead[self.key_id].encrypt(nonce, batch, aad)
-        return msgpack.packb(header + [body, b""])
+        return cast(bytes, msgpack.packb(header + [body, b""]))
 
     def open(self, topic: str, payload: bytes) -> tuple[bytes, int]:
         """The batch inside ``payload`` and its seq; raises SealError saying why not."""

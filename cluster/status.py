@@ -19,7 +19,7 @@ def stamp_offset(sealed: bytes) -> float | None:
     """A sealed batch's wall-clock stamp minus this machine's clock, in seconds."""
     try:
         header = msgpack.unpackb(sealed)
-        return header[3] / 1000 - time.time()
+        return float(header[3]) / 1000 - time.time()
     except Exception:  # not a sealed batch after all: no stamp to read
         return None
 

@@ -2,6 +2,7 @@
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,26 @@ def test_connects_options_are_the_clients_keywords():
     keywords = {name for name, p in inspect.signature(rpcbus.Client).parameters.items()
                 if p.kind is p.KEYWORD_ONLY}
     assert set(rpcbus.Options.__annotations__) == keywords
+
+
+def test_every_module_is_in_the_architecture_map():
+    """docs/architecture.md's map ("Where a newcomer finds each part") names every module:
+    in a row whose first cell starts with its folder (``folder/a.py``, ``b.py``), or, for
+    the benchmarks, by name in their row."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    named: dict[str, set[str]] = {}
+    for row in rows:
+        first = row.split("|")[1]
+        folder = first.split("`")[1].split("/")[0]
+        names = named.setdefault(folder, set())
+        names.update(n.split("/")[-1] for n in
+                     re.findall(r"[\w/]*?(\w+)\.py", first))
+        if first.strip() == "`benchmarks/`":
+            names.update(re.findall(r"\b(\w+)\b", row))
+    missing = [f"{folder}/{path.name}" for folder in FOLDERS if folder != "conf"
+               for path in sorted((ROOT / folder).glob("*.py"))
+               if path.stem not in ("__init__", "__main__") or folder == "clients"
+               if path.stem not in named.get(folder, set())
+               and path.name not in named.get(folder, set())]
+    assert not missing, f"not in docs/architecture.md's map: {missing}"

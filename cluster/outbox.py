@@ -99,6 +99,7 @@ class Outbox:
     def take_round(self) -> Round:
         """Everything queued, as one round; the next round starts empty."""
         # tuple.__new__: a round per PUBLISH, without the Python-level Round.__new__
+        assert len(self._to) == len(self._out), "a topic queued without its incarnation"
         taken = _new_tuple(Round, (self._out, self._to, self._then, self._holds,
                                    self.session))
         self._out, self._to, self._then, self._holds = {}, {}, [], []
@@ -117,6 +118,7 @@ class Outbox:
         and they wait for the next; a round of an earlier session has them queued again
         in this one. (Queued again on the ending session, they would fail again at once:
         a writer that does not wait between rounds would spin until their deadlines.)"""
+        assert round.session <= self.session, "a round of a session not begun"
         if round.session == self.session:
             self.went_down()
         self._hold(*round.holds)
@@ -149,6 +151,7 @@ class Outbox:
                 self.stats["held"] += 1
             else:
                 self.stats["dropped"] += 1
+        assert len(self._held) <= MAX_HELD
 
     def _requeue(self, entries: Iterable[Held]) -> None:
         """Queue held answers again (held again if this round fails too); drop the late."""

@@ -13,6 +13,8 @@ from websockets.asyncio.client import connect as ws_connect
 
 from rpcbus.broker.local import free_port
 
+from .timing import wait
+
 
 class Browser:
     """Headless Chromium with one page, evaluated through the DevTools protocol."""
@@ -28,7 +30,7 @@ class Browser:
         self._ids = itertools.count(1)
 
     async def open(self):
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(wait(30)):
             while True:                                # until DevTools lists the page
                 try:
                     pages = await asyncio.to_thread(self._json, "/json/list")
@@ -60,7 +62,7 @@ class Browser:
     async def wait_for(self, expression, timeout=15.0):
         """Until ``expression`` is truthy in the page; returns its value."""
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(wait(timeout)):
                 while not (value := await self.value(expression)):
                     await asyncio.sleep(0.1)
         except TimeoutError:

@@ -9,6 +9,17 @@ import pytest
 
 from .browser import Browser
 from .integration.raw import RawPeer
+from .timing import UNIT
+
+
+def pytest_collection_modifyitems(items):
+    """Each test's timeout (pyproject's, or its own mark) times the suite's timing unit."""
+    if UNIT == 1:
+        return
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        seconds = mark.args[0] if mark and mark.args else item.config.getini("timeout")
+        item.add_marker(pytest.mark.timeout(float(seconds) * UNIT))
 
 
 @pytest.fixture(autouse=True)

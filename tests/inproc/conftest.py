@@ -13,6 +13,8 @@ from rpcbus.broker import config as config_mod
 from rpcbus.broker.local import RedisServer
 from rpcbus.broker.node import Node
 
+from ..timing import wait
+
 # As tests/integration/conftest.py: short timeouts keep failover tests quick.
 FAST = {
     "RPCBUS_AUTH_MODE": "none",
@@ -40,7 +42,7 @@ class InProcessNode:
 
     async def start(self) -> InProcessNode:
         self.task = asyncio.create_task(self.node.run(), name="inproc-node")
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(wait(10)):
             while not self.node.ready:           # run() sets it, nothing to await on
                 assert not self.task.done(), self.task.exception()
                 await asyncio.sleep(0.005)
@@ -50,7 +52,7 @@ class InProcessNode:
         """The graceful stop; raises what the node's run() raised."""
         assert self.task is not None
         self.node.stop()
-        async with asyncio.timeout(15):
+        async with asyncio.timeout(wait(15)):
             await self.task
         assert self.node.failed is None, self.node.failed
 
@@ -105,7 +107,7 @@ class InProcessCluster:
     async def start(self) -> InProcessCluster:
         for n in self.nodes:
             await n.start()
-        async with asyncio.timeout(10):  # until every node has heard every other
+        async with asyncio.timeout(wait(10)):  # until every node has heard every other
             while not all(len(n.node.link.membership.members) >= len(self.nodes) - 1
                           for n in self.nodes):
                 await asyncio.sleep(0.02)

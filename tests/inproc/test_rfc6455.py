@@ -32,10 +32,11 @@ from rpcbus import protocol as p
 from rpcbus.transport import FrameData
 from rpcbus.websocket import ClientConnection, dial
 
+from ..timing import wait
 from ..wsframes import parse_frames, raw_frame
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-WAIT = 10.0  # s any one exchange may take (a loaded host)
+WAIT = wait(10.0)  # s any one exchange may take (a loaded host)
 
 
 def msg(tag: str, size: int = 0) -> bytes:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ..timing import wait as scaled
+
 JS = Path(__file__).resolve().parents[2] / "clients" / "js"
 
 
@@ -53,7 +55,7 @@ class JsAgent:
         cid = next(self._ids)
         fut = self._waiting[cid] = asyncio.get_running_loop().create_future()
         self.proc.stdin.write(json.dumps({"id": cid, "op": op, **fields}).encode() + b"\n")
-        async with asyncio.timeout(wait):
+        async with asyncio.timeout(scaled(wait)):
             return await fut
 
     async def ok(self, op, **fields):
@@ -68,7 +70,7 @@ class JsAgent:
 
     async def event(self, predicate, timeout=10.0):
         """The first event (seen or to come) for which ``predicate`` is true."""
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(scaled(timeout)):
             while True:
                 for e in self.events:
                     if predicate(e):

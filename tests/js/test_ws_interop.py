@@ -25,10 +25,11 @@ from rpcbus.transport import FrameData, frame
 from rpcbus.websocket import ClientConnection, dial
 
 from ..integration.conftest import FAST
+from ..timing import wait
 from .conftest import JS, node_exe
 
 SIZES = [0, 1, 125, 126, 65535, 65536, 300_000]
-WAIT = 10.0
+WAIT = wait(10.0)
 
 
 def ping_msgs() -> list[bytes]:

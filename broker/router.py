@@ -102,6 +102,7 @@ _HISTORY_MASK = HISTORY_SAMPLE - 1
 BALANCED_NAMES = 4096
 RATE_SAMPLE = 0.05  # s between samples of the providers' call rates (``rate``)
 RATE_STEP = 0.05    # of the way to each sample: smoothed over about a second
+OUTSTANDING_AGE = 0.5  # s a count of attempts under way per (provider, rpc) is reused
 LAT_SAMPLE = 8      # attempts at a busy provider: 1 in this many is timed for ``lat``
 _LAT_MASK = LAT_SAMPLE - 1
 LAT_IDLE = 0.9      # an idle provider's ``lat`` per sample: a slow one is tried again
@@ -324,7 +325,8 @@ class Router:
     # dict's keys and every ``self.x`` on the hot path costs more (one attribute over
     # made request + respond 6 % dearer under callgrind)
     __slots__ = ("_balance", "_calls", "_clock", "_deadlines", "_drawn", "_held",
-                 "_held_after", "_now", "_paced", "_parked", "_probing", "_provider_peers",
+                 "_held_after", "_now", "_outstanding", "_outstanding_at", "_paced",
+                 "_parked", "_probing", "_provider_peers",
                  "_providers", "_rand", "_rotated", "_sampled", "_sent_then", "_seq", "_told",
                  "_waiting",
                  "ack_timeout", "ack_timeout_max", "affinity", "cluster", "count_changed",
@@ -397,6 +399,9 @@ class Router:
         self._provider_peers: set[Peer] = set()  # peers that ever provided: only they hold attempts
         self._sampled = now  # when the providers' rates were last sampled (``tick``)
         self._rotated = now  # when the providers' last minutes last moved on (``tick``)
+        # attempts under way per (provider, rpc), as last counted (``_held_by_rpc``)
+        self._outstanding: Counter[tuple[Peer, str]] = Counter()
+        self._outstanding_at = -1e18
         # their sum when a heartbeat last told them (``provider_rates``); far from it now:
         self._told = 0.0
         self.rates_moved = False  # a heartbeat is due early (the cluster core reads it)
@@ -503,14 +508,19 @@ class Router:
                 out[name] = rows[:most]
         return out
 
-    def _held_by_rpc(self) -> Counter[tuple[Peer, str]]:
+    def _held_by_rpc(self, fresh: bool = False) -> Counter[tuple[Peer, str]]:
         """Attempts under way per (provider here, rpc): counted from the attempts table
-        when figures are read (a heartbeat, a rotation), not kept per call."""
+        when figures are read, not kept per call; a count up to ``OUTSTANDING_AGE`` old
+        is reused (``fresh``: never), so DISCOVERs cost a pass over the attempts at most
+        twice a second however many come."""
+        if not fresh and self._now - self._outstanding_at < OUTSTANDING_AGE:
+            return self._outstanding
         held: Counter[tuple[Peer, str]] = Counter()
         for call in self._calls.values():
             peer = call.provider
             if peer is not None and peer.minutes is not None:
                 held[peer, call.name] += 1
+        self._outstanding, self._outstanding_at = held, self._now
         return held
 
     def _failed_at(self, peer: Peer, call: Call) -> None:
@@ -1118,7 +1128,7 @@ class Router:
                     self._release(peer, now)
         if now >= self._rotated + HALF:  # each provider's last minute moves on (discovery)
             self._rotated = now
-            held = self._held_by_rpc()
+            held = self._held_by_rpc(fresh=True)
             for peer in self._provider_peers:
                 if peer.minutes is not None:
                     for name, stat in peer.minutes.items():

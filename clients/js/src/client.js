@@ -671,7 +671,8 @@ export class Client {
 
   /** The providers of `name` across the cluster: `[{ provider, node, weight, calls_per_s, ms,
    * outstanding, calls, errors, p50_ms, p99_ms }]`, each provider's figures for this name
-   * alone, the last four over about the last minute (null: no attempt timed); rejects with PermissionDeniedError for a name the user may not call. */
+   * alone, the last four over about the last minute (null: no attempt timed); rejects with
+   * PermissionDeniedError for a name the user may not call. */
   async providers (name) { return await this._control(p.DISCOVER, null, [name]) }
 
   /** Until there is a connection (at most openTimeout: ConnectionLostError). */

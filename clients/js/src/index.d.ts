@@ -86,8 +86,8 @@ export interface CallAllOptions {
   traceparent?: string
 }
 
-/** One provider of a name (discovery); a node that says only how many: provider null. */
-/** One provider of a name, with its node's figures of it for that name alone. */
+/** One provider of a name (discovery), with its node's figures of it for that name alone;
+ * a node that says only how many: provider null. */
 export interface ProviderInfo {
   provider: string | null
   node: string

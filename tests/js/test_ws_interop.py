@@ -53,6 +53,8 @@ async def test_websockets_client_to_the_node(node):
     async with websockets.asyncio.client.connect(node.url, compression=None,
                                                  max_size=None) as ws:
         await ws.send(p.encode([[p.AUTH, {}]]))
+        # logged in first: the node prices what comes before (limits.max_bytes_before_auth)
+        assert p.decode(await asyncio.wait_for(ws.recv(), WAIT))[0][0] == p.AUTH_OK
         for m in ping_msgs():
             await ws.send(m)
         got: list[bytes] = []
@@ -70,6 +72,8 @@ async def test_aiohttp_client_to_the_node(node):
         async with session.ws_connect(node.url, max_msg_size=0, autoping=True,
                                       heartbeat=None) as ws:
             await ws.send_bytes(p.encode([[p.AUTH, {}]]))
+            welcome = await ws.receive(timeout=WAIT)
+            assert p.decode(welcome.data)[0][0] == p.AUTH_OK, welcome
             for m in ping_msgs():
                 await ws.send_bytes(m)
             got: list[bytes] = []

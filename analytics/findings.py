@@ -441,9 +441,7 @@ def weights(arranged: list[Rpc], half_life: float,
             if not kept[i].any():
                 continue
             lat, peers_lat = float(latency[i]), float(peers_latency[i, 0])
-            # failures count over the peers' rate (what every provider of the rpc fails, bad
-            # input say, is no reason to move calls) and over FAILURE_NOISE more (nor is noise)
-            excess = max(0.0, _nan0(fail[i]) - _nan0(peers_fail[i, 0]) - FAILURE_NOISE)
+            excess = failure_excess(fail[i], peers_fail[i, 0])
             speed = (min(1.0, LATENCY_BAND * peers_lat / lat)
                      if lat > 0 and peers_lat == peers_lat else 1.0)
             rows.append({"rpc": r.name, "provider": p, "calls": g["calls"][i][kept[i]].sum(),
@@ -525,6 +523,13 @@ def _others(rows: list[dict[str, Any]], column: str) -> list[float]:
 
 def _nan(x: Any) -> float:
     return math.nan if x is None else float(x)
+
+
+def failure_excess(rate: Any, peers: Any) -> float:
+    """The part of a failure rate that lowers a weight: over the peers' rate (what every
+    provider of the rpc fails is no reason to move calls) by more than FAILURE_NOISE
+    (nor is noise); 0.0 otherwise, and where a rate is unknown (None or NaN)."""
+    return max(0.0, _nan0(rate) - _nan0(peers) - FAILURE_NOISE)
 
 
 def _nan0(x: Any) -> float:

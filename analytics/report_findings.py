@@ -16,7 +16,7 @@ import html
 import time
 from typing import Any
 
-from rpcbus.analytics.findings import FAILURE_NOISE, FAIR_TOLERANCE
+from rpcbus.analytics.findings import FAIR_TOLERANCE, failure_excess
 
 DATA, PROBLEM, INFO, ADVICE = range(4)   # the groups, in the order they are said
 STARVED_IDLE = 0.5     # a provider that took less and got no call in this share of its minutes
@@ -214,7 +214,7 @@ def _weights(weights: list[dict[str, Any]]) -> list[tuple[int, float, str]]:
         if w["speed"] < 1:
             why.append(f"recent mean latency {ms(w['recent_latency_s'])} against "
                        f"{ms(w['peers_latency_s'])} for its peers")
-        if _over_noise(w):  # its failures lowered the weight (findings.weights)
+        if failure_excess(w["recent_failure_rate"], w.get("peers_failure_rate")) > 0:
             why.append(f"recent failure rate {pct(w['recent_failure_rate'])} against "
                        f"{pct(w.get('peers_failure_rate') or 0.0)} for its peers")
         if not why:
@@ -226,15 +226,6 @@ def _weights(weights: list[dict[str, Any]]) -> list[tuple[int, float, str]]:
                     f"Recommended weight {w['weight']:g} (now {in_use(w)}) for "
                     f"<b>{e(w['provider'])}</b> on <b>{e(w['rpc'])}</b>: {'; '.join(why)}."))
     return out
-
-
-def _over_noise(w: dict[str, Any]) -> bool:
-    """Its recent failure rate is over its peers' by more than ``FAILURE_NOISE``: what
-    lowers a weight (within that, failures do not move it and are no reason)."""
-    rate, peers = w["recent_failure_rate"], w.get("peers_failure_rate")
-    rate = rate if rate == rate and rate is not None else 0.0   # NaN: no calls counted
-    peers = peers if peers == peers and peers is not None else 0.0
-    return bool(rate - peers > FAILURE_NOISE)
 
 
 def in_use(w: dict[str, Any]) -> str:

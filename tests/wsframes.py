@@ -47,3 +47,8 @@ def parse_frames(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
         frames.append((buf[0] & 0x0F, mask(payload, key) if key else payload))
         buf = buf[head + n:]
     return frames, buf
+
+
+def close_code(payload: bytes) -> int | None:
+    """A close frame's code; None for an empty close frame."""
+    return int.from_bytes(payload[:2], "big") if payload else None

@@ -33,7 +33,7 @@ from rpcbus.transport import FrameData
 from rpcbus.websocket import ClientConnection, dial
 
 from ..timing import wait
-from ..wsframes import parse_frames, raw_frame
+from ..wsframes import close_code, parse_frames, raw_frame
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 WAIT = wait(10.0)  # s any one exchange may take (a loaded host)
@@ -235,10 +235,6 @@ class RawEnd:
 
     def closes(self) -> list[bytes]:
         return [data for op, data in self.frames if op == CLOSE]
-
-
-def close_code(payload: bytes) -> int | None:
-    return int.from_bytes(payload[:2], "big") if payload else None
 
 
 # -- the node's server end ----------------------------------------------------------------

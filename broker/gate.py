@@ -13,14 +13,17 @@ remembered by its digest like a password, a refused one for ``REFUSAL_MEMORY``).
 
 What failing logins may cost is bounded: the CPU their checks take (JWTs
 verified, passwords hashed) is budgeted node-wide at ``FAILED_CHECKS_SHARE`` of a
-core, half of it for one address (broker/limits.py ``CheckBudget``); past it, a
-JWT from an address whose logins failed lately is answered ``BUSY`` unchecked,
-while logins from other addresses go on as before. Password checks run off the
-loop and are held by the rest rule below (half a thread for a flood), not by the
-budget: users behind a flooding address wait their turn, never for ever. A
-refusal is answered ``REFUSAL_DELAY`` later per failure of its address lately
-(up to ``MAX_REFUSAL_DELAY``): a client retrying bad credentials in a loop
-waits, and its connections cost the node little meanwhile.
+core, half of it for one address (broker/limits.py ``CheckBudget``). Past it, a
+login from an address whose logins failed lately is answered ``BUSY`` unchecked,
+whether its user exists or not, while logins from other addresses go on as
+before. A password login whose user name has not failed from that address lately
+is held by a budget of its own (``NEW_NAMES_SHARE``), so a flood repeating one
+name does not hold the other users behind its address; one spraying new names
+spends that budget too, and they wait (the SDKs send AUTH again with backoff)
+until it pauses. Services should use tokens. A refusal, and a BUSY past the
+budget, is answered ``REFUSAL_DELAY`` later per failure of its address lately (up
+to ``MAX_REFUSAL_DELAY``): a client retrying bad credentials in a loop waits, and
+its connections cost the node little meanwhile.
 
 Passwords with scrypt in a small
 thread pool (never on the event loop), ``SCRYPT_THREADS`` at a time (one core
@@ -36,11 +39,8 @@ queue, in this order:
 - an address whose passwords verified in the last ``GOOD_MEMORY`` seconds, and
   none failed, may use one thread more: its users do not wait for a check under
   way;
-- after a check that failed, checks for failing addresses rest as many times as
-  long as it took as logins came from failing addresses lately (decayed over
-  ``PRESSURE_HALF_LIFE``), up to ``MAX_REST`` times: one typo costs nothing, a
-  flood of wrong passwords gets half a thread (scrypt is memory-hard: a core of
-  it slows every process on a small machine);
+- a waiting login of a failing address whose turn comes while its budget is
+  spent is answered ``BUSY`` then, unchecked;
 - at most ``MAX_QUEUED_LOGINS`` wait, ``MAX_QUEUED_PER_ADDRESS`` from one
   address. A full queue still takes a login from an address with fewer waiting
   than the busiest one, whose newest waiting login is answered ``BUSY`` to make
@@ -86,15 +86,14 @@ log = structlog.get_logger(module="rpcbus.auth")
 SCRYPT_THREADS = max(1, min(2, (os.cpu_count() or 2) - 1))  # password checks at once
 FAILURE_MEMORY = 60.0         # s a failed password check counts against its address
 GOOD_MEMORY = 600.0           # s a verified password counts for its address
-MAX_REST = 1.0                # after a failed check, logins from failing addresses wait up
-PRESSURE_HALF_LIFE = 10.0     # to this many times as long as it took (see _checked); more
-                              # would lock out users behind the same address as a flood
 MAX_QUEUED_LOGINS = 256       # at ~50 ms a check, 6-13 s of work: about auth_timeout
 MAX_QUEUED_PER_ADDRESS = 64
 LOGIN_CACHE_TTL = 300.0
 REFUSAL_MEMORY = 60.0         # s a refused JWT is remembered (by digest) as refused
-FAILED_CHECKS_SHARE = 0.1     # of one core: what checks of failing logins may take, all
-FAILED_CHECKS_BURST = 0.1     # addresses together (half for one), beyond this many s
+FAILED_CHECKS_SHARE = 0.05    # of one core: what checks of failing logins may take, all
+FAILED_CHECKS_BURST = 0.2     # addresses together (half for one), beyond this many s (a
+                              # few typos: a password check takes ~30 ms here)
+NEW_NAMES_SHARE = 0.05        # of one core: checks of names not failed from their address
 REFUSAL_DELAY = 0.1           # s a refusal waits per failure of its address lately,
 MAX_REFUSAL_DELAY = 1.0       # up to this
 MAX_SECRET = 1024   # longest user name, password or token looked at
@@ -113,10 +112,9 @@ class Gate:
         self._refused: TTLCache[bytes, str] = TTLCache(4096, REFUSAL_MEMORY)  # JWTs
         self._failed: TTLCache[str, int] = TTLCache(4096, FAILURE_MEMORY)  # by address
         self.budget = CheckBudget(FAILED_CHECKS_SHARE, FAILED_CHECKS_BURST)
+        self.new_names = CheckBudget(NEW_NAMES_SHARE, FAILED_CHECKS_BURST)  # _lane
+        self._failed_users: TTLCache[tuple[str, str], bool] = TTLCache(4096, FAILURE_MEMORY)
         self._good: TTLCache[str, bool] = TTLCache(4096, GOOD_MEMORY)      # by address
-        self._rest_until = 0.0   # failing addresses' checks wait until then (see _checked)
-        self._pressure, self._pressure_at = 0.0, 0.0   # _pressure_now
-        self._wake: asyncio.TimerHandle | None = None
         self._limiters: dict[str, WindowLimiter] = {}
         self.connections: Counter[str] = Counter()
         self.logins_running = 0
@@ -213,9 +211,10 @@ class Gate:
         if stored is not None and key in self._verified:
             loop.call_soon(done, user, "")
             return
-        if address in self._failed:
-            now = loop.time()
-            self._pressure, self._pressure_at = self._pressure_now(now) + 1.0, now
+        budget = self._lane(address, name)
+        if budget is not None and not budget.allows(address, loop.time()):
+            self._over_budget(address, done)
+            return
         queue = self._queued.get(address)
         if (queue is not None and len(queue) >= MAX_QUEUED_PER_ADDRESS) or (
                 self.queued >= MAX_QUEUED_LOGINS and not self._make_room(len(queue or ()))):
@@ -224,7 +223,7 @@ class Gate:
             return
         if queue is None:
             queue = self._queued[address] = deque()
-        queue.append(_Login(user, stored, password, key, done, wanted,
+        queue.append(_Login(name, user, stored, password, key, done, wanted,
                             loop.time() + self._limits.auth_timeout))
         self.queued += 1
         self._start_checks()
@@ -257,8 +256,7 @@ class Gate:
             return
         now = loop.time()
         if address in self._failed and not self.budget.allows(address, now):
-            self.stats["logins_busy"] += 1
-            loop.call_soon(done, None, BUSY)
+            self._over_budget(address, done)
             return
         started = time.perf_counter()
         try:
@@ -288,6 +286,25 @@ class Gate:
             loop.call_later(delay, done, None, reason)
         else:
             loop.call_soon(done, None, reason)
+
+    def _lane(self, address: str, name: str) -> CheckBudget | None:
+        """The budget a password check of user ``name`` from ``address`` is held by: none
+        while the address's logins have not failed lately; ``budget`` when this name's
+        did (a flood repeating itself); else ``new_names``, so the users behind a
+        flooding address are not held by the flood's own checks. Known and unknown
+        names are judged alike."""
+        if address not in self._failed:
+            return None
+        return self.budget if (address, name) in self._failed_users else self.new_names
+
+    def _over_budget(self, address: str, done: Callable[[User | None, str], None]) -> None:
+        """A login from ``address``, whose logins failed lately, while the failing checks'
+        budget is spent: answered BUSY unchecked, as late as a refusal would be (a client
+        retrying in a loop waits; its connections cost the node little meanwhile)."""
+        self.stats["logins_busy"] += 1
+        self.stats["logins_over_budget"] += 1
+        delay = min(self._failed.get(address, 0) * REFUSAL_DELAY, MAX_REFUSAL_DELAY)
+        asyncio.get_running_loop().call_later(delay, done, None, BUSY)
 
     def _failed_once_more(self, address: str) -> int:
         """A login from ``address`` failed: its count of the last ``FAILURE_MEMORY`` s goes
@@ -323,10 +340,6 @@ class Gate:
             lane = SCRYPT_THREADS + (address in self._good and not failing)
             if self.logins_running >= lane:
                 break
-            if failing and loop.time() < self._rest_until:  # see _checked
-                if self._wake is None:
-                    self._wake = loop.call_later(self._rest_until - loop.time(), self._rested)
-                break
             queue = self._queued[address]
             login = queue.popleft()
             self.queued -= 1
@@ -339,6 +352,10 @@ class Gate:
             if loop.time() > login.deadline:
                 self.stats["logins_busy"] += 1
                 login.done(None, BUSY)
+                continue
+            login.budget = self._lane(address, login.name)
+            if login.budget is not None and not login.budget.allows(address, loop.time()):
+                self._over_budget(address, login.done)
                 continue
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(SCRYPT_THREADS + 1,
@@ -369,23 +386,10 @@ class Gate:
             self._good[address] = True
         else:
             self._failed_once_more(address)
-            # rest as many times the check's time as logins came from failing addresses
-            # lately, less one, up to MAX_REST: a typo costs nothing, a flood gets half a
-            # thread (off the loop; it spends the budget of failing checks, not held by it:
-            # users behind a flooding address would wait behind it for ever)
+            self._failed_users[(address, login.name)] = True
             now = asyncio.get_running_loop().time()
-            self.budget.spend(address, now - login.started, now)
-            rest = min(max(self._pressure_now(now) - 1.0, 0.0), MAX_REST)
-            self._rest_until = now + rest * (now - login.started)
+            (login.budget or self.budget).spend(address, now - login.started, now)
         login.done(login.user if ok else None, "" if ok else "wrong user or password")
-        self._start_checks()
-
-    def _pressure_now(self, now: float) -> float:
-        """Logins from failing addresses, decayed with PRESSURE_HALF_LIFE."""
-        return float(self._pressure * 0.5 ** ((now - self._pressure_at) / PRESSURE_HALF_LIFE))
-
-    def _rested(self) -> None:
-        self._wake = None
         self._start_checks()
 
     def now_for(self, user: User, login_token: str | None) -> User | None:
@@ -431,8 +435,6 @@ class Gate:
         return self._limits.max_provided_per_user
 
     def close(self) -> None:
-        if self._wake is not None:
-            self._wake.cancel()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -461,6 +463,7 @@ def _open_file_room() -> int:
 class _Login:
     """A password check waiting for a thread."""
 
+    name: str
     user: User | None
     stored: str | None
     password: str
@@ -469,3 +472,4 @@ class _Login:
     wanted: Callable[[], bool]
     deadline: float
     started: float = 0.0
+    budget: CheckBudget | None = None  # the lane it was checked in (Gate._lane)

@@ -10,6 +10,8 @@ import pytest
 from rpcbus.broker import config, gate
 from rpcbus.broker.auth import hash_password
 
+from ..timing import wait
+
 
 class HeldChecks:
     """verify_password stand-in: each check blocks until ``release`` lets one through."""
@@ -43,16 +45,16 @@ def new_gate():
     return gate.Gate(cfg)
 
 
-async def login(g, address, password, answers):
+async def login(g, address, password, answers, user="u"):
     done = asyncio.get_running_loop().create_future()
-    g.login({"user": "u", "password": password}, lambda user, why: (
+    g.login({"user": user, "password": password}, lambda user, why: (
         answers.append((address, password, user is not None, why)), done.set_result(why)),
         address)
     return done
 
 
 async def until(condition):
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(wait(5)):
         while not condition():
             await asyncio.sleep(0.005)
 
@@ -107,25 +109,35 @@ async def test_an_address_that_logged_in_right_does_not_wait_for_a_check_under_w
     g.close()
 
 
-async def test_a_typo_costs_nothing_and_a_flood_of_wrong_passwords_waits(held):
+async def test_past_the_budget_a_flood_of_wrong_passwords_is_busy_unchecked(held):
     g, answers = new_gate(), []
+    g.budget = gate.CheckBudget(share=0.4, burst=0.2)  # an address: 0.1 s, then 0.2 s a second
     first = await login(g, "10.0.0.1", "wrong-0", answers)
+    await asyncio.sleep(0.06)                                    # the check takes 60 ms
     held.release()
     await first                                                  # 10.0.0.1 failed once
-    second = await login(g, "10.0.0.1", "wrong-1", answers)      # a retry: checked at once
+    second = await login(g, "10.0.0.1", "wrong-1", answers)      # a typo: checked at once
     assert g.logins_running == 1
-    for i in range(5):                                           # then more: a flood
-        await login(g, "10.0.0.1", f"wrong-{i + 2}", answers)
-    await asyncio.sleep(0.05)                                    # the check takes 50 ms
+    await asyncio.sleep(0.06)
     held.release()
-    await second
-    assert g.logins_running == 0 and g.queued == 5               # resting (~5 x 50 ms)
+    await second                                                 # 0.12 s spent: over
+    flood = [await login(g, "10.0.0.1", f"wrong-{i + 2}", answers) for i in range(5)]
+    flood.append(await login(g, "10.0.0.1", "right-x", answers))  # that name's, right or not
+    assert [await f for f in flood] == [gate.BUSY] * 6           # answered, never hashed
+    assert held.started == ["wrong-0", "wrong-1"] and g.queued == 0
+    other = await login(g, "10.0.0.1", "wrong-v", answers, user="v")  # another name there:
+    assert g.logins_running == 1                                 # checked (a budget apart)
+    held.release()
+    assert await other == "wrong user or password"               # checked, not BUSY
     clean = await login(g, "10.0.0.2", "right-1", answers)       # another address: at once
     assert g.logins_running == 1
-    held.release(10)
+    held.release()
     assert await clean == ""
-    await until(lambda: len(answers) == 8)                       # the rest ends
-    assert held.started.index("right-1") == 2
+    held.release(10)
+    async with asyncio.timeout(wait(5)):                         # never locked out for good:
+        while await (await login(g, "10.0.0.1", "right-2", answers)) == gate.BUSY:
+            await asyncio.sleep(0.02)                            # BUSY while the debt drains
+    assert held.started == ["wrong-0", "wrong-1", "wrong-v", "right-1", "right-2"]
     g.close()
 
 

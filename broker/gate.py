@@ -13,7 +13,7 @@ remembered by its digest like a password, a refused one for ``REFUSAL_MEMORY``).
 
 What failing logins may cost is bounded: the CPU their checks take (JWTs
 verified, passwords hashed) is budgeted node-wide at ``FAILED_CHECKS_SHARE`` of a
-core, half of it for one address (broker/limits.py ``CheckBudget``). Past it, a
+core, half of it for one address (cluster/budget.py ``CheckBudget``). Past it, a
 login from an address whose logins failed lately is answered ``BUSY`` unchecked,
 whether its user exists or not, while logins from other addresses go on as
 before. A password login whose user name has not failed from that address lately
@@ -70,7 +70,7 @@ from cachetools import TTLCache
 
 from rpcbus.broker.auth import BUSY, User, Users, verify_password
 from rpcbus.broker.config import Config
-from rpcbus.broker.limits import CheckBudget, WindowLimiter
+from rpcbus.broker.limits import WindowLimiter
 from rpcbus.broker.tokens import (
     Grant,
     TokenError,
@@ -80,6 +80,7 @@ from rpcbus.broker.tokens import (
     looks_like_jwt,
     too_long,
 )
+from rpcbus.cluster.budget import CheckBudget
 
 log = structlog.get_logger(module="rpcbus.auth")
 

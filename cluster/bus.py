@@ -15,7 +15,10 @@ With a ``Sealer`` (cluster/seal.py) every batch is sealed on the way out; on
 the way in, a batch that does not open (no or bad seal, unknown key id, clock
 skew) or that repeats one already seen is dropped, counted by reason in
 ``stats`` and logged (at most one line per reason per ``WARN_EVERY`` seconds),
-never acted on.
+never acted on. What opening the batches that fail may cost is budgeted per
+channel (``FAILED_OPENS_SHARE``): a Redis user publishing junk on a node's topic
+gets the large batches of that topic dropped unopened while it lasts, not the
+node's loop.
 
 Addressing: every batch carries this process's incarnation and, on a private
 topic, the incarnation of the node it is for (``publish(..., to=)``). A topic's
@@ -59,6 +62,7 @@ from redis.exceptions import RedisError
 
 from rpcbus.backoff import Backoff
 from rpcbus.cluster import resp
+from rpcbus.cluster.budget import CheckBudget
 from rpcbus.cluster.messages import (
     BadBatch,
     Batch,
@@ -88,6 +92,13 @@ ROUND_TIMEOUT = 2.0  # a PUBLISH round Redis has not answered by then ends the s
 #: (``client-output-buffer-limit pubsub``, docs/operations.md).
 MAX_BATCH = 4 << 20
 SEAL_ROOM = 1024     # a sealed batch's envelope: header, nonce, tags
+#: the CPU opening batches that do not open may take (they are forged: only a Redis user
+#: can publish them), of one core, half of it for one channel; past it a channel's
+#: batches larger than ``ALWAYS_OPENED`` are dropped unopened (``rejected["over_budget"]``)
+#: while the small ones (heartbeats, most answers) are still opened
+FAILED_OPENS_SHARE = 0.05
+FAILED_OPENS_BURST = 0.05
+ALWAYS_OPENED = 16 << 10
 WARN_EVERY = 10.0
 
 
@@ -115,6 +126,7 @@ class Bus:
         self._sealer = sealer
         self._tls_ca = tls_ca  # rediss://: verify Redis' certificate against it (else the system's)
         self._replays = ReplayGuard(max_skew)
+        self._opens = CheckBudget(FAILED_OPENS_SHARE, FAILED_OPENS_BURST)  # by channel
         self._warned_at: dict[str, float] = {}
         # (batch, now on ``clock``); the owner may set it after building the bus
         self.on_batch = on_batch
@@ -335,13 +347,19 @@ class Bus:
             return
         seq = 0
         if self._sealer is not None:
+            topic, now = channel.decode(), time.monotonic()
+            if len(data) > ALWAYS_OPENED and not self._opens.allows(topic, now):
+                self._reject("over_budget")  # forged batches there spent its budget
+                return
+            started = time.perf_counter()
             try:
-                data, seq = self._sealer.open(channel.decode(), data)
+                data, seq = self._sealer.open(topic, data)
             except SkewError as exc:
                 self._reject("skew")
                 self._skewed(exc)
                 return
             except SealError as exc:
+                self._opens.spend(topic, time.perf_counter() - started, now)
                 self._reject(str(exc))
                 return
         try:

@@ -262,3 +262,34 @@ def test_the_sdk_renews_a_jwt_a_minute_before_exp_or_a_fifth_of_its_life():
     assert renew_in(unsigned({"exp": now - 5}), now) == 0.0        # expired: at once
     assert renew_in("static-token", now) is None
     assert jwt_times(unsigned({"sub": "x", "exp": True})) is None
+
+
+def test_forged_batches_spend_their_channels_budget_then_large_ones_go_unopened():
+    """The bus's reader (cluster/bus.py ``_deliver``, fed as the connection would): bad
+    seals are opened until the budget of failed opens is spent (here the node's and the
+    channel's at once); then large batches are dropped unopened and counted, small ones
+    (heartbeats, answers) still opened and handed on."""
+    from rpcbus.cluster import bus as bus_module
+    from rpcbus.cluster.budget import CheckBudget
+    from rpcbus.cluster.messages import encode_batch
+
+    got = []
+    bus = bus_module.Bus("redis://127.0.0.1:1", "ns", "n2", 7, lambda b, now: got.append(b),
+                         lambda: None, lambda why: None, sealer=sealer())
+    bus._opens = CheckBudget(share=1e-6, burst=2e-6)     # spent by the first failure
+    sender = sealer()
+    topic, other = "ns:node:n2", "ns:control"
+
+    def genuine(topic, size, name):   # a batch of ``size`` bytes from node ``name``
+        return sender.seal(topic, encode_batch(name, 1, 0, time.time(), [[b"x" * size]]))
+
+    forged = msgpack.packb([1, 1, "k1", time.time_ns() // 1_000_000, 1,
+                            bytes(128 << 10), b"\0" * 32])
+    for _ in range(5):
+        bus._deliver(topic.encode(), forged)
+    assert bus.rejected == {"bad_seal": 1, "over_budget": 4}
+    bus._deliver(topic.encode(), genuine(topic, 1_000, "small"))      # opened
+    bus._deliver(topic.encode(), genuine(topic, 64 << 10, "large"))   # unopened
+    bus._deliver(other.encode(), genuine(other, 1_000, "other"))      # another channel's
+    assert [b.sender for b in got] == ["small", "other"]
+    assert bus.rejected == {"bad_seal": 1, "over_budget": 5}

@@ -25,7 +25,7 @@ import hashlib
 import hmac
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -167,18 +167,20 @@ class User:
     rate_bytes: int | None
     max_provided: int | None = None  # names provided at once; None: the [limits] default
     grant: Grant | None = None       # a JWT user: what its token grants (broker/tokens.py)
+    mapped: bool = False             # a JWT user a file user's ``token_sub`` names: that user
 
     @property
     def key(self) -> str:
         """What the node counts this user's connections, rate and provided names under: a
         JWT's ``sub`` is not the file user of the same name (a token signed for ``admin``
-        does not share the ``[auth.users.admin]`` user's limits, nor use them up)."""
-        return self.name if self.grant is None else f"token:{self.name}"
+        does not share the ``[auth.users.admin]`` user's limits, nor use them up), unless
+        that user's ``token_sub`` names it."""
+        return self.name if self.grant is None or self.mapped else f"token:{self.name}"
 
 
 #: the glob lists of a user, a role or a token
 LISTS = ("call", "provide", "publish", "subscribe", "presence")
-_USER_KEYS = {"password", "token_sha256", "roles", *LISTS, "max_connections",
+_USER_KEYS = {"password", "token_sha256", "token_sub", "roles", *LISTS, "max_connections",
               "rate_messages", "rate_bytes", "max_provided"}
 
 
@@ -210,6 +212,7 @@ class Users:
                                      for key in LISTS)
         self.by_name: dict[str, User] = {}
         self.by_token: dict[str, User] = {}
+        self.by_sub: dict[str, str] = {}  # a JWT's sub -> the file user it counts as
         for name, entry in users.items():
             where = f"auth.users.{name}"
             if not isinstance(entry, Mapping):
@@ -230,8 +233,17 @@ class Users:
                     raise AuthConfigError(f"{where}.token_sha256: 64 lower-case hex digits")
                 if token in self.by_token:
                     raise AuthConfigError(f"{where}.token_sha256: shared with another user")
-            if password is None and token is None:
-                raise AuthConfigError(f"{where}: needs a password or a token_sha256")
+            sub = entry.get("token_sub")
+            if sub is not None:
+                if not isinstance(sub, str) or not 0 < len(sub) <= 128:
+                    raise AuthConfigError(f"{where}.token_sub: a JWT's sub, 1-128 characters")
+                if sub in self.by_sub:
+                    raise AuthConfigError(f"{where}.token_sub: {sub!r} is already "
+                                          f"auth.users.{self.by_sub[sub]}'s")
+                self.by_sub[sub] = name
+            if password is None and token is None and sub is None:
+                raise AuthConfigError(f"{where}: needs a password, a token_sha256 or a "
+                                      "token_sub")
             for role in _patterns(f"{where}.roles", entry.get("roles", [])):
                 if role not in role_perms:
                     raise AuthConfigError(f"{where}.roles: no role {role!r} in auth.roles")
@@ -257,8 +269,11 @@ class Users:
 
     def granted(self, grant: Grant) -> User:
         """The user a verified token makes, with this table's roles (its claims were
-        checked by broker/tokens.py)."""
-        return self._user(grant.user, grant.claims, "token", grant=grant)
+        checked by broker/tokens.py): under the name of the file user whose ``token_sub``
+        is its ``sub``, if one is."""
+        mapped = self.by_sub.get(grant.user)
+        user = self._user(mapped or grant.user, grant.claims, "token", grant=grant)
+        return user if mapped is None else replace(user, mapped=True)
 
     def by_token_value(self, token: str) -> User | None:
         """The user a presented token belongs to (looked up by its digest)."""

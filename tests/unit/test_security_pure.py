@@ -46,7 +46,9 @@ def test_users_roles_and_globs_no_matching_rule_means_denied():
 
 
 @pytest.mark.parametrize("users, roles, needle", [
-    ({"a": {}}, {}, "auth.users.a: needs a password or a token_sha256"),
+    ({"a": {}}, {}, "auth.users.a: needs a password, a token_sha256 or a token_sub"),
+    ({"a": {"token_sub": 5}}, {}, "auth.users.a.token_sub"),
+    ({"a": {"token_sub": "s"}, "b": {"token_sub": "s"}}, {}, "'s' is already auth.users.a's"),
     ({"a": {"token_sha256": "00", "call": ["*"]}}, {}, "auth.users.a.token_sha256"),
     ({"a": {"token_sha256": "0" * 64, "roles": ["x"]}}, {}, "no role 'x'"),
     ({"a": {"token_sha256": "0" * 64, "call": "*"}}, {}, "auth.users.a.call"),
@@ -77,6 +79,21 @@ def test_config_checks_users_keys_and_tls_at_load(tmp_path):
         config.load(None, env={**env, "RPCBUS_CLUSTER_KEYS": '{"k1": "YWJj"}'})
     with pytest.raises(config.ConfigError, match="tls_key"):
         config.load(None, env={"RPCBUS_SERVER_TLS_CERT": "/x.pem"})
+
+
+def test_a_jwt_sub_is_a_file_user_only_where_that_user_names_it():
+    from rpcbus.broker.tokens import Grant
+    users = Users({"app": {"token_sha256": token_digest("t"), "call": ["a.*"]},
+                   "alice": {"token_sub": "svc-7", "max_connections": 2}}, {})
+
+    def grant(sub):
+        return users.granted(Grant(sub, 0.0, "kid", "rpcbus", "rpcbus", {"call": ["b.*"]}))
+
+    same_name = grant("app")                              # not mapped: its own identity
+    assert (same_name.name, same_name.key) == ("app", "token:app")
+    mapped = grant("svc-7")                               # alice's token_sub: alice
+    assert (mapped.name, mapped.key) == ("alice", "alice")
+    assert mapped.permissions.may_call("b.x") and not mapped.permissions.may_call("a.x")
 
 
 def test_fixed_window_refuses_over_the_limit_then_starts_over():

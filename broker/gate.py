@@ -7,9 +7,9 @@ less 256, so file descriptors are never exhausted) and connections not logged
 in yet, whose handshakes and logins are in progress.
 
 ``Gate.login`` checks an AUTH's credentials and calls back with the ``User`` (or
-None). Tokens are checked at once, on the loop: a static token by its digest, a
-JWT with the node's public keys (broker/tokens.py; 0.1-0.25 ms; a verified one is
-remembered by its digest like a password, a refused one for ``REFUSAL_MEMORY``).
+None). A static token is checked at once by its digest; a JWT with the node's public
+keys (broker/tokens.py; 0.1-0.25 ms) in a thread of its own, off the loop; a verified
+one is remembered by its digest like a password, a refused one for ``REFUSAL_MEMORY``.
 
 What failing logins may cost is bounded: the CPU their checks take (JWTs
 verified, passwords hashed) is budgeted node-wide at ``FAILED_CHECKS_SHARE`` of a
@@ -107,7 +107,10 @@ class Gate:
         self.tokens = _tokens(config)
         self.max_failures = config.auth.max_failures
         self._limits = config.limits
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None      # password checks
+        self._jwt_pool: ThreadPoolExecutor | None = None  # JWT checks
+        # a JWT's digest -> the logins (address, done) waiting for its check
+        self._verifying: dict[bytes, list[tuple[str, Callable[[User | None, str], None]]]] = {}
         self._verified: TTLCache[bytes, bool] = TTLCache(4096, LOGIN_CACHE_TTL)
         self._granted: TTLCache[bytes, Grant] = TTLCache(4096, LOGIN_CACHE_TTL)  # JWTs
         self._refused: TTLCache[bytes, str] = TTLCache(4096, REFUSAL_MEMORY)  # JWTs
@@ -233,9 +236,12 @@ class Gate:
                      done: Callable[[User | None, str], None]) -> None:
         """A JWT login: a token verified lately is remembered by its digest (until a
         reload or ``LOGIN_CACHE_TTL``), one refused lately too (``REFUSAL_MEMORY``), so a
-        reconnect storm or a replayed bad token costs a lookup; the rest is verified on
-        the loop (~0.1-0.25 ms, benchmarks/token_cost.py), unless ``address`` failed
-        lately and the failing checks' CPU budget is spent: then BUSY, unchecked."""
+        reconnect storm or a replayed bad token costs a lookup; the rest is verified in a
+        thread of its own (~0.1-0.25 ms, benchmarks/token_cost.py; the signature checks
+        leave the GIL), one check per token however many logins present it at once,
+        unless ``address`` failed lately and the failing checks' CPU budget is spent:
+        then BUSY, unchecked. Their number is bounded by the connections not logged in
+        (``limits.max_unauthenticated``): each sends one AUTH at a time."""
         loop = asyncio.get_running_loop()
         unread = too_long(token)
         if unread is not None:  # refused unread, not remembered
@@ -255,23 +261,51 @@ class Gate:
             self.stats["token_refusals_remembered"] += 1
             self._refuse(address, refusal, done)
             return
-        now = loop.time()
-        if address in self._failed and not self.budget.allows(address, now):
+        if address in self._failed and not self.budget.allows(address, loop.time()):
             self._over_budget(address, done)
             return
-        started = time.perf_counter()
-        try:
-            grant = self.tokens.verify(token)
-        except TokenError as exc:
-            self.stats["token_checks_failed"] += 1
-            self.budget.spend(address, time.perf_counter() - started, now)
-            if exc.lasting:
-                self._refused[key] = str(exc)
-            self._refuse(address, str(exc), done)
+        waiting = self._verifying.get(key)
+        if waiting is not None:  # the same token is being verified: its answer serves both
+            waiting.append((address, done))
             return
-        self._granted[key] = grant
-        self.stats["token_logins"] += 1
-        loop.call_soon(done, self.users.granted(grant), "")
+        self._verifying[key] = [(address, done)]
+        if self._jwt_pool is None:
+            self._jwt_pool = ThreadPoolExecutor(1, thread_name_prefix="rpcbus-jwt")
+        tokens = self.tokens
+        future = loop.run_in_executor(self._jwt_pool, _timed_verify, tokens, token)
+        future.add_done_callback(functools.partial(self._token_checked, token, key, tokens))
+
+    def _token_checked(self, token: str, key: bytes, tokens: Tokens,
+                       f: asyncio.Future[tuple[Grant | TokenError, float]]) -> None:
+        """A JWT's check ended (on the loop): every login that waited for it is answered.
+        A reload meanwhile: each is judged again under the new keys. Cancelled (the gate
+        closed): nobody is answered, their connections are closing."""
+        waiters = self._verifying.pop(key, [])
+        if f.cancelled():
+            return
+        if self.tokens is not tokens:
+            for address, done in waiters:
+                self._token_login(token, address, done)
+            return
+        failure = f.exception()
+        if failure is not None:  # a bug in a check: refused, said once in the log
+            log.error("token_check_failed", error=repr(failure))
+            result: Grant | TokenError = TokenError("token could not be checked", False)
+            seconds = 0.0
+        else:
+            result, seconds = f.result()
+        if isinstance(result, TokenError):
+            self.stats["token_checks_failed"] += 1
+            self.budget.spend(waiters[0][0], seconds, asyncio.get_running_loop().time())
+            if result.lasting:
+                self._refused[key] = str(result)
+            for address, done in waiters:
+                self._refuse(address, str(result), done)
+            return
+        self._granted[key] = result
+        for _, done in waiters:
+            self.stats["token_logins"] += 1
+            done(self.users.granted(result), "")
 
     def _refuse(self, address: str, reason: str,
                 done: Callable[[User | None, str], None]) -> None:
@@ -436,8 +470,19 @@ class Gate:
         return self._limits.max_provided_per_user
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._jwt_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _timed_verify(tokens: Tokens, token: str) -> tuple[Grant | TokenError, float]:
+    """In the JWT thread: the grant of ``token`` or the refusal, and the CPU it took."""
+    started = time.thread_time()
+    try:
+        result: Grant | TokenError = tokens.verify(token)
+    except TokenError as exc:
+        result = exc
+    return result, time.thread_time() - started
 
 
 def _tokens(config: Config) -> Tokens:

@@ -171,6 +171,22 @@ async def token_login(g, address, token):
     return await done
 
 
+async def test_a_jwt_is_verified_off_the_loop_once_for_every_login_presenting_it(jwt_gate):
+    g, checked, good, bad = jwt_gate
+    threads = []
+    verify = g.tokens.verify
+    g.tokens.verify = lambda token: (threads.append(threading.current_thread()),
+                                     verify(token))[1]
+    token = good(1)
+    storm = await asyncio.gather(*(token_login(g, f"10.0.0.{i}", token) for i in range(5)))
+    assert [user.name for user, _ in storm] == ["app1"] * 5
+    assert checked == [token] and threads[0] is not threading.main_thread()
+    forged = bad(2)
+    refused = await asyncio.gather(*(token_login(g, "10.0.0.9", forged) for _ in range(3)))
+    assert all(user is None and "does not verify" in why for user, why in refused)
+    assert len(checked) == 2                              # one check for the three
+
+
 async def test_a_refused_jwt_is_remembered_and_answered_the_later_the_more_it_fails(
         jwt_gate, monkeypatch):
     g, checked, _, bad = jwt_gate

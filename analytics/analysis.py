@@ -231,7 +231,7 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
         table.write.mode("overwrite").parquet(f"{out}/{name}")
 
     def write_period(name: str, seconds: int) -> None:
-        write(name, per_period(minutes, seconds, span))
+        write(name, per_period(minutes.drop("recorded"), seconds, span))
 
     def write_rows(name: str, rows: list[dict[str, Any]]) -> None:
         write(name, spark.createDataFrame([tuple(r.values()) for r in rows],
@@ -387,7 +387,12 @@ def _rollup_once(rows: Any) -> tuple[Any, list[Any]]:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    every = rollup(rows, [*KEYS, "minute", "_ok"], raw=True).persist(
+    # ``recorded``: a row carries ``provider_peak_in_flight`` (nodes since 0.2, which also
+    # write presence rows), so its node's providers are present exactly in the minutes
+    # they have rows, even where no minute of a busy cluster is wholly idle
+    recorded = F.max(F.col("provider_peak_in_flight").isNotNull().cast("long"))
+    every = rollup(rows, [*KEYS, "minute", "_ok"], [recorded.alias("recorded")],
+                   raw=True).persist(
         StorageLevel.MEMORY_AND_DISK)
     counted = every.groupBy("_ok").agg(F.sum("nrows"), F.max("minute"), F.sum("_suspect"),
                                        F.min("window_start"), F.max("window_end"),

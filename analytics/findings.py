@@ -198,8 +198,10 @@ def tables(arranged: list[Rpc], nodes: dict[str, Merged], recording: set[str],
             "hot_rpcs": hot_rpcs(arranged, span), "peak_minutes": peak_minutes(arranged, span),
             "weights": weights(arranged, half_life, found),
             "clock_skew": skewed,
-            "silent": silence.nodes({n: float(np.nanmax(m.cols["window_end"]))
-                                     for n, m in nodes.items()}, offsets)
+            "silent": silence.nodes({n: (float(np.nanmin(m.cols["window_start"])),
+                                         float(np.nanmax(m.cols["window_end"])))
+                                     for n, m in nodes.items()}, offsets,
+                                    silence.named(arranged))
             + silence.providers(arranged)}
     return {name: typed(rows, SCHEMAS[name]) for name, rows in made.items()}
 

@@ -60,7 +60,14 @@ def _silent(rows: list[dict[str, Any]]) -> list[tuple[int, float, str]]:
     e = html.escape
     out = []
     for s in rows:
-        if s["kind"] == "node":
+        if s["kind"] == "node" and s.get("moved_to"):
+            out.append((INFO, s["silent_s"],
+                        f"<b>{e(s['name'])}</b>'s providers moved to node "
+                        f"<b>{e(s['moved_to'])}</b> at {when(s['moved_at'])}: "
+                        f"{e(s['name'])} wrote no history after {when(s['since'])} (renamed, "
+                        f"or replaced under a new name); their figures go on under "
+                        f"{e(s['moved_to'])}."))
+        elif s["kind"] == "node":
             out.append((DATA, s["silent_s"] * 1000,
                         f"<b>Silent:</b> node <b>{e(s['name'])}</b> wrote no history after "
                         f"{when(s['since'])}, {duration(s['silent_s'])} before the other "

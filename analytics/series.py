@@ -35,7 +35,7 @@ HIGHS = np.array([*BOUNDS, np.inf])
 SUMS = [*COUNTS, "latency_sampled", "latency_sum_s", "bytes_in", "bytes_out", "weight_sum",
         "nrows", "local_first"]
 FIELDS = ["minute", *SUMS, "peak_in_flight", "latency_min_s", "latency_max_s", "window_start",
-          "window_end"]
+          "window_end", "recorded"]
 
 
 @dataclass
@@ -73,7 +73,7 @@ def stream(minutes: Any, rows: int, part_bytes: int) -> Iterator[list[Series]]:
     nan = F.lit(float("nan"))
     parts = [F.col("minute").cast("double").alias("minute"),
              *(F.coalesce(F.col(c).cast("double"), F.lit(0.0)).alias(c)
-               for c in [*SUMS, "peak_in_flight"]),
+               for c in [*SUMS, "peak_in_flight", "recorded"]),
              *(F.coalesce(F.col(c), nan).alias(c)
                for c in ("latency_min_s", "latency_max_s", "window_start", "window_end")),
              F.col("latency_buckets")]
@@ -146,9 +146,13 @@ def per_node(series: list[Series], into: dict[str, Merged] | None = None
 
 
 def presence(series: list[Series]) -> set[str]:
-    """The serving nodes that write presence rows (a row with no calls and no peak)."""
+    """The serving nodes that write presence rows: a presence row is seen (no calls, no
+    peak), or rows carry ``provider_peak_in_flight`` (``recorded``: nodes since 0.2, which
+    write them whenever a provider has nothing, so a busy node that never had to is
+    known too)."""
     return {s.served_by for s in series
-            if np.any((s.cols["calls"] == 0) & (s.cols["peak_in_flight"] == 0))}
+            if np.any((s.cols["calls"] == 0) & (s.cols["peak_in_flight"] == 0))
+            or np.any(s.cols.get("recorded", np.zeros(1)) > 0)}
 
 
 def failed(cols: dict[str, np.ndarray]) -> np.ndarray:

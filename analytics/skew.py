@@ -17,8 +17,10 @@ among three or more is named, and the others are not).
   whole number of minutes (Pearson correlation at least ``MIN_CORRELATION`` there and
   ``MIN_GAIN`` better than unshifted, each node with calls in at least ``MIN_OVERLAP``
   of the compared minutes, and the shifted series overlapping over at least half the
-  shorter one's minutes): callers spread their load over every node, so a burst shows
-  on all of them in the same minute. To a minute.
+  shorter one's minutes), and only between nodes whose spans overlap by ``MIN_OVERLAP``
+  minutes unshifted (a node renamed mid-history continues another's load, it does not
+  repeat it): callers spread their load over every node, so a burst shows on all of
+  them in the same minute. To a minute.
 
 With two nodes there is no majority: the finding names both (``relative_to``).
 """
@@ -104,10 +106,18 @@ def _load(me: dict[str, Any], other: dict[str, Any]) -> tuple[float | None, floa
     for series, calls in ((mine, me["calls"]), (theirs, other["calls"])):
         for m, n in calls.items():
             series[(m - lo) // 60] = n
-    # only the minutes each series covers (its first to its last): outside, 0 is no data
+    # only the minutes each series covers (its first to its last): outside, 0 is no data;
+    # its first and last are left out too, partial where the node started or stopped
+    # (lined up, two such edges correlate whatever the clocks)
     a0, a1 = _covered(me["calls"], lo)
     b0, b1 = _covered(other["calls"], lo)
+    a0, a1, b0, b1 = a0 + 1, a1 - 1, b0 + 1, b1 - 1
 
+    if min(a1, b1) - max(a0, b0) < MIN_OVERLAP:
+        # they did not run at the same time: their loads are of different hours (a node
+        # renamed mid-history: the new one's load goes on where the old one's ended), not
+        # one load seen through two clocks
+        return None, None
     need = max(MIN_OVERLAP, min(a1 - a0, b1 - b0) // 2)
 
     def corr(lag: int) -> float | None:

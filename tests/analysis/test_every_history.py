@@ -96,30 +96,43 @@ def test_an_ongoing_slowdown_a_changed_weight_and_silent_nodes_and_providers(
     assert "it serves as well as its peers now" in b_said and "failure" not in b_said
 
 
-def test_a_provider_connected_20_s_of_every_other_minute_blames_no_one(spark, tmp_path):
-    """f is served by p3 and p4 all along and by p5 only in the first 20 s of every
-    other minute; in the windows all three are there each gets a third of the calls.
-    Presence judged per minute once expected a whole minute's share of p5."""
+def test_a_provider_connected_part_of_the_time_on_a_busy_node_blames_no_one(
+        spark, tmp_path):
+    """On n1, busy every minute (no presence row ever written): f is served by p3 and p4
+    all along and by p5 only in the first 20 s of every other minute; h by p6 and p7 all
+    along and by p8 in minutes 10-19, 30-39 and 50-59 only; k by p10 all along and by p9
+    until minute 40, then never again. While all are there each gets an equal share.
+    Presence judged from whole idle minutes, or from the first to the last minute with
+    rows, once expected a whole minute's share of p5 and 50 minutes of p8, blamed their
+    peers, and did not see p9 go silent (n1 wrote no presence row)."""
     rows = []
     for w in range(360):                                  # an hour of 10 s windows
         flapper = (w // 6) % 2 == 0 and w % 6 < 2
         for provider in ("p3", "p4", *(("p5",) if flapper else ())):
             rows.append(history_row(w, "f", provider, 20 if flapper else 30))
-        if w == 7:
-            rows.append(history_row(w, "g", "idle", 0))    # n1 writes presence rows
+        part = (w // 60) % 2 == 1
+        for provider in ("p6", "p7", *(("p8",) if part else ())):
+            rows.append(history_row(w, "h", provider, 20 if part else 30))
+        for provider in ("p10", *(("p9",) if w < 240 else ())):
+            rows.append(history_row(w, "k", provider, 30 if w < 240 else 60))
     write_rows(tmp_path / "history" / "date=2026-11-18" / "hour=11" / "node=n1"
                / "part.jsonl", [r for r in rows if r["window_start"] < T0 - 400 + 3600])
     write_rows(tmp_path / "history" / "date=2026-11-18" / "hour=12" / "node=n1"
                / "part.jsonl", [r for r in rows if r["window_start"] >= T0 - 400 + 3600])
     out = tmp_path / "out"
     analysis.analyze(spark, str(tmp_path / "history"), str(out))
-    [fairness] = tables(spark, out, "fairness")
-    got = {f["provider"]: f for f in fairness if f["rpc"] == "f"}
+    fairness, silent = tables(spark, out, "fairness", "silent")
+    got = {f["provider"]: f for f in fairness}
     assert not [f for f in got.values() if f["took"]], got
     assert got["p5"]["ratio"] == pytest.approx(1.0, abs=0.05)
     assert got["p5"]["present_s"] == pytest.approx(30 * 20, abs=60)   # 30 minutes x 20 s
+    assert got["p8"]["ratio"] == pytest.approx(1.0, abs=0.05)
+    assert got["p8"]["present_s"] == pytest.approx(1800, abs=60)      # 30 whole minutes
+    assert [(x["kind"], x["name"]) for x in silent] == [("provider", "p9")]
+    assert silent[0]["silent_s"] == pytest.approx(1200, abs=120)
     said, _ = findings_said(out)
     assert "took more" not in said and "took less" not in said
+    assert "<b>p9</b> went silent on <b>k</b> (node n1)" in said
 
 
 def test_a_line_far_over_a_row_is_skipped_unread_and_counted(spark, tmp_path, capsys):
@@ -161,3 +174,37 @@ def test_a_history_written_to_while_it_is_analysed_is_not_called_damaged(
                                report=False)
     assert (written["rows_read"], written["rows_skipped"]) == (4000, 0)
     assert "warning" not in capsys.readouterr().out
+
+
+def test_a_node_renamed_mid_history_is_said_to_have_moved_not_gone_silent(spark, tmp_path):
+    """Two hours of 10 s windows: a on n1 all along; b and c on n2 for the first hour,
+    then on n4 (n2 restarted under a new name), d on n3 until it stops at 80 minutes
+    with its node. n2 once read as a node gone silent whose providers' figures end."""
+    rows = {}
+
+    def row(w, rpc, provider, node):
+        r = history_row(w, rpc, provider, 40, node)
+        hour = 11 + int(r["window_start"] - (T0 - 400)) // 3600    # T0 is 11:06:40
+        rows.setdefault((hour, node), []).append(r)
+    for w in range(720):
+        row(w, "svc", "a", "n1")
+        for provider in ("b", "c"):
+            row(w, "svc", provider, "n2" if w < 360 else "n4")
+        if w < 480:
+            row(w, "other", "d", "n3")
+    for (hour, node), mine in rows.items():
+        write_rows(tmp_path / "history" / "date=2026-11-18" / f"hour={hour}"
+                   / f"node={node}" / "part.jsonl", mine)
+    out = tmp_path / "out"
+    analysis.analyze(spark, str(tmp_path / "history"), str(out))
+    silent, skew = tables(spark, out, "silent", "clock_skew")
+    found = {(s["kind"], s["name"]): s for s in silent}
+    assert set(found) == {("node", "n2"), ("node", "n3")}, (silent, skew)
+    assert (found[("node", "n2")]["moved_to"], found[("node", "n2")]["moved_at"]) == (
+        "n4", T0 + 3600)
+    assert found[("node", "n3")]["moved_to"] is None           # nobody carried d on
+    said, _ = findings_said(out)
+    assert "<b>n2</b>'s providers moved to node <b>n4</b> at" in said
+    assert "node <b>n2</b> wrote no history after" not in said
+    assert "<b>Silent:</b> node <b>n3</b> wrote no history after" in said
+    assert "went silent on" not in said                        # b and c carried on

@@ -84,7 +84,8 @@ def fairness(rows):
         ends[0], ends[1] = min(ends[0], r["window_start"]), max(ends[1], r["window_end"])
         busy[(r["provider"], r["rpc"], r["served_by"], minute(r))] |= bool(
             r["calls"] or r["peak_in_flight"])
-    recording = {k[2] for k, b in busy.items() if not b}      # nodes writing presence rows
+    recording = ({k[2] for k, b in busy.items() if not b}     # nodes writing presence rows
+                 | {r["served_by"] for r in rows if r.get("provider_peak_in_flight") is not None})
     exact = {(r["rpc"], r["provider"]) for r in rows if r["served_by"] in recording}
     w = {k: statistics.fmean(v[1]) for k, v in per_min.items()}
     span, rpc_min = {}, defaultdict(int)

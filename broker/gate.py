@@ -435,7 +435,8 @@ class Gate:
         if user.grant is not None:
             if self.tokens.holds(user.grant):
                 return None
-            return self.users.granted(user.grant)
+            granted = self.users.granted(user.grant)  # a token_sub added or removed: gone
+            return granted if granted.key == user.key else None
         new = (self.users.by_token.get(login_token) if login_token is not None
                else self.users.by_name.get(user.name))
         return new if new is not None and new.name == user.name else None

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpcbus.broker import config
+from rpcbus.broker import config, gate
 from rpcbus.broker.auth import AuthConfigError, Users, hash_password, token_digest, verify_password
 from rpcbus.broker.limits import WindowLimiter
 from rpcbus.cluster.seal import START_SLACK, ReplayGuard, Sealer, SealError, new_key
@@ -94,6 +94,11 @@ def test_a_jwt_sub_is_a_file_user_only_where_that_user_names_it():
     mapped = grant("svc-7")                               # alice's token_sub: alice
     assert (mapped.name, mapped.key) == ("alice", "alice")
     assert mapped.permissions.may_call("b.x") and not mapped.permissions.may_call("a.x")
+    g = gate.Gate(config.load(env={"RPCBUS_AUTH_USERS": json.dumps(
+        {"alice": {"token_sub": "svc-9"}})}))
+    g.tokens.holds = lambda grant: ""               # its key and issuer still stand
+    assert g.now_for(mapped, None) is None          # a reload took alice's token_sub away
+    assert g.now_for(same_name, None).key == "token:app"
 
 
 def test_fixed_window_refuses_over_the_limit_then_starts_over():

@@ -12,11 +12,12 @@ import rpcbus
 from rpcbus.cluster import messages as m
 from rpcbus.cluster.seal import START_SLACK, new_key
 
+from ..timing import wait
 from .conftest import stats
 
 
 async def first_batch_from(pubsub, sender):
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(wait(10)):
         while True:
             msg = await pubsub.get_message(timeout=1)
             if msg and msg["type"] == "message":
@@ -43,7 +44,7 @@ async def test_an_unsealed_bus_lets_anyone_on_redis_run_calls_and_invent_nodes(m
             await forger.publish("rpcbus:ctrl", m.encode_batch("fake", 1, 0, now, [
                 [m.STATE, m.READY, "ws://127.0.0.1:9", time.time(), {}],
                 [m.PROVIDER_UPDATE, "work", 1000]]))
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(wait(10)):
                 while "pwned" not in runs or "fake" not in stats(n1)["cluster"]["members"]:
                     await asyncio.sleep(0.05)
             assert stats(n2)["cluster"]["bus"]["rejected"] == 0
@@ -83,7 +84,7 @@ async def test_a_restarted_node_refuses_control_batches_sealed_before_it_started
         before = stats(n1)["cluster"]["bus_rejected"].get("before_start", 0)
         for batch in captured:                              # within max_skew: not "skew"
             await spy.publish("rpcbus:ctrl", batch)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(wait(10)):
             while stats(n1)["cluster"]["bus_rejected"].get("before_start", 0) \
                     < before + len(captured):
                 await asyncio.sleep(0.05)

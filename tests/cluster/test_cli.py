@@ -13,6 +13,8 @@ import pytest
 
 import rpcbus
 
+from ..timing import wait
+
 
 @pytest.mark.parametrize("redis", [[], ["--redis-shards", "3", "--redis-replicas", "1"]],
                          ids=["redis-server", "redis-cluster"])
@@ -21,7 +23,7 @@ async def test_cluster_up_status_and_a_clean_stop(redis):
                            "--base-port", "0", *redis], stdout=subprocess.PIPE, text=True)
     lines = []
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(wait(30)):
             while not lines or "stop: Ctrl-C" not in lines[-1]:
                 lines.append(await asyncio.to_thread(up.stdout.readline))
                 assert lines[-1], "cluster up exited early: " + "".join(lines)

@@ -9,6 +9,7 @@ import rpcbus
 from rpcbus import protocol as p
 
 from ..integration.raw import RawPeer
+from ..timing import wait
 from .conftest import stats
 
 WAIT = 10.0  # s for what a healthy cluster does in well under one
@@ -123,7 +124,7 @@ async def test_a_subscriber_that_reads_too_slowly_loses_events_it_is_told_of_and
                     await healthy.until(lambda b, i=i: len(b.got) > i, timeout=60)
             assert [i for i, _ in healthy.got] == list(range(count)) and not healthy.gaps
         got, lost = [], 0
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(wait(60)):
             while len(got) + lost < count:
                 msg = await slow.recv(timeout=30)
                 if msg[0] == p.EVENT:
@@ -153,7 +154,7 @@ async def test_a_node_cut_off_from_redis_tells_its_subscribers_and_hears_again_a
         await local_pub.emit("ops", "near")      # on its own node events still flow
         await inbox.until(lambda b: "near" in b.got)
         c.redis.start()                           # same port: the bus reconnects (backoff)
-        async with asyncio.timeout(15):           # and listens on the channel again
+        async with asyncio.timeout(wait(15)):           # and listens on the channel again
             for i in itertools.count():
                 await far_pub.emit("ops", f"far {i + 2}")
                 try:

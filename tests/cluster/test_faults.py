@@ -10,6 +10,8 @@ import time
 import rpcbus
 from rpcbus.errors import CODES
 
+from ..timing import wait
+
 
 async def steady_load(caller, rpc, stop, concurrency=100, timeout=3.0):
     """Calls ``rpc`` until ``stop`` is set; returns [(started, ended, result or error code)]."""
@@ -103,7 +105,7 @@ async def test_redis_down_local_calls_work_cross_node_calls_fail_fast(make_clust
             except rpcbus.ClusterUnavailableError:
                 assert time.monotonic() - t0 < 0.5                     # fast, not the timeout
         c.redis.start()                                                 # same port
-        async with asyncio.timeout(15):                                 # backoff is at most 5 s
+        async with asyncio.timeout(wait(15)):                           # backoff: 5 s at most
             while True:
                 try:
                     if await caller.call("there", 7, timeout=5) == 7:

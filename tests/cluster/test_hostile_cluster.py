@@ -20,6 +20,7 @@ from rpcbus.cluster.seal import new_key
 from tests.integration.raw import RawPeer
 from tests.integration.test_operations import get
 
+from ..timing import wait
 from .conftest import stats
 
 KEY = new_key()
@@ -80,7 +81,7 @@ class Healthy:
 
     async def more(self, n):
         mark = len(self.results)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(wait(10)):
             while len(self.results) < mark + n:
                 self.progress.clear()
                 await self.progress.wait()
@@ -124,7 +125,7 @@ async def test_data_nested_too_deeply_for_the_bus_is_refused_to_its_sender(guard
             await rogue.send_raw(b"\x93" + msgpack.packb(p.RESPONSE)
                                  + msgpack.packb(req[1]) + deep(1023))
             with pytest.raises(rpcbus.ProviderError, match="nested"):
-                await asyncio.wait_for(call, 2.0)
+                await asyncio.wait_for(call, wait(2.0))
         assert stats(n2)["cluster"]["bus"]["unencodable"] >= 1
         await healthy.check()
 
@@ -150,7 +151,7 @@ async def test_the_bus_carries_batches_up_to_its_size_and_refuses_larger_unread(
             await r.publish("rpcbus:node:n2", b"\x00" * (6 << 20))
         finally:
             await r.aclose()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while not stats(n2)["cluster"]["bus_rejected"].get("too_large"):
                 await asyncio.sleep(0.05)
         assert stats(n2)["cluster"]["bus"]["batches_out"] > 0
@@ -223,14 +224,14 @@ async def test_provided_names_are_bounded_and_heartbeats_stay_small(guarded):
         assert err[1:3] == [3, "LIMIT_EXCEEDED"] and "mallory" in err[3]
         await second.send([p.PROVIDE, 4, [f"pub.b{i}" for i in range(500)]])
         assert (await second.expect(p.OK))[1] == 4
-        async with asyncio.timeout(10):                          # n2 hears n1's heartbeat
+        async with asyncio.timeout(wait(10)):                          # n2 hears n1's heartbeat
             while (seen := json.loads(get(n2, "/cluster")[1])["nodes"]["n1"]).get(
                     "rpcs", 0) < 1500:
                 await asyncio.sleep(0.1)
         assert len(seen["providers"]) == 100 and seen["providers_total"] == 1500
         sessions = stats(n1)["sessions"]
         await first.close()                                      # its 1,000 are freed
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while stats(n1)["sessions"] >= sessions:
                 await asyncio.sleep(0.02)
         await second.send([p.PROVIDE, 5, [f"pub.c{i}" for i in range(500)]])
@@ -281,19 +282,19 @@ async def test_replayed_batches_never_reach_a_restarted_node(guarded):
             await prov.provide("transfer", transfer)       # (again: it has reconnected)
             for batch in to_n2:                              # the INVOKE, replayed
                 await r.publish("rpcbus:node:n2", batch)
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(wait(5)):
                 while refused(n2) < len(to_n2):
                     await asyncio.sleep(0.05)
             assert runs == ["first"]
             n1 = await asyncio.to_thread(c.restart, 0)       # the origin
             async with rpcbus.connect(n1.url, token=TOKENS["caller"]) as caller:
                 call = asyncio.create_task(caller.call("transfer", "second", timeout=8))
-                async with asyncio.timeout(5):
+                async with asyncio.timeout(wait(5)):
                     while "second" not in runs:
                         await asyncio.sleep(0.02)
                 for batch in to_n1:                          # the old RESPONSE, replayed
                     await r.publish("rpcbus:node:n1", batch)
-                async with asyncio.timeout(5):
+                async with asyncio.timeout(wait(5)):
                     while refused(n1) < len(to_n1):
                         await asyncio.sleep(0.05)
                 release.set()
@@ -329,7 +330,7 @@ async def test_a_login_flood_does_not_lock_out_password_users(guarded):
             async with rpcbus.connect(n1.url, user="pw", password="right") as client:
                 return client.session["user"]
 
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(wait(30)):
             assert await asyncio.gather(*(login() for _ in range(10))) == ["pw"] * 10
     finally:
         stop.set()
@@ -359,7 +360,7 @@ async def test_a_login_flood_from_a_few_addresses_leaves_room_for_everyone_else(
 
     attackers = [asyncio.create_task(attacker(f"127.0.0.{2 + i % 5}")) for i in range(320)]
     try:
-        async with asyncio.timeout(30):              # the queue is full: logins turned away
+        async with asyncio.timeout(wait(30)):              # the queue is full: logins turned away
             while stats(n1)["auth"].get("logins_busy", 0) < 50:
                 await asyncio.sleep(0.1)
         for _ in range(3):

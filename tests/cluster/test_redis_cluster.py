@@ -10,6 +10,7 @@ import rpcbus
 from rpcbus.broker.local import LocalCluster, RedisCluster
 from rpcbus.cluster.shards import ClusterUnavailable, open_links
 
+from ..timing import wait
 from .conftest import FAST, stats
 from .test_sealed_bus import sealed
 
@@ -106,7 +107,7 @@ async def test_events_cross_shards_and_topics_are_left_without_ending_the_bus(sh
             await sub.subscribe(topic, got.put_nowait)
         for topic in topics:
             await pub.emit(topic, topic)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(wait(10)):
             assert sorted([await got.get() for _ in topics]) == sorted(topics)
         for topic in topics:
             await sub.unsubscribe(topic)

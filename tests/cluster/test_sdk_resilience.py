@@ -8,6 +8,8 @@ import pytest
 
 import rpcbus
 
+from ..timing import wait
+
 
 class States:
     """An ``on_state`` callback that tests can await."""
@@ -50,7 +52,7 @@ async def test_reconnect_to_another_node_provides_again_and_resends_idempotent_c
         await prov.provide("work", work)
         plain = asyncio.create_task(caller.call("work", "held", timeout=20))
         again = asyncio.create_task(caller.call("work", "held", timeout=20, idempotent=True))
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             await both_held.wait()                       # both calls reached the handler
         n1.kill()                                        # both clients lose their node
         with pytest.raises(rpcbus.ConnectionLostError):

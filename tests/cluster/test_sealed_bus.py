@@ -18,6 +18,7 @@ from rpcbus.broker.process import NodeProcess
 from rpcbus.cluster import messages as m
 from rpcbus.cluster.seal import Sealer, new_key
 
+from ..timing import wait
 from .conftest import FAST, stats
 
 KEY = new_key()
@@ -181,7 +182,7 @@ async def test_nodes_find_the_master_through_sentinel(tmp_path):
         await asyncio.to_thread(n1.wait_event, "cluster_unavailable", 10.0)
         async with rpcbus.connect(n2.url) as prov, rpcbus.connect(n1.url) as caller:
             await prov.provide("work", lambda d: d)
-            async with asyncio.timeout(30):             # detection 0.5 s, promotion, backoff
+            async with asyncio.timeout(wait(30)):             # detection 0.5 s, promotion, backoff
                 while True:
                     try:
                         if await caller.call("work", "after", timeout=2) == "after":

@@ -25,6 +25,7 @@ from rpcbus.broker.process import NodeProcess
 
 from ..cluster.conftest import FAST, stats
 from ..integration.test_operations import samples
+from ..timing import wait
 
 DS = {**FAST, "RPCBUS_DEEPSTREAM_ENABLED": "true", "RPCBUS_DEEPSTREAM_RESPONSE_TIMEOUT": "2.0"}
 # reconnect every 0.2 s, not after 4 s, 8 s, ...; calls made meanwhile wait for it. The
@@ -185,7 +186,7 @@ async def test_every_deepstream_error_and_no_call_runs_twice(two, ds):
             {"rpc": "e.noaccept", "outcome": "ACCEPT_TIMEOUT"}.items()))] == 2
         # what it no longer provides is no longer called
         await provider.ok("unprovide", name="e.slow")
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while (await caller.send("make", name="e.slow", data={"ms": 1, "value": 1})
                    ).get("error") != "NO_RPC_PROVIDER":
                 await asyncio.sleep(0.05)
@@ -207,7 +208,7 @@ async def test_deepstream_and_python_clients_share_events_across_nodes(two, ds):
         await py.subscribe("chat/room%201", got.put_nowait)
         # deepstream's client sends its subscriptions in batches and gives no promise:
         # until an event from Python reaches the far one, it may not be subscribed yet
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(wait(10)):
             while "probe" not in emitted(far) or "probe" not in emitted(near):
                 await py.emit("chat/room%201", "probe")
                 await asyncio.sleep(0.05)
@@ -225,7 +226,7 @@ async def test_deepstream_and_python_clients_share_events_across_nodes(two, ds):
         assert emitted(near) == [*VALUES, "done"]   # its own once (its client's), not twice
         await far.ok("unsubscribe", name=topic)
         await far.ok("state")   # the UNSUBSCRIBE leaves with the client's next batch
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(wait(10)):
             while stats(n1)["events"]["topics"]:
                 await asyncio.sleep(0.05)
         await py.emit("chat/room%201", "after")
@@ -265,7 +266,7 @@ async def test_deepstream_presence_across_nodes_with_python_clients(two, ds):
                                   and e["user"] == "bob" and e["online"] is False
                                   and e["of"] == of) for of in (None, "bob")]
         assert len(left) == 2
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while changes != [("bob", True), ("bob", False)]:
                 await asyncio.sleep(0.02)
     assert not [e for e in wendy.events if e["event"] == "error"], wendy.events
@@ -279,7 +280,7 @@ async def test_a_provider_that_leaves_after_accepting_and_a_caller_that_leaves(t
     leaver = await connected(ds, node)
     await leaver.ok("provide", name="gone.soon", kind="leave")
     async with rpcbus.connect(node.url) as py:
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while "gone.soon" not in [r["rpc"] for r in await py.rpcs()]:
                 await asyncio.sleep(0.05)
         # accepted, then its client left: the caller hears at once (not after 2 s), in the
@@ -302,12 +303,12 @@ async def test_a_provider_that_leaves_after_accepting_and_a_caller_that_leaves(t
         quitter = await connected(ds, node)
         call = asyncio.get_running_loop().create_task(
             quitter.send("make", name="py.hang", data=1, wait=30))
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while not (await py.providers("py.hang"))[0]["outstanding"]:
                 await asyncio.sleep(0.05)
         await quitter.proc.stdin.drain()
         quitter.proc.stdin.close()   # the agent closes its client and exits
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             await cancelled.wait()
         call.cancel()
 
@@ -337,7 +338,7 @@ enabled = true
         denied = await worker.event(lambda e: e["event"] == "error"
                                     and e["kind"] == "MESSAGE_DENIED", timeout=5)
         assert denied["topic"] == "RPC" and denied["error"]["name"] == "users.delete", denied
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while "error" in await front.send("make", name="billing.echo", data=1):
                 await asyncio.sleep(0.05)
         assert await front.ok("make", name="billing.echo", data={"x": 1}) == {"x": 1}
@@ -444,7 +445,7 @@ enabled = true
     with NodeProcess("--config", str(conf), env=FAST) as node:
         client = await connected(ds, node, {"token": token("relay", 3)}, options=QUICK)
         await client.ok("provide", name="relay.echo", kind="echo")
-        async with asyncio.timeout(5):  # its PROVIDE leaves within 0.1 s (it batches them)
+        async with asyncio.timeout(wait(5)):  # its PROVIDE leaves within 0.1 s (it batches them)
             while "error" in await client.send("make", name="relay.echo", data=1):
                 await asyncio.sleep(0.05)
         failed = await client.event(lambda e: e["event"] == "reauthenticationFailure",
@@ -474,7 +475,7 @@ async def test_the_path_says_how_to_turn_it_on_and_refuses_while_draining(ds):
         async with rpcbus.connect(node.url) as py:
             await py.provide("py.slow", _slow)
             call = asyncio.ensure_future(client.send("make", name="py.slow", data=1.0))
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(wait(5)):
                 while not (await py.providers("py.slow"))[0]["outstanding"]:
                     await asyncio.sleep(0.02)
             node.signal(signal.SIGTERM)
@@ -502,13 +503,13 @@ async def test_clients_reconnect_to_a_restarted_node_and_provide_again(ds):
             await py.provide("py.slow", _slow)
             slow = asyncio.get_running_loop().create_task(
                 caller.send("make", name="py.slow", data=0.8, wait=20))
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(wait(5)):
                 while not (await py.providers("py.slow"))[0]["outstanding"]:
                     await asyncio.sleep(0.02)
             await asyncio.to_thread(cluster.restart, 0, True)
             assert (await slow)["ok"] == 0.8
             await provider.event(lambda e: e.get("state") == "RECONNECTING")
-            async with asyncio.timeout(10):  # it logs in again and provides again
+            async with asyncio.timeout(wait(10)):  # it logs in again and provides again
                 assert await wait_routable(py, "back.echo", "after", timeout=10) == "after"
             assert await caller.ok("make", name="back.echo", data="again") == "again"
     finally:

@@ -18,6 +18,7 @@ import rpcbus
 from rpcbus.cluster.seal import Sealer, new_key
 from rpcbus.cluster.status import collect, render
 
+from ..timing import wait
 from .harness import run
 
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -97,7 +98,7 @@ async def test_a_node_whose_clock_is_off_by_the_allowed_skew_runs_nothing_twice(
 
     async def fault(sc):
         offset.write_text("+30s\n")
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(wait(10)):
             while "clock skew" not in (got := readyz(sc.nodes[0]))[1]:
                 await asyncio.sleep(0.1)
         seen["readyz"] = got

@@ -9,6 +9,7 @@ receives them there.
 
 import asyncio
 
+from ..timing import wait
 from .harness import run
 
 TOPIC = "rpcbus:node:n1"
@@ -23,7 +24,7 @@ async def test_the_master_of_a_busy_nodes_topic_killed_and_its_replica_taking_ov
         old.kill()
         # its replica takes over once the others agree it failed (cluster-node-timeout 1 s
         # and an election): the fault lasts until every live server sees the new master
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(wait(20)):
             while not await asyncio.to_thread(_taken_over, redis, old):
                 await asyncio.sleep(0.1)  # redis-servers in child processes: poll them
         sc.cleared()

@@ -9,6 +9,8 @@ import pytest
 
 import rpcbus
 
+from ..timing import wait
+
 
 async def test_a_reply_from_every_provider_on_every_node(cluster3):
     runs = Counter()
@@ -52,14 +54,14 @@ async def test_a_reply_from_every_provider_on_every_node(cluster3):
             "OUT_OF_STOCK", {"sku": 21})
         assert isinstance(by["slow"].error, rpcbus.ResponseTimeoutError)
         assert 1.2 < took < 2.5, took
-        await asyncio.wait_for(cancelled.wait(), 5)        # the slow one was stopped
+        await asyncio.wait_for(cancelled.wait(), wait(5))        # the slow one was stopped
         assert runs == {"ok": 1, "fails": 1, "slow": 1, "slow stopped": 1}  # each ran once
 
         # the first reply is enough: the rest are cancelled (or never start)
         runs.clear()
         first = await caller.call_all("inventory.check", 1, timeout=5, max_replies=1)
         assert len(first) == 1 and first[0].provider.split("@")[0] in ("ok", "fails")
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while runs["slow"] != runs["slow stopped"]:
                 await asyncio.sleep(0.01)
         # nobody provides it: no reply, at once
@@ -103,7 +105,7 @@ async def test_cancelling_a_call_all_stops_every_handler(cluster3):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             assert {await stopped.get() for _ in range(3)} == {"p0", "p1", "p2"}
     finally:
         await asyncio.gather(*(c.close() for c in clients))
@@ -137,7 +139,7 @@ async def test_a_call_all_is_charged_per_provider_and_its_fan_out_is_capped():
             clients.append(c)
         caller = await rpcbus.connect(cluster.nodes[0].url, token="app")
         clients.append(caller)
-        async with asyncio.timeout(5):   # n1 knows n2's ten (a plain call asks for them)
+        async with asyncio.timeout(wait(5)):   # n1 knows n2's ten (a plain call asks for them)
             while cluster.nodes[0].node.router.fanout_of("fan.x", 0.0) < 20:
                 await caller.call("fan.x", None)
                 await asyncio.sleep(0.02)

@@ -17,6 +17,7 @@ from rpcbus import protocol as p
 
 from ..hang import Hang
 from ..integration.raw import RawPeer
+from ..timing import wait
 from .conftest import stats
 
 
@@ -241,7 +242,7 @@ async def test_response_timeout_fails_the_call_and_cancels_the_handler(node):
             await c.call("forever", None, timeout=0.5)
         elapsed = time.monotonic() - t0
         assert 0.5 <= elapsed < 1.5, elapsed       # the node's deadline, not the client's guard
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             await cancelled.wait()                  # CANCEL reached the provider's task
 
 
@@ -256,7 +257,7 @@ async def test_provider_lost_after_accepting_fails_the_call_with_provider_gone(n
         await doomed.expect(p.PONG)
         doomed.abort()
         with pytest.raises(rpcbus.ProviderGoneError):
-            async with asyncio.timeout(10):            # not the 30 s response timeout
+            async with asyncio.timeout(wait(10)):            # not the 30 s response timeout
                 await call
 
 
@@ -278,9 +279,9 @@ async def test_a_cancelled_call_cancels_the_providers_handler(node):
                     await call
             else:
                 with pytest.raises(TimeoutError):
-                    async with asyncio.timeout(0.2):
+                    async with asyncio.timeout(wait(0.2)):
                         await caller.call("slow", 2, timeout=30)
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(wait(5)):
                 await cancelled.wait()                     # the handler, not just the caller
         assert stats(node)["router"]["cancelled"] == 2 and stats(node)["pending"] == 0
 
@@ -292,12 +293,12 @@ async def test_closing_a_client_cancels_its_calls_at_their_providers(node):
         await prov.provide("slow", slow)
         caller = await rpcbus.connect(node.url)
         call = asyncio.create_task(caller.call("slow", 1, timeout=30))
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             await slow.started.wait()
         await caller.close()
         with pytest.raises(rpcbus.ConnectionLostError):
             await call
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             await slow.cancelled.wait()
 
 
@@ -317,12 +318,12 @@ async def test_drain_finishes_the_calls_in_flight_and_sends_new_ones_elsewhere(n
     async with rpcbus.connect(node.url) as staying, rpcbus.connect(node.url) as caller:
         await leaving.provide("svc", held)
         first = [asyncio.create_task(caller.call("svc", i, timeout=10)) for i in range(3)]
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while started < 3:
                 await asyncio.sleep(0.01)
         await staying.provide("svc", lambda d: ["staying", d])
         drain = asyncio.create_task(leaving.drain(timeout=10))
-        async with asyncio.timeout(5):                 # until its name is withdrawn
+        async with asyncio.timeout(wait(5)):                 # until its name is withdrawn
             while stats(node)["providers"].get("svc") != 1:
                 await asyncio.sleep(0.01)
         later = [await caller.call("svc", i, timeout=5) for i in range(10, 15)]

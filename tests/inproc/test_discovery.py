@@ -6,6 +6,8 @@ import asyncio
 
 import rpcbus
 
+from ..timing import wait
+
 
 async def test_names_and_providers_with_their_last_minute_from_any_node(cluster2):
     n1, n2 = cluster2.nodes
@@ -31,7 +33,7 @@ async def test_names_and_providers_with_their_last_minute_from_any_node(cluster2
                     await caller.call("work", i, timeout=5)
                 except rpcbus.AppError:
                     pass
-        async with asyncio.timeout(10):     # until each node's heartbeat has told the other
+        async with asyncio.timeout(wait(10)):     # until each node's heartbeat has told the other
             while True:                     # every call ended, as its provider's node counts
                 found = {(r["provider"].split("@")[0], r["node"]): r
                          for r in await callers[1].providers("work") if r["provider"]}

@@ -15,6 +15,7 @@ from websockets.uri import parse_uri
 
 from rpcbus import protocol as p
 
+from ..timing import wait
 from .conftest import stats
 
 
@@ -45,7 +46,7 @@ class BytePeer:
         return b"".join(self.proto.data_to_send())
 
     async def read_events(self):
-        data = await asyncio.wait_for(self.reader.read(65536), 10)
+        data = await asyncio.wait_for(self.reader.read(65536), wait(10))
         if not data:
             self.proto.receive_eof()
         else:
@@ -60,7 +61,7 @@ class BytePeer:
         return events
 
     async def message(self, kind):
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(wait(10)):
             while True:
                 for m in self.messages:
                     if m[0] == kind:
@@ -134,12 +135,12 @@ async def test_a_silent_peer_is_pinged_then_closed_and_a_live_one_is_kept(start_
                             RPCBUS_SERVER_PING_TIMEOUT="0.2")
     live = await BytePeer.open(node.url)     # answers each ping as it reads it
     silent = await BytePeer.open(node.url)   # reads nothing until the end
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(wait(10)):
         while sum(f.opcode is Opcode.PING for f in live.frames) < 4:
             await live.read_events()
     assert not [f for f in live.frames if f.opcode is CLOSE]
     closes = []
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(wait(10)):
         while not closes:
             await silent.read_events()
             closes = [f for f in silent.frames if f.opcode is CLOSE]

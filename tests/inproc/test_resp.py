@@ -11,6 +11,8 @@ import pytest
 from rpcbus.broker.local import RedisServer
 from rpcbus.cluster import resp
 
+from ..timing import wait
+
 
 @pytest.fixture(scope="module")
 def redis():
@@ -31,7 +33,7 @@ async def test_rounds_are_answered_in_order_and_pushes_arrive_whole(redis):
         for n in range(20):
             payloads = [resp.publish(head_a, b"%d" % n), resp.publish(head_b, big + b"%d" % n)]
             pub.send(b"".join(payloads), 2, lambda err, n=n: answered.append((n, err)))
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while len(got) < 40:
                 await asyncio.sleep(0.01)
         assert answered == [(n, None) for n in range(20)]
@@ -47,7 +49,7 @@ async def test_an_error_reply_ends_the_connection_and_fails_what_waits(redis):
     outcomes: list[object] = []
     conn.send(resp.encode(b"NOSUCHCOMMAND"), 1, outcomes.append)
     conn.send(resp.encode(b"PING"), 1, outcomes.append)
-    reason = await asyncio.wait_for(conn.closed, 5)
+    reason = await asyncio.wait_for(conn.closed, wait(5))
     assert isinstance(reason, resp.RedisReplyError) and "NOSUCHCOMMAND" in str(reason).upper()
     assert outcomes == [reason, reason]
     late: list[object] = []
@@ -81,14 +83,14 @@ async def test_a_redis_cluster_slot_moving_away_ends_the_subscription_and_the_pu
         pub, head = links.route("t:moving")
         assert head.startswith(b"*3\r\n$8\r\nSPUBLISH")
         await pub.request(b"SPUBLISH", b"t:moving", b"before")
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while not got:
                 await asyncio.sleep(0.01)
         assert got == [(b"t:moving", b"before")]
         owner = cluster.master_of("t:moving")
         await asyncio.to_thread(cluster.move_slot, "t:moving",
                                 next(s for s in cluster.servers if s is not owner))
-        reason = await asyncio.wait_for(links.listener("t:moving").closed, 5)
+        reason = await asyncio.wait_for(links.listener("t:moving").closed, wait(5))
         assert isinstance(reason, resp.SlotMoved) and "t:moving" in str(reason)
         with pytest.raises(resp.RedisReplyError, match="MOVED"):
             await pub.request(b"SPUBLISH", b"t:moving", b"after")

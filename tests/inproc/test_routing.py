@@ -15,6 +15,7 @@ from rpcbus.cluster.messages import RPC_QUERY, decode_batch
 
 from ..hang import Hang
 from ..integration.raw import RawPeer
+from ..timing import wait
 from .conftest import stats
 
 
@@ -80,7 +81,7 @@ async def test_provide_and_unprovide_reach_other_nodes_before_the_ttl(cluster3):
         assert (await c.call("moving", 0, timeout=5))["served_by"] == "n1"
         await p1.unprovide("moving")
         await p3.provide("moving", served_by("n3"))
-        async with asyncio.timeout(5):                # updates, not the 60 s TTL
+        async with asyncio.timeout(wait(5)):                # updates, not the 60 s TTL
             while True:                               # n1's 0 may arrive before n3's 1
                 try:
                     if (await c.call("moving", 0, timeout=5))["served_by"] == "n3":
@@ -88,7 +89,7 @@ async def test_provide_and_unprovide_reach_other_nodes_before_the_ttl(cluster3):
                 except rpcbus.NoProviderError:
                     pass
         await p3.unprovide("moving")
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while True:
                 try:
                     await c.call("moving", 0, timeout=5)
@@ -172,13 +173,13 @@ async def test_a_cancelled_call_cancels_its_handler_on_another_node(cluster3):
     async with rpcbus.connect(n2.url) as prov, rpcbus.connect(n1.url) as caller:
         await prov.provide("far.slow", slow)
         call = asyncio.create_task(caller.call("far.slow", 1, timeout=30))
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             await started.wait()
         call.cancel()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             await cancelled.wait()                    # on n2, through n1 and the bus
         assert stats(n1)["pending"] == 0
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while stats(n2)["pending"]:
                 await asyncio.sleep(0.01)
 

@@ -13,6 +13,7 @@ import rpcbus
 from rpcbus import protocol as p
 from rpcbus.benchmarks.attacks import handshake, masked
 
+from ..timing import wait
 from .conftest import stats
 from .raw import RawPeer
 from .test_hostile import healthy  # noqa: F401  (a fixture)
@@ -45,7 +46,7 @@ async def test_a_ping_flood_before_login_closes_that_connection(node, healthy): 
 async def test_pings_and_pongs_after_login_have_a_budget_too(node, healthy):  # noqa: F811
     peer = await RawPeer.open(node.url)
     for _ in range(15):                                # within the budget: answered
-        await asyncio.wait_for(await peer.ws.ping(), 5)
+        await asyncio.wait_for(await peer.ws.ping(), wait(5))
     unasked = masked(0xA, b"x" * 125)                  # pongs nobody asked for count too
     peer.ws.transport.write(unasked * 10)
     with pytest.raises(ConnectionClosed) as closed:
@@ -57,7 +58,7 @@ async def test_pings_and_pongs_after_login_have_a_budget_too(node, healthy):  # 
 async def test_pongs_a_client_never_reads_cannot_grow_the_node(node, healthy):  # noqa: F811
     reader, writer = await handshake(node.url)
     ping = masked(0x9, b"x" * 125)
-    async with asyncio.timeout(5):                     # closed: writing fails or EOF
+    async with asyncio.timeout(wait(5)):                     # closed: writing fails or EOF
         with pytest.raises(ConnectionError):
             while True:
                 writer.write(ping * 64)
@@ -100,7 +101,7 @@ async def test_connections_are_limited_per_address_and_while_logging_in(start_no
     other = await RawPeer.open(node.url)                       # another address: served
     for _, writer in waiting[:2]:                              # two leave: room for two
         writer.transport.abort()
-    async with asyncio.timeout(2):           # 2 waiting, other, and this HTTP request
+    async with asyncio.timeout(wait(2)):           # 2 waiting, other, and this HTTP request
         while stats(node)["connections"]["open"] > 4:
             await asyncio.sleep(0.02)
     logged_in = [await RawPeer.open(node.url, local_addr=("127.0.0.9", 0)) for _ in range(2)]

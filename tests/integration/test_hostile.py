@@ -12,6 +12,7 @@ from websockets.exceptions import ConnectionClosed
 import rpcbus
 from rpcbus import protocol as p
 
+from ..timing import wait
 from .conftest import stats
 from .raw import RawPeer
 
@@ -37,7 +38,7 @@ async def healthy(node):
         async def check():
             """20 more correct answers after the hostile part, and none wrong at any time."""
             mark = len(results)
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(wait(10)):
                 while len(results) < mark + 20:
                     progress.clear()
                     await progress.wait()

@@ -21,6 +21,7 @@ import rpcbus
 from rpcbus import protocol as p
 
 from ..quiet import no_gc_pauses
+from ..timing import wait
 from .conftest import stats
 from .raw import RawPeer
 
@@ -57,7 +58,7 @@ async def test_a_stalled_provider_refuses_the_requests_the_node_moved_on_meanwhi
                                           for i in stalled)) == stalled
             assert sum(here[i] for i in stalled) == len(stalled)   # all moved to backup
             proc.send_signal(signal.SIGCONT)
-            async with asyncio.timeout(10):                  # until it serves a new call
+            async with asyncio.timeout(wait(10)):                  # until it serves a new call
                 i = 1000
                 while i not in recorded():
                     i += 1
@@ -102,7 +103,7 @@ async def test_caller_gone_its_call_is_cancelled_at_the_provider(node):
         await started.wait()
         before = stats(node)["router"]
         caller.abort()
-        async with asyncio.timeout(5):  # the node cancels it once the caller is gone
+        async with asyncio.timeout(wait(5)):  # the node cancels it once the caller is gone
             await cancelled.wait()
         async with rpcbus.connect(node.url) as c:   # the node still serves
             await prov.provide("ping", lambda d: "pong")
@@ -150,7 +151,7 @@ async def test_connection_lost_fails_pending_calls_at_once(start_node):
         node.kill()
         for call in calls:
             with pytest.raises(rpcbus.ConnectionLostError):
-                async with asyncio.timeout(10):
+                async with asyncio.timeout(wait(10)):
                     await call
         with pytest.raises(rpcbus.ConnectionLostError):
             await c.call("hold", 1)

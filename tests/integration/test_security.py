@@ -18,6 +18,7 @@ from rpcbus import protocol as p
 from rpcbus.broker.auth import hash_password, token_digest
 from rpcbus.broker.process import NodeProcess
 
+from ..timing import wait
 from .conftest import FAST, stats
 from .raw import RawPeer
 
@@ -126,7 +127,7 @@ async def test_who_may_see_whose_presence(secured):
     """``presence`` globs: a user sees the presence of the users they match, no more."""
     async with rpcbus.connect(secured.url, token="newsroom-token") as press, \
             rpcbus.connect(secured.url, token="front-token") as front:
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while "frontend" not in await press.presence():
                 await asyncio.sleep(0.02)
         assert await press.presence() == ["frontend"]      # not itself: "newsroom"
@@ -195,7 +196,7 @@ async def test_over_the_rate_limit_requests_are_refused_and_the_connection_stays
         # other users are not limited, and answers of a limited provider still flow
         assert await asyncio.gather(*(front.call("echo", i, timeout=5) for i in range(40))) \
             == list(range(40))
-        async with asyncio.timeout(5):                 # a later window: served again
+        async with asyncio.timeout(wait(5)):                 # a later window: served again
             while True:
                 try:
                     assert await chatty.call("echo", "later", timeout=5) == "later"

@@ -22,6 +22,7 @@ from rpcbus.broker.auth import token_digest
 from rpcbus.broker.process import NodeProcess
 from rpcbus.broker.tokens import MAX_TOKEN, fingerprint
 
+from ..timing import wait
 from .raw import RawPeer
 
 ADMIN = "admin-token-for-reload"
@@ -116,7 +117,7 @@ async def test_a_token_user_calls_and_provides_within_its_claims_only(node, keys
             await svc.subscribe("pub.x", got.put_nowait)
         await sub.emit("feed.a", "not allowed")               # reader may not publish
         await svc.emit("feed.a", "news")
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             assert await got.get() == "news"
         await sub.ping()   # its own emit, read before this PING, reached nobody
         assert got.empty()
@@ -303,7 +304,7 @@ async def test_a_flood_of_bad_jwts_from_one_address_is_refused_cheaply(node, key
             start = sum(answers.values())
             while sum(answers.values()) < start + (100 if token is new_bad else 300):
                 await asyncio.sleep(0.05)
-            async with asyncio.timeout(5), rpcbus.connect(
+            async with asyncio.timeout(wait(5)), rpcbus.connect(
                     node.url, token=sign(keys["a"], **rights), reconnect=False) as app:
                 await app.provide("pub.echo", lambda d: d)
                 assert await app.call("pub.echo", 1) == 1

@@ -82,7 +82,7 @@ class JsAgent:
         if self.proc.returncode is None:
             self.proc.stdin.close()          # the agent closes its client and exits
             try:
-                async with asyncio.timeout(5):
+                async with asyncio.timeout(scaled(5)):
                     await self.proc.wait()
             except TimeoutError:
                 self.proc.kill()

@@ -19,6 +19,7 @@ import rpcbus
 from rpcbus.broker.local import LocalCluster
 
 from ..cluster.conftest import FAST
+from ..timing import wait
 from .conftest import JS, node_exe
 
 
@@ -113,7 +114,7 @@ async def test_a_page_calls_python_and_python_calls_the_page(browser, site):
             assert await browser.value("window.failed || null") is None
             assert await browser.value("window.added") == 42          # page -> n2 -> n1
             assert await browser.value("window.missing") == "NO_PROVIDER"
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(wait(10)):
                 while True:                                           # n1 hears of web.greet
                     try:
                         got = await py.call("web.greet", "python", timeout=5)

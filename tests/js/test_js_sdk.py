@@ -17,6 +17,7 @@ from rpcbus.broker.local import LocalCluster
 from rpcbus.broker.process import NodeProcess
 
 from ..cluster.conftest import FAST, stats
+from ..timing import wait
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +113,12 @@ async def test_deadlines_and_abort_signals_reach_the_provider_across_nodes(two, 
         await agent.ok("provide", name="js.hang", kind="hang")
         err = await agent.error("call", name="py.hang", data="timed", timeout=300)
         assert err["code"] == "RESPONSE_TIMEOUT"
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             assert await cancelled.get() == "timed"          # the provider's handler stopped
         err = await agent.error("call", name="py.hang", data="aborted", timeout=5000,
                                 abortAfter=200)
         assert err["name"] == "AbortError"                   # the signal's reason
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             assert await cancelled.get() == "aborted"
         # a deadline over the node's longest (rpc.max_timeout, 300 s) is refused, not cut
         err = await agent.error("call", name="py.hang", data="long", timeout=400_000)
@@ -125,7 +126,7 @@ async def test_deadlines_and_abort_signals_reach_the_provider_across_nodes(two, 
         with pytest.raises(ValueError, match=r"timeout=1000 s is over the node's longest, 300"):
             await py.call("py.hang", "long", timeout=1000)
         # and the other way: a Python caller's deadline aborts the JS handler's ctx.signal
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             while True:
                 try:
                     await py.call("js.hang", None, timeout=0.3)
@@ -330,7 +331,7 @@ async def test_streams_between_js_and_python_across_nodes(two, js):
         got = await agent.ok("stream", name="py.endless", data="deadline", every=10,
                              timeout=300)
         assert got["error"]["code"] == "RESPONSE_TIMEOUT"
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(wait(5)):
             assert {await closed.get() for _ in range(3)} == {"break", "abort", "deadline"}
         # Python reads JS's generators
         assert [p["i"] async for p in py.stream("js.count", 300, window=8, timeout=5)] == \
@@ -408,7 +409,7 @@ async def test_js_and_python_clients_share_events_across_nodes(two, js):
             await py.emit("feed", ["py", i])
         emitted = lambda: [e["data"] for e in js_sub.events if e["event"] == "emitted"]  # noqa: E731
         await js_sub.event(lambda e: len(emitted()) >= 400)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(wait(10)):
             while len(got) < 400:
                 await asyncio.sleep(0.01)
         for seen in (emitted(), got):
@@ -417,7 +418,7 @@ async def test_js_and_python_clients_share_events_across_nodes(two, js):
                 assert [i for w, i in seen if w == who] == list(range(200))
         await js_sub.ok("unsubscribe", topic="feed")
         await py.emit("feed", ["py", "after"])
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(wait(10)):
             while got[-1] != ["py", "after"]:
                 await asyncio.sleep(0.01)
         assert stats(n2)["events"]["topics"] == 0   # n2 sends js_sub nothing more

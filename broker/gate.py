@@ -261,7 +261,8 @@ class Gate:
             self.stats["token_refusals_remembered"] += 1
             self._refuse(address, refusal, done)
             return
-        if address in self._failed and not self.budget.allows(address, loop.time()):
+        budget = self._lane(address)
+        if budget is not None and not budget.allows(address, loop.time()):
             self._over_budget(address, done)
             return
         waiting = self._verifying.get(key)
@@ -315,22 +316,19 @@ class Gate:
         typo does not."""
         failed = self._failed_once_more(address)
         self.stats["login_refusals"] += 1
-        delay = min(failed * REFUSAL_DELAY, MAX_REFUSAL_DELAY)
-        loop = asyncio.get_running_loop()
-        if delay:
-            loop.call_later(delay, done, None, reason)
-        else:
-            loop.call_soon(done, None, reason)
+        _answer_later(failed, done, reason)
 
-    def _lane(self, address: str, name: str) -> CheckBudget | None:
-        """The budget a password check of user ``name`` from ``address`` is held by: none
-        while the address's logins have not failed lately; ``budget`` when this name's
-        did (a flood repeating itself); else ``new_names``, so the users behind a
-        flooding address are not held by the flood's own checks. Known and unknown
-        names are judged alike."""
+    def _lane(self, address: str, name: str | None = None) -> CheckBudget | None:
+        """The budget a check for user ``name`` from ``address`` is held by: none while
+        the address's logins have not failed lately; ``budget`` when this name's did (a
+        flood repeating itself), or for a JWT (``name`` None: its user is known only once
+        it verified); else ``new_names``, so the users behind a flooding address are not
+        held by the flood's own checks. Known and unknown names are judged alike."""
         if address not in self._failed:
             return None
-        return self.budget if (address, name) in self._failed_users else self.new_names
+        if name is None or (address, name) in self._failed_users:
+            return self.budget
+        return self.new_names
 
     def _over_budget(self, address: str, done: Callable[[User | None, str], None]) -> None:
         """A login from ``address``, whose logins failed lately, while the failing checks'
@@ -338,8 +336,7 @@ class Gate:
         retrying in a loop waits; its connections cost the node little meanwhile)."""
         self.stats["logins_busy"] += 1
         self.stats["logins_over_budget"] += 1
-        delay = min(self._failed.get(address, 0) * REFUSAL_DELAY, MAX_REFUSAL_DELAY)
-        asyncio.get_running_loop().call_later(delay, done, None, BUSY)
+        _answer_later(self._failed.get(address, 0), done, BUSY)
 
     def _failed_once_more(self, address: str) -> int:
         """A login from ``address`` failed: its count of the last ``FAILURE_MEMORY`` s goes
@@ -474,6 +471,18 @@ class Gate:
         for pool in (self._pool, self._jwt_pool):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _answer_later(failed: int, done: Callable[[User | None, str], None],
+                  reason: str) -> None:
+    """``done(None, reason)`` ``REFUSAL_DELAY`` later per login of its address that
+    failed lately (``failed``), up to ``MAX_REFUSAL_DELAY``; at once for none."""
+    delay = min(failed * REFUSAL_DELAY, MAX_REFUSAL_DELAY)
+    loop = asyncio.get_running_loop()
+    if delay:
+        loop.call_later(delay, done, None, reason)
+    else:
+        loop.call_soon(done, None, reason)
 
 
 def _timed_verify(tokens: Tokens, token: str) -> tuple[Grant | TokenError, float]:

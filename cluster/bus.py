@@ -347,8 +347,8 @@ class Bus:
             return
         seq = 0
         if self._sealer is not None:
-            topic, now = channel.decode(), time.monotonic()
-            if len(data) > ALWAYS_OPENED and not self._opens.allows(topic, now):
+            topic = channel.decode()
+            if len(data) > ALWAYS_OPENED and not self._opens.allows(topic, time.monotonic()):
                 self._reject("over_budget")  # forged batches there spent its budget
                 return
             started = time.perf_counter()
@@ -359,7 +359,7 @@ class Bus:
                 self._skewed(exc)
                 return
             except SealError as exc:
-                self._opens.spend(topic, time.perf_counter() - started, now)
+                self._opens.spend(topic, time.perf_counter() - started, time.monotonic())
                 self._reject(str(exc))
                 return
         try:

@@ -53,6 +53,9 @@ _ROUTER = {
     "shed": "Calls shed on arrival OVERLOADED: their name's waits stood over target.",
     "busy": "Attempts a provider or node turned away unrun: full (BUSY) or read late.",
     "fanout_refused": "call_alls refused LIMIT_EXCEEDED: more providers than limits.max_fanout.",
+    "bus_waits": "Attempts at other nodes that waited through a reset of this node's bus.",
+    "answers_lost": "Calls that ended CLUSTER_UNAVAILABLE: a node ran them, their answer "
+                    "was lost on the bus.",
 }
 # node I/O counters: name -> help
 _IO = {

@@ -113,6 +113,9 @@ HELD = 0.02       # s: a frame that may have waited longer than this was read la
 # ``steady``: of the way to ``lat`` per sample, so over about a quarter second: a stall of
 # a few ms (a busy machine, a GC pause) that lifts ``lat`` at once barely moves it
 STEADY_STEP = 0.2
+# ``Call.checked`` of an attempt at another node while the bus resets (``cluster_down``):
+# waiting for the bus to come back, then asked again after it did (``cluster_up``)
+BUS_DOWN, ASKED_AGAIN = -1.0, -2.0
 
 
 class Peer(Protocol):
@@ -199,13 +202,14 @@ class Call:
     __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
                  "accepted", "acked", "checked", "tried", "local_only", "started",
                  "traceparent", "hrow", "hstart", "unsure", "sent", "probe", "window",
-                 "queued", "slow")
+                 "queued", "slow", "begun")
     # set by each dispatch (see the end of __init__)
     id: int
     provider: Peer | None
     accepted: bool
     acked: bool
     checked: float
+    begun: float
 
     def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float) -> None:
         self.caller = caller
@@ -228,7 +232,9 @@ class Call:
         # which runs it on each of its providers (broker/fanout.py); 0: a call
         self.window = 0
         # id (the current attempt's), provider, accepted, acked and checked (when the
-        # node was asked whether it started the attempt; 0.0: not) are set by each dispatch.
+        # node was asked whether it started the attempt; 0.0: not; BUS_DOWN or ASKED_AGAIN
+        # while the bus reset: ``cluster_down``) are set by each dispatch, and begun (when
+        # the attempt was sent) by each that sends one.
 
 
 class StreamCall(Call):
@@ -266,7 +272,8 @@ class RouterStats:
                  "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled",
                  "ack_checks", "calls_ok", "calls_failed", "duplicate_ids", "local_calls",
                  "remote_calls", "parts", "stream_overruns", "parts_lost",
-                 "accept_timeouts", "overloaded", "waited", "shed", "busy", "fanout_refused")
+                 "accept_timeouts", "overloaded", "waited", "shed", "busy", "fanout_refused",
+                 "bus_waits", "answers_lost")
     ok: int
     provider_errors: int
     no_provider: int
@@ -302,6 +309,8 @@ class RouterStats:
     shed: int             # of those ended OVERLOADED: shed on arrival (a standing queue)
     busy: int             # attempts a provider or node turned away full, or read too late
     fanout_refused: int   # call_alls that would reach more than limits.max_fanout (not run)
+    bus_waits: int        # attempts at other nodes that waited through a bus reset
+    answers_lost: int     # of the CLUSTER_UNAVAILABLE: ran at a node, the answer lost
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -653,20 +662,66 @@ class Router:
                 self._reroute_waiting(name)
 
     def cluster_down(self, now: float) -> None:
-        """The bus is down: attempts at other nodes cannot finish; waiting calls resume.
+        """The bus session ended (it reconnects by itself); waiting calls resume.
 
-        An attempt at another node may be running there (it was handed to a
-        provider on arrival), so it fails with CLUSTER_UNAVAILABLE rather than
-        run twice. Calls waiting for discovery go to local providers, if any.
+        A call at another node waits for the bus to come back, until its deadline
+        (``cluster_up`` then asks that node what became of it): it may be running there,
+        so it is neither moved nor failed. A stream or a call_all's child at another node
+        fails CLUSTER_UNAVAILABLE: parts or replies sent meanwhile are lost. Calls waiting
+        for discovery go to local providers, if any.
         """
         for call in [c for c in self._calls.values() if c.provider is not None
                      and c.provider.is_node]:
-            self._end_attempt(call)
-            self.stats.cluster_unavailable += 1
-            self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                                  "the cluster bus went down during the call"])
+            node = call.provider
+            assert node is not None  # (the filter's)
+            if call.window:
+                self._end_attempt(call)
+                self.stats.cluster_unavailable += 1
+                self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                                      "the cluster bus went down during the call"])
+            else:
+                self.stats.bus_waits += 1
+                call.checked = BUS_DOWN  # its deadline entries wait for the bus (``tick``)
+                call.sent = 0.0  # its time, gap included, measures nothing of the node
+                pace = node.pace
+                if pace is not None and pace.probe == call.id:  # nor its accept time
+                    pace.probe = 0
+                    self._probing.pop(node, None)
         for name in list(self._parked):
             self.resume(name, now)
+
+    def cluster_up(self, now: float) -> None:
+        """The bus is back: each call that waited through the reset at another node is
+        asked about there (``[ACK_CHECK, id, age_ms]``; ``age_ms`` -1: its ACK came, so it
+        started). That node answers ACK (still running: its answer will come), REJECT
+        (never started, and never will: the call moves) or DONE (it ran and answered, and
+        the answer was lost while this node was away: ``lost``). One that is not
+        answered within the node's ack timeout ends CLUSTER_UNAVAILABLE, never moved."""
+        for call in [c for c in self._calls.values() if c.checked == BUS_DOWN]:
+            provider = call.provider
+            assert provider is not None and provider.is_node, "held, yet not at a node"
+            call.checked = ASKED_AGAIN
+            if not provider.closed:
+                provider.send([ACK_CHECK, call.id,
+                               -1 if call.acked else int((now - call.begun) * 1000)])
+            if not call.acked:
+                pace = provider.pace
+                due = now + (pace.rto if pace is not None else self.ack_timeout)
+                self._deadlines.add(call.id, due if due < call.deadline else call.deadline)
+
+    def lost(self, peer: Peer, attempt: int) -> None:
+        """The node ran ``attempt`` and sent its answer, which never came (lost on the bus
+        while this node's subscription was down): the call ends CLUSTER_UNAVAILABLE, a
+        code that says it may have run."""
+        call = self._attempt_of(peer, attempt)
+        if call is None:
+            return
+        self._end_attempt(call)
+        self.stats.cluster_unavailable += 1
+        self.stats.answers_lost += 1
+        self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                              f"node {peer.label} took the call and answered it, but the "
+                              "answer was lost on the cluster bus (it may have run)"])
 
     def fail_peer(self, peer: Peer, code: str, message: str) -> None:
         """Every attempt at ``peer`` ends with ``code`` (their outcome cannot be known
@@ -1185,6 +1240,13 @@ class Router:
                     msg = [ERROR, call.cid, errors.NO_PROVIDER,
                            f"no provider of {call.name!r} was found within the call's "
                            "deadline (not run)"]
+            elif now >= call.deadline and call.checked == BUS_DOWN:
+                # at another node, and this node's bus still down: that, not the provider
+                assert call.provider is not None, "held for the bus, yet at no node"
+                self.stats.cluster_unavailable += 1
+                msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                       f"the cluster bus was down until the call's deadline (it may have "
+                       f"run at node {call.provider.label})"]
             elif now >= call.deadline:
                 self.stats.response_timeouts += 1
                 msg = [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
@@ -1196,6 +1258,15 @@ class Router:
                 # finish first cost no entry.
                 self._deadlines.add(attempt, call.deadline)
                 continue
+            elif call.checked < 0:  # at a node when the bus went down (``cluster_down``)
+                if call.checked == BUS_DOWN:  # still down: it waits, as it may be running
+                    self._deadlines.add(attempt, call.deadline)
+                    continue
+                # asked after the bus came back, and not answered: nothing tells
+                self.stats.cluster_unavailable += 1
+                msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                       f"node {call.provider.label} did not say, after this node's cluster "
+                       "bus came back, whether it ran the call"]
             elif call.provider.is_node and not call.checked:
                 # No ACK yet from a node: ask before moving the call (it may have started).
                 # A node given up is not asked, but this node still makes sure it would
@@ -1367,6 +1438,7 @@ class Router:
         call.provider = provider
         call.accepted = call.acked = False
         call.checked = 0.0
+        call.begun = now
         self._calls[attempt] = call
         # what its choice and its limit weigh (its outstanding; ends in _took)
         if provider.load:  # its time measured for 1 attempt in LAT_SAMPLE

@@ -281,24 +281,31 @@ class Bus:
         free = asyncio.Event()  # set while fewer than ROUNDS_IN_FLIGHT rounds are out
         free.set()
 
-        def answered(error: BaseException | None) -> None:
+        def answered(error: BaseException | None, heard: list[tuple[list[str], list[Any]]]
+                     ) -> None:
             taken = rounds.popleft()  # Redis answers in order
             if error is not None:  # the session is ending: keep its answers for the next
                 self.outbox.failed(taken)
                 return
-            more = self.outbox.answered(taken)
+            unheard: set[str] = set()
+            if taken.holds:  # answers on a private topic nobody heard wait for its node
+                for topics, replies in heard:
+                    unheard.update(t for t, n in zip(topics, replies, strict=True) if n == 0)
+                unheard.discard(self.control)
+            more = self.outbox.answered(taken, unheard)
             free.set()
             if not rounds and not more:
                 self._idle.set()
 
         def each_answered(left: list[Any], error: BaseException | None) -> None:
             """One Redis of a round answered: the round is once all it went to have (or
-            at the first error)."""
+            at the first error). ``left``: [Redises yet to answer, [(topics of each
+            PUBLISH, their replies: subscribers reached), ...]]."""
             if left[0] == 0:  # already concluded (an error)
                 return
             left[0] = 0 if error is not None else left[0] - 1
             if left[0] == 0:
-                answered(error)
+                answered(error, left[1])
 
         while True:
             await self._wake.wait()
@@ -318,6 +325,9 @@ class Bus:
             sent_at = time.monotonic()
             sealer = self._sealer
             parts: dict[RespConnection, list[bytes]] = {}
+            # each PUBLISH's topic, in order, when the round holds answers (``answered``
+            # reads their replies: whether anyone heard them)
+            topics: dict[RespConnection, list[str]] | None = {} if taken.holds else None
             for topic, msgs in out.items():
                 batches = self._encode(topic, to[topic], sent_at, msgs)
                 if not batches:
@@ -329,16 +339,23 @@ class Bus:
                 for batch in batches:
                     mine.append(resp.publish(head, batch if sealer is None
                                              else sealer.seal(topic, batch)))
+                if topics is not None:
+                    topics.setdefault(conn, []).extend([topic] * len(batches))
                 self.stats["messages_out"] += len(msgs)
             if not parts:  # nothing (or nothing encodable) to send
                 if not self.outbox.answered(taken) and not rounds:
                     self._idle.set()
                 continue
             rounds.append(taken)
-            left = [len(parts)]
+            heard: list[tuple[list[str], list[Any]]] = []
+            left = [len(parts), heard]
             for conn, mine in parts.items():
                 self.stats["batches_out"] += len(mine)
-                conn.send(b"".join(mine), len(mine), partial(each_answered, left))
+                replies: list[Any] | None = None
+                if topics is not None:
+                    replies = []
+                    heard.append((topics[conn], replies))
+                conn.send(b"".join(mine), len(mine), partial(each_answered, left), replies)
 
     def _deliver(self, channel: bytes, data: bytes) -> None:
         """One batch from a subscribed topic (called as the connection reads it)."""

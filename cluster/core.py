@@ -65,8 +65,13 @@ NEWS_GAP = 0.2  # s: a heartbeat early for news (``Routing.rates_moved``) comes 
 class Publisher(Protocol):
     """Where the core's messages go (cluster/outbox.py ``Outbox`` is one)."""
 
+    # answers whose PUBLISH reached nobody on a node's topic, by topic, until ``heard``
+    unheard: dict[str, Any]
+
     def publish(self, topic: str, msg: list[Any], then: Callable[[], None] | None = ...,
                 to: int = ..., hold_until: float = ...) -> None: ...
+    def heard(self, topic: str, to: int) -> None: ...
+    def expire(self) -> None: ...
 
 
 class PresenceView(Protocol):
@@ -129,7 +134,7 @@ class ClusterCore:
         self._handover_until = 0.0  # a node stopped as planned lately: its providers move
         self.stats = {"stale_invokes": 0, "nodes_dead": 0, "nodes_left": 0,
                       "silent_attempts": 0,
-                      "checks_refused": 0, "cache_lookups": 0, "cache_misses": 0,
+                      "checks_refused": 0, "checks_done": 0, "cache_lookups": 0, "cache_misses": 0,
                       "nodes_restarted": 0, "misaddressed": 0, "old_incarnation": 0,
                       "unsettled": 0, "announces": 0, "query_retries": 0,
                       "duplicate_invokes": 0}
@@ -245,6 +250,8 @@ class ClusterCore:
             self._beat(now)   # news for the other nodes' choice: told now, not in a second
         elif now >= self._next_beat:
             self._beat(now)
+            if self.outbox.unheard:  # answers for a node that never came back
+                self.outbox.expire()
             heard = max(self._heard_at, self._listening_since)
             if self.available and now - heard > interval * self.config.heartbeat_misses:
                 self._stale("this node's own heartbeats stopped coming back")
@@ -302,6 +309,7 @@ class ClusterCore:
         self._beat(now)
         self._announce_after = 0.0
         self._announce(now)
+        self.router.cluster_up(now)  # the calls at other nodes that waited are asked about
 
     def _announce(self, now: float) -> None:
         """Publish this node's count of every name it provides (at most once in half a
@@ -360,6 +368,8 @@ class ClusterCore:
         node = self._peer(sender, batch.incarnation, now)
         if node is None:
             return
+        if self.outbox.unheard and node.topic in self.outbox.unheard and not node.retired:
+            self.outbox.heard(node.topic, node.incarnation)  # it listens again: its answers
         age = self.membership.age(sender, batch.sent_at, now)
         addressed = batch.to == self.incarnation  # call messages come only in these
         taken: list[RemoteCaller] = []  # the batch's INVOKEs taken: one ACK for them all
@@ -414,13 +424,9 @@ class ClusterCore:
             if caller is not None:
                 router.credit(caller, msg[1], msg[2])
         elif kind == m.CHECK:
-            key = (node.incarnation, msg[1])
-            if key in self.acked and key not in self.refused:  # started (or starting)
-                node.publish([m.ACK, msg[1]])
-            else:                                   # never started, and never will be
-                self.refused.add(key)
-                self.stats["checks_refused"] += 1
-                node.publish([m.REJECT, msg[1]])
+            self._check(node, msg, sent_at, now)
+        elif kind == m.DONE:
+            router.lost(node, msg[1])
         elif kind == m.RPC_QUERY:  # a terminating node takes no new calls: it has none
             count = router.advertised(msg[1]) if self.state != m.TERMINATING else 0
             if count:  # news for every node's cache
@@ -443,6 +449,33 @@ class ClusterCore:
                     self.presence.heard_all(node.name, msg[1])
         elif self.presence is not None and kind == m.PRESENCE_QUERY:
             self.outbox.publish(self.control, self.presence.snapshot())
+
+    def _check(self, node: RemoteNode, msg: list[Any], sent_at: float, now: float) -> None:
+        """``node`` asks what became of its attempt ``msg[1]`` here: ACK while it runs (or
+        starts), REJECT if it never started (and now never will), DONE if it ran and was
+        answered (the answer went out before this DONE, on the same topic: if it is not
+        there first, it was lost).
+
+        An attempt this node does not remember (``acked`` keeps keys for ``keep``
+        seconds) is one it never received, unless the origin had its ACK (``age_ms`` -1)
+        or asks about it after a bus reset later than this node remembers: then it is
+        taken as run (DONE, may have run), never refused."""
+        attempt = msg[1]
+        key = (node.incarnation, attempt)
+        if key in self.invoked:
+            node.publish([m.ACK, attempt])
+        elif key in self.refused:
+            self.stats["checks_refused"] += 1
+            node.publish([m.REJECT, attempt])
+        elif key in self.acked or (len(msg) > 2 and (
+                msg[2] < 0 or msg[2] / 1000 + self.membership.age(node.name, sent_at, now)
+                >= self.acked.keep)):
+            self.stats["checks_done"] += 1
+            node.publish([m.DONE, attempt])
+        else:                                   # never started, and never will be
+            self.refused.add(key)
+            self.stats["checks_refused"] += 1
+            node.publish([m.REJECT, attempt])
 
     def _invoke(self, node: RemoteNode, msg: list[Any], age: float, now: float,
                 taken: list[RemoteCaller]) -> None:

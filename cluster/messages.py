@@ -33,8 +33,10 @@ where they are made, never rewritten in place::
                                       code APP_ERROR (an application's error)
     REJECT           [125, id]        none of its providers took it: try another node
     CANCEL           [126, id]        the origin gave this attempt up
-    CHECK            [127, id]        no ACK reached the origin: did you start it?
-                                      (answered ACK if so, else REJECT: never started)
+    CHECK            [127, id, age_ms?]  did you start it? (no ACK reached the origin,
+                                      or its bus reset since: then age_ms, the attempt's
+                                      age, -1 if its ACK came) Answered ACK (running),
+                                      REJECT (never started, never will) or DONE
     ECHO             [128]            a node to itself: its subscription still delivers
     ANNOUNCE         [129]            to a node that (re)joined: publish your counts
     PART             [130, id, seq, data]  a stream's part seq (0, 1, ...); RESPONSE ends
@@ -46,6 +48,8 @@ where they are made, never rewritten in place::
                                       RESPONSE with their number
     REPLY            [133, id, provider, data, error?]  one provider's answer, or error
                                       [code, message, detail?]
+    DONE             [134, id]        to a CHECK: it ran here and its answer was sent
+                                      (before this: one that does not come was lost)
     EVENT            [140, topic, data]                        event channel
                                       an event a client of the sender emitted, for the
                                       subscribers of ``topic`` here (docs/events.md)
@@ -87,6 +91,7 @@ PART = 130
 CREDIT = 131
 INVOKE_ALL = 132
 REPLY = 133
+DONE = 134
 EVENT = 140
 PRESENCE = 141
 PRESENCE_ALL = 142
@@ -105,7 +110,7 @@ FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
     ERROR: ("ERROR", ("id", "code", "message", "detail?")),
     REJECT: ("REJECT", ("id",)),
     CANCEL: ("CANCEL", ("id",)),
-    CHECK: ("CHECK", ("id",)),
+    CHECK: ("CHECK", ("id", "age_ms?")),
     ECHO: ("ECHO", ()),
     ANNOUNCE: ("ANNOUNCE", ()),
     PART: ("PART", ("id", "seq", "data")),
@@ -113,6 +118,7 @@ FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
     INVOKE_ALL: ("INVOKE_ALL", ("id", "rpc", "data", "time_left_ms", "ack_left_ms", "caller",
                                 "traceparent?", "user?")),
     REPLY: ("REPLY", ("id", "provider", "data", "error?")),
+    DONE: ("DONE", ("id",)),
     EVENT: ("EVENT", ("topic", "data")),
     PRESENCE: ("PRESENCE", ("user", "online")),
     PRESENCE_ALL: ("PRESENCE_ALL", ("users",)),
@@ -124,7 +130,7 @@ INV_ID, INV_RPC, INV_DATA, INV_TIME_LEFT_MS, INV_ACK_LEFT_MS, INV_CALLER, INV_TR
     INV_USER, INV_WINDOW = range(1, 10)
 #: kinds that only come on a node's private topic, addressed to one process
 CALL_KINDS = frozenset((INVOKE, ACK, RESPONSE, ERROR, REJECT, CANCEL, CHECK, PART, CREDIT,
-                        INVOKE_ALL, REPLY, PRESENCE_QUERY))
+                        INVOKE_ALL, REPLY, DONE, PRESENCE_QUERY))
 
 STARTING = "starting"
 READY = "ready"
@@ -135,7 +141,8 @@ TERMINATING = "terminating"
 _SHAPES: dict[int, int] = {
     STATE: 4, RPC_QUERY: 1, PROVIDER_UPDATE: 2, INVOKE: 6, ACK: 1,
     RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1, CHECK: 1, ECHO: 0, ANNOUNCE: 0,
-    PART: 3, CREDIT: 2, REPLY: 3, EVENT: 2, PRESENCE: 2, PRESENCE_ALL: 1, PRESENCE_QUERY: 0,
+    PART: 3, CREDIT: 2, REPLY: 3, DONE: 1, EVENT: 2, PRESENCE: 2, PRESENCE_ALL: 1,
+    PRESENCE_QUERY: 0,
 }
 
 _INCARNATION_BITS = 10
@@ -239,6 +246,9 @@ def _well_formed(msg: Any) -> bool:
         return (4 <= n <= 5 and type(msg[1]) is int and msg[1] >= 0 and type(msg[2]) is str
                 and (n == 4 or (type(msg[4]) is list and 2 <= len(msg[4]) <= 3
                                 and type(msg[4][0]) is str and type(msg[4][1]) is str)))
+    if kind == CHECK:  # [127, id, age_ms?]
+        return (2 <= n <= 3 and type(msg[1]) is int and msg[1] >= 0
+                and (n == 2 or type(msg[2]) is int))
     fields = _SHAPES.get(kind)
     if fields is None or n != fields + 1:
         return False

@@ -16,10 +16,19 @@ kept while the bus is down, and in a round that fails, and queued again after th
 reconnect if ``hold_until`` has not passed on ``clock`` (at most ``MAX_HELD``;
 more are dropped and counted). Everything else queued when the bus goes down is
 dropped.
+
+Held for a node that did not hear them: when Redis says a round's PUBLISH on a
+node's private topic reached no subscriber (``answered(round, unheard)``: that
+node's subscription is gone, dropped by Redis or reconnecting), the answers it
+carried for that topic wait in ``unheard`` until the node is heard again
+(``heard(topic, to)``: a batch of its came, so it subscribed again) and are queued
+then, unless their ``hold_until`` passed (``expire``) or they were for an earlier
+process of that node.
 """
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import Any, Callable, Iterable, NamedTuple
 
 MAX_HELD = 100_000  # answers kept while the bus is down, for the reconnect
@@ -50,7 +59,7 @@ class Outbox:
                  on_queued: Callable[[], None] = lambda: None) -> None:
         self.clock = clock
         self.up = False
-        self.stats = {"dropped": 0, "held": 0, "held_sent": 0}
+        self.stats = {"dropped": 0, "held": 0, "held_sent": 0, "unheard": 0}
         self._on_queued = on_queued
         self._out: dict[str, list[list[Any]]] = {}
         self._to: dict[str, int] = {}   # topic -> the incarnation its queue is for
@@ -58,6 +67,9 @@ class Outbox:
         self._holds: list[Held] = []    # those queued in _out
         self._then: list[Callable[[], None]] = []  # run after this round is in Redis
         self.session = 0                # bus sessions: the count of those that ended
+        # topic -> answers whose PUBLISH reached nobody there, until its node is heard
+        self.unheard: dict[str, list[Held]] = {}
+        self._unheard_n = 0
 
     @property
     def queued(self) -> bool:
@@ -105,12 +117,50 @@ class Outbox:
         self._out, self._to, self._then, self._holds = {}, {}, [], []
         return taken
 
-    def answered(self, round: Round) -> bool:
-        """Redis has taken every batch of ``round``. Returns whether the next round has
-        messages queued already."""
+    def answered(self, round: Round, unheard: AbstractSet[str] = frozenset()) -> bool:
+        """Redis has taken every batch of ``round``; ``unheard``: its topics whose PUBLISH
+        reached no subscriber (their answers wait for their node: ``heard``). Returns
+        whether the next round has messages queued already."""
         for callback in round.then:
             callback()
+        if unheard:
+            for entry in round.holds:
+                if entry[0] in unheard:
+                    if self._unheard_n < MAX_HELD:
+                        self.unheard.setdefault(entry[0], []).append(entry)
+                        self._unheard_n += 1
+                        self.stats["unheard"] += 1
+                    else:
+                        self.stats["dropped"] += 1
         return bool(self._out)
+
+    def heard(self, topic: str, to: int) -> None:
+        """The node of ``topic`` (process ``to``) is heard: it listens again. What waited
+        for it is queued (answers for an earlier process of it are dropped)."""
+        entries = self.unheard.pop(topic, None)
+        if entries is None:
+            return
+        self._unheard_n -= len(entries)
+        if not self.up:
+            self._hold(*entries)  # kept for the reconnect, as any held answer
+            return
+        mine = [e for e in entries if e[1] == to]
+        self.stats["dropped"] += len(entries) - len(mine)
+        self._requeue(mine)
+
+    def expire(self) -> None:
+        """Drop what waits for a node past its ``hold_until`` (a node that never came
+        back); counted."""
+        now = self.clock()
+        for topic in list(self.unheard):
+            entries = self.unheard[topic]
+            live = [e for e in entries if e[3] > now]
+            self.stats["dropped"] += len(entries) - len(live)
+            self._unheard_n -= len(entries) - len(live)
+            if live:
+                self.unheard[topic] = live
+            else:
+                del self.unheard[topic]
 
     def failed(self, round: Round) -> None:
         """``round`` did not reach Redis: its answers are kept. Its session is ending:

@@ -96,8 +96,8 @@ class RemoteNode:
                           msg[7], msg[8], msg[9]])
         elif msg[0] == C_CANCEL:
             self.publish([m.CANCEL, msg[1]])
-        elif msg[0] == ACK_CHECK:
-            self.publish([m.CHECK, msg[1]])
+        elif msg[0] == ACK_CHECK:  # [ACK_CHECK, id] or, after a bus reset, [.., age_ms]
+            self.publish([m.CHECK, *msg[1:]])
             self.link.probe()
 
 
@@ -149,6 +149,7 @@ class RemoteCaller:
             # machine): the origin may have given the attempt up and moved the call on.
             # Refuse it unrun; an origin still waiting moves it now.
             del link.invoked[key]
+            link.refused.add(key)  # a CHECK for it is answered REJECT too
             link.stats["stale_invokes"] += 1
             link._warnings.warn("late_ack_invoke_refused", origin=self.origin, rpc=msg[INV_RPC],
                             call_id=self.id)
@@ -197,9 +198,11 @@ class RemoteCaller:
             node.publish([m.REPLY, msg[1], msg[2], msg[4], *msg[5:]], hold_until=self.deadline)
             return
         elif kind == C_ERROR and msg[2] == errors.NO_PROVIDER:
+            self.link.refused.add(self.key)  # not run: a CHECK after a lost REJECT says so
             node.publish([m.REJECT, self.id], hold_until=self.deadline)
         elif kind == C_ERROR and msg[2] == errors.OVERLOADED:  # not run: the origin may
-            node.publish([m.ERROR, self.id, errors.OVERLOADED, msg[3]],  # try another node
+            self.link.refused.add(self.key)                      # try another node
+            node.publish([m.ERROR, self.id, errors.OVERLOADED, msg[3]],
                          hold_until=self.deadline)
         elif kind == C_ERROR:
             node.publish([m.ERROR, self.id, *msg[2:]], hold_until=self.deadline)

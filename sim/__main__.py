@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 import time
+from collections import Counter
 
 import structlog
 
@@ -36,10 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
     began = time.monotonic()
     calls = failed = 0
+    outcomes: Counter[str] = Counter()
     for seed in seeds:
         result = run_seed(seed, allowed, args.load, args.rules, streams=args.streams,
                           events=args.events)
         calls += result.calls
+        outcomes.update(result.outcomes)
         if not result.ok:
             failed += 1
             print(f"seed {seed} FAILED (faults {result.faults}, {result.calls} calls): "
@@ -54,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"outcomes {result.outcomes}")
     took = time.monotonic() - began
     print(f"{len(seeds)} seeds, {calls} simulated calls, {failed} failed, {took:.1f} s")
+    print("outcomes: " + ", ".join(f"{code} {n}" for code, n in outcomes.most_common()))
     return 1 if failed else 0
 
 

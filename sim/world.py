@@ -215,20 +215,24 @@ class Redis:
             if not self.reachable(end.name):  # stuck on the way until the cut heals
                 world.at(self.cut[end.name], at_redis)
                 return
+            unheard = set()  # private topics whose PUBLISH reached no subscriber
             for topic, msgs in taken.out.items():
                 payload = m.encode_batch(end.name, end.incarnation, taken.to[topic],
                                          sent_at, msgs)
-                self._publish(end.name, topic, payload)
+                if not self._publish(end.name, topic, payload) and topic != self.control:
+                    unheard.add(topic)
 
             def answered() -> None:
                 if end.session != session or not end.alive:
                     return
                 end.rounds = [r for r in end.rounds if r[1] is not taken]
-                end.outbox.answered(taken)
+                end.outbox.answered(taken, unheard)
             world.after(self.latency(), answered)
         world.at(arrive, at_redis)
 
-    def _publish(self, sender: str, topic: str, payload: bytes) -> None:
+    def _publish(self, sender: str, topic: str, payload: bytes) -> int:
+        """Deliver to the topic's subscribers; returns how many there were (PUBLISH's
+        reply: a connection that broke unnoticed still counts)."""
         self.batches += 1
         if topic == self.control:
             targets = list(self.ends.values())
@@ -238,15 +242,18 @@ class Redis:
             node = topic.rsplit(":", 1)[1]
             target = self.ends.get(node)
             targets = [target] if target is not None else []
+        reached = 0
         for end in targets:
             if not end.up or not end.alive:
                 continue
+            reached += 1
             copies = 2 if self.world.rand.random() < self.faults.duplicate else 1
             for _ in range(copies):
                 key = (topic, end.name)
                 due = max(self.world.now + self.latency(), self._fifo.get(key, 0.0))
                 self._fifo[key] = due
                 self.world.at(due, partial(self._arrive, end, end.session, topic, payload))
+        return reached
 
     def _arrive(self, end: BusEnd, session: int, topic: str, payload: bytes) -> None:
         """A batch reaches the node's connection; it is read after those before it."""

@@ -158,6 +158,45 @@ async def test_the_bus_carries_batches_up_to_its_size_and_refuses_larger_unread(
         await healthy.check()
 
 
+async def test_a_subscriber_redis_drops_fails_no_call_that_could_wait(guarded):
+    """Anyone who may PUBLISH can make Redis drop a node's subscriber: one PUBLISH larger
+    than Redis's pubsub output limit (32 MB by default). The node resubscribes, and its
+    calls running on n2 meanwhile wait and are answered: none fails CLUSTER_UNAVAILABLE
+    (before: every one did)."""
+    c = guarded()
+    n1, n2 = c.nodes
+    calls_n, running = 20, []
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(data):
+        running.append(data)
+        if len(running) == calls_n:
+            started.set()
+        await release.wait()
+        return data
+
+    async with rpcbus.connect(n2.url, token=TOKENS["worker"]) as prov, \
+            rpcbus.connect(n1.url, token=TOKENS["caller"]) as caller:
+        await prov.provide("pub.slow", slow)
+        calls = [asyncio.create_task(caller.call("pub.slow", i, timeout=wait(30)))
+                 for i in range(calls_n)]
+        async with asyncio.timeout(wait(10)):
+            await started.wait()
+        r = aioredis.from_url(c.redis_url)
+        try:
+            assert await r.publish("rpcbus:node:n1", b"\x00" * (48 << 20)) == 1
+        finally:
+            await r.aclose()
+        async with asyncio.timeout(wait(10)):      # dropped, and subscribed again
+            while not ((bus := stats(n1)["cluster"])["bus"]["reconnects"]
+                       and bus["available"]):
+                await asyncio.sleep(0.05)
+        release.set()
+        assert await asyncio.gather(*calls) == list(range(calls_n))
+        assert sorted(running) == list(range(calls_n))   # each ran once
+        assert stats(n1)["router"]["bus_waits"] == calls_n
+
+
 async def test_junk_names_neither_reach_the_globs_nor_blow_up_metrics(guarded):
     c = guarded()
     n1, n2 = c.nodes

@@ -12,7 +12,7 @@ from rpcbus.broker.router import ACK_CHECK, Router
 from rpcbus.cluster import messages as m
 from rpcbus.cluster.membership import Membership
 from rpcbus.cluster.providers import HandoverWait, ProviderCache
-from rpcbus.protocol import ACCEPT, CANCEL, ERROR, REQUEST, RESPONSE
+from rpcbus.protocol import ACCEPT, CANCEL, ERROR, REQUEST, RESPONSE, STREAM
 
 from .test_router import Peer, requests_to
 
@@ -319,26 +319,49 @@ def test_a_peer_whose_answers_cannot_be_read_fails_its_attempts_but_stays():
     assert len(a.take()) == 1
 
 
-def test_bus_down_fails_every_node_attempt_and_only_local_providers_serve():
+def test_calls_at_nodes_wait_through_a_bus_reset_and_are_asked_about_after_it():
+    """A bus reset fails nothing that could wait: each call at another node waits (it
+    may be running there) and is asked about once the bus is back; ACK keeps it waiting
+    for its answer, REJECT (never started) moves it, DONE (ran, answer lost) and silence
+    end it CLUSTER_UNAVAILABLE. A stream there fails at once: its parts may be lost."""
     a = Node("A")
     view = View({"x": [(a, 1)]})
     r, caller, local = router(view, rand=lambda: 0.99), Peer("c"), Peer("p")
     r.provide(local, ["x"])
-    r.request(caller, 1, "x", None, None, now=0.0)       # rand .99 -> A (weights 1 + 1)
-    r.request(caller, 2, "x", None, None, now=0.0)
-    first, second = a.take()
-    r.ack(a, first[1])
+    for cid in (1, 2, 3, 4):                             # rand .99 -> A (weights 1 + 1)
+        r.request(caller, cid, "x", None, None, now=0.0)
+    r.request(caller, 5, "x", None, None, now=0.0, window=4)
+    sent = a.take()
+    assert [msg[0] for msg in sent] == [REQUEST] * 4 + [STREAM]
+    ids = [msg[1] for msg in sent]
+    r.ack(a, ids[0], ids[1])                             # 1, 2 started there; 3, 4 not yet
     view.available = False
-    r.cluster_down(now=0.1)                              # either may be running at A
-    out = caller.take()
-    assert [m[:3] for m in out] == [[ERROR, 1, errors.CLUSTER_UNAVAILABLE],
-                                    [ERROR, 2, errors.CLUSTER_UNAVAILABLE]]
-    r.request(caller, 3, "x", None, None, now=0.2)       # new calls: local providers only
+    r.cluster_down(now=0.1)
+    assert [m[:3] for m in caller.take()] == [[ERROR, 5, errors.CLUSTER_UNAVAILABLE]]
+    r.tick(now=5.0)                                      # ack deadlines pass: nothing moves
+    assert caller.take() == [] and local.take() == [] and a.take() == []
+    r.request(caller, 6, "x", None, None, now=5.0)       # new calls: local providers only
     [req] = [m for m in local.take() if m[0] == REQUEST]
     r.respond(local, req[1], "local")
-    assert caller.take() == [[RESPONSE, 3, "local"]]
-    r.request(caller, 4, "only.remote", None, None, now=0.2)
-    assert caller.take()[0][:3] == [ERROR, 4, errors.CLUSTER_UNAVAILABLE]
+    assert caller.take() == [[RESPONSE, 6, "local"]]
+    view.available = True
+    r.cluster_up(now=6.0)
+    assert a.take() == [[ACK_CHECK, ids[0], -1], [ACK_CHECK, ids[1], -1],
+                        [ACK_CHECK, ids[2], 6000], [ACK_CHECK, ids[3], 6000]]
+    r.respond(a, ids[0], "ran")                          # still running there: answered
+    r.lost(a, ids[1])                                    # ran, its answer lost on the bus
+    r.reject(a, ids[2], now=6.1)                         # never started: moves (here)
+    [moved] = [m for m in local.take() if m[0] == REQUEST]
+    r.respond(local, moved[1], "moved")
+    out = caller.take()
+    assert out[:2] == [[RESPONSE, 1, "ran"], [ERROR, 2, errors.CLUSTER_UNAVAILABLE,
+                                              out[1][3]]] and "lost" in out[1][3]
+    assert out[2:] == [[RESPONSE, 3, "moved"]]
+    r.tick(now=7.1)                                      # 4: not answered in an ack timeout
+    [err] = caller.take()
+    assert err[:3] == [ERROR, 4, errors.CLUSTER_UNAVAILABLE] and "did not say" in err[3]
+    assert r.stats.bus_waits == 4 and r.stats.answers_lost == 1
+    assert r.pending == 0
 
 
 def test_a_dead_node_fails_the_attempts_it_acknowledged_and_the_others_move():

@@ -33,3 +33,30 @@ def test_a_failed_rounds_answers_wait_for_the_next_session_not_the_failing_one()
     box.up = True
     box.came_up()
     assert not box.queued and box.stats["dropped"] == 2
+
+
+def test_answers_nobody_heard_wait_for_their_node_and_go_when_it_is_heard():
+    """Redis says a PUBLISH on n2's topic reached nobody (n2's subscriber was dropped):
+    the answers it carried wait for n2, go out again when a batch of n2 comes, and are
+    dropped (counted) if their deadline passes first or they were for its old process."""
+    now = [0.0]
+    box = Outbox(lambda: now[0])
+    box.up = True
+    box.came_up()
+    box.publish("n2", ["answer", 1], to=7, hold_until=5.0)
+    box.publish("n2", ["ack", 2], to=7)           # not an answer: not kept
+    box.publish("n3", ["answer", 3], to=9, hold_until=5.0)
+    box.answered(box.take_round(), unheard={"n2"})
+    assert not box.queued and box.stats["unheard"] == 1
+    box.heard("n3", 9)                            # nothing waits for n3: no change
+    assert not box.queued
+    box.heard("n2", 7)                            # n2 listens again
+    assert box.take_round().out == {"n2": [["answer", 1]]} and not box.unheard
+    box.publish("n2", ["answer", 4], to=7, hold_until=5.0)
+    box.publish("n2", ["answer", 5], to=7, hold_until=9.0)
+    box.answered(box.take_round(), unheard={"n2"})
+    now[0] = 6.0
+    box.expire()                                  # 4's deadline passed: dropped
+    assert box.stats["dropped"] == 1 and len(box.unheard["n2"]) == 1
+    box.heard("n2", 8)                            # a new process of n2: 5 was for the old
+    assert not box.queued and box.stats["dropped"] == 2 and not box.unheard

@@ -1,6 +1,6 @@
 """A healthy caller's latency while one client attacks the node, each attack in one run.
 
-    python -m rpcbus.benchmarks.attacks                      # every attack, ~2 min
+    python -m rpcbus.benchmarks.attacks                      # every attack, ~2.5 min
     python -m rpcbus.benchmarks.attacks --only ping_flood,logins
     python -m rpcbus.benchmarks.attacks --only logins,bad_jwts --rounds 5
 
@@ -26,6 +26,9 @@ in before, so the check is never a cached one). The attacks (issue
                  signed by a stranger, with no ``kid`` (the node holds 2 keys), each
                  new (a signature character changed), for 10 s
 - ``bad_tokens`` the same with wrong static tokens
+- ``ds_pings``   32 connections from one address (127.0.0.9) to ``/deepstream``,
+                 each sending one 63 kB frame of deepstream PINGs before login and
+                 coming back as soon as the node closes it, for 10 s
 - ``conns``      connections from one address until the node refuses them, half
                  of them stuck mid-handshake
 - ``headers``    handshakes with 64 kB of headers
@@ -55,6 +58,7 @@ from websockets.asyncio.client import connect as ws_connect
 
 import rpcbus
 from rpcbus import protocol as p
+from rpcbus.broker import ds_wire
 from rpcbus.broker.auth import hash_password, token_digest
 from rpcbus.broker.local import LocalCluster
 from rpcbus.cluster.seal import new_key
@@ -241,6 +245,29 @@ async def _bad_tokens(url: str) -> dict[str, Any]:
     return await _bad_logins(url, lambda: "not-a-token-" + "x" * 40)
 
 
+async def _ds_pings(url: str) -> dict[str, Any]:
+    """32 connections from 127.0.0.9 to /deepstream, each sending 9,000 CONNECTION PINGs
+    in one frame before any login, back as soon as the node closes it, for 10 s."""
+    pings = ds_wire.encode(ds_wire.DsMessage(ds_wire.T_CONNECTION, ds_wire.C_PING)) * 9000
+    stop = time.monotonic() + 10
+    seen: Counter[str] = Counter()
+
+    async def one() -> None:
+        while time.monotonic() < stop:
+            try:
+                async with ws_connect(url + "/deepstream", compression=None, max_size=None,
+                                      local_addr=("127.0.0.9", 0), open_timeout=5) as ws:
+                    await ws.send(pings)
+                    while time.monotonic() < stop:
+                        await asyncio.wait_for(ws.recv(), 20)
+                        seen["answers"] += 1
+            except Exception:  # refused, closed by the node: come back
+                seen["closed"] += 1
+
+    await asyncio.gather(*(one() for _ in range(32)))
+    return dict(seen)
+
+
 async def _conns(url: str) -> dict[str, Any]:
     held: list[Any] = []
     refused = 0
@@ -272,7 +299,7 @@ async def _headers(url: str) -> dict[str, Any]:
 ATTACKS: dict[str, Callable[[str], Any]] = {
     "cancel": _cancel, "ping_flood": _ping_flood, "pong_hoard": _pong_hoard,
     "logins": _logins, "bad_jwts": _bad_jwts, "bad_tokens": _bad_tokens,
-    "conns": _conns, "headers": _headers,
+    "ds_pings": _ds_pings, "conns": _conns, "headers": _headers,
 }
 
 
@@ -409,7 +436,7 @@ def main() -> None:
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     cluster = LocalCluster(nodes=2, env={
         "RPCBUS_AUTH_MODE": "users", "RPCBUS_AUTH_USERS": json.dumps(USERS),
-        "RPCBUS_AUTH_TOKEN_KEYS": json.dumps(keys),
+        "RPCBUS_AUTH_TOKEN_KEYS": json.dumps(keys), "RPCBUS_DEEPSTREAM_ENABLED": "true",
         "RPCBUS_CLUSTER_SEAL": "sign", "RPCBUS_CLUSTER_KEY_ID": "k1",
         "RPCBUS_CLUSTER_KEYS": json.dumps({"k1": key})}).start()
     try:

@@ -138,6 +138,10 @@ class DsProtocolError(ValueError):
     """A frame that is not deepstream's protobuf; the text says where."""
 
 
+class TooManyMessages(DsProtocolError):
+    """A frame with more messages than ``decode`` was allowed to read (the rest unread)."""
+
+
 _INT, _BOOL, _STR, _STRS = range(4)
 
 # per topic: field number -> (DsMessage field, kind); fields not listed are skipped
@@ -242,7 +246,7 @@ def decode(frame: bytes, max_messages: int) -> list[DsMessage]:
     pos, end = 0, len(frame)
     while pos < end:
         if len(out) >= max_messages:
-            raise DsProtocolError(f"over {max_messages} messages in one frame")
+            raise TooManyMessages(f"over {max_messages} messages in one frame")
         length = frame[pos]
         if length < 0x80:
             pos += 1

@@ -97,6 +97,7 @@ FAILED_CHECKS_BURST = 0.2     # addresses together (half for one), beyond this m
 NEW_NAMES_SHARE = 0.05        # of one core: checks of names not failed from their address
 REFUSAL_DELAY = 0.1           # s a refusal waits per failure of its address lately,
 MAX_REFUSAL_DELAY = 1.0       # up to this
+HOLD_AFTER = 5                # failures of an address lately before its connections wait
 MAX_SECRET = 1024   # longest user name, password or token looked at
 
 
@@ -337,6 +338,25 @@ class Gate:
         self.stats["logins_busy"] += 1
         self.stats["logins_over_budget"] += 1
         _answer_later(self._failed.get(address, 0), done, BUSY)
+
+    def abused(self, address: str) -> None:
+        """A connection from ``address`` was closed for a flood before it logged in
+        (broker/session.py ``close_for_flood``): the address counts as failing, as for a
+        failed login (its logins are held by the budget, its connections by
+        ``hold_for``)."""
+        self.stats["floods_closed"] += 1
+        self._failed_once_more(address)
+
+    def hold_for(self, address: str) -> float:
+        """How long a new connection from ``address`` waits before it is read:
+        ``REFUSAL_DELAY`` per failed login or flood of the address lately beyond
+        ``HOLD_AFTER`` (a few typos hold nobody), up to ``MAX_REFUSAL_DELAY``. A client
+        that reconnects in a loop after each refusal or close so waits, and holds its
+        connections (counted by ``limits.max_unauthenticated_per_address``) instead of
+        making the node take handshakes as fast as it can send them; clients behind
+        the same address wait as long."""
+        failed = self._failed.get(address, 0) - HOLD_AFTER
+        return min(failed * REFUSAL_DELAY, MAX_REFUSAL_DELAY) if failed > 0 else 0.0
 
     def _failed_once_more(self, address: str) -> int:
         """A login from ``address`` failed: its count of the last ``FAILURE_MEMORY`` s goes

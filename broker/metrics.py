@@ -71,6 +71,8 @@ _IO = {
     "slow_consumers": "Connections closed for not reading.",
     "reads_paused": "Times a connection hit its in-flight limit (backpressure).",
     "connections": "Connections accepted.",
+    "connections_held": "Connections read only after a wait: their address's logins "
+                        "failed or it flooded lately.",
     "handshakes_too_large": "Upgrade requests over limits.max_handshake_bytes (HTTP 431).",
     "closed_before_auth": "Connections closed for sending over limits.max_bytes_before_auth "
                           "before AUTH completed.",

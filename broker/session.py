@@ -63,6 +63,7 @@ class Session(ServerConnection, SessionRules):
         self._handshake_bytes = 0        # received while the handshake is in progress
         self._bytes_before_auth = 0      # received after it, before AUTH_OK
         self._control_frames = 0         # pings and pongs in this window
+        self._held: list[bytes] | None = None  # held by the gate: bytes come unread
         self._control_window_end = 0.0
 
     # -- the connection's hooks --------------------------------------------------------
@@ -80,9 +81,23 @@ class Session(ServerConnection, SessionRules):
             return
         self._auth_timer = self.loop.call_later(self.node.config.limits.auth_timeout,
                                                 self._auth_timeout)
+        hold = self.node.gate.hold_for(self.address)
+        if hold:  # its address failed or flooded lately: read it later (Gate.hold_for)
+            self.node.stats["connections_held"] += 1
+            self._held = []
+            self.loop.call_later(hold, self._read_held)
         # past this much unsent, the transport pauses us: a subscriber's events are lost
         # (counted, told in a GAP) until it has read what is buffered
         transport.set_write_buffer_limits(high=self.node.config.limits.max_event_buffer_bytes)
+
+    def _read_held(self) -> None:
+        """A held connection's wait is over: what it sent meanwhile is read."""
+        held, self._held = self._held, None
+        if held is None or self.transport.is_closing():
+            return
+        self.transport.resume_reading()
+        if held:
+            self.data_received(b"".join(held))
 
     def pause_writing(self) -> None:
         self.events_held = True
@@ -112,8 +127,13 @@ class Session(ServerConnection, SessionRules):
         self.start_keepalive(server.ping_interval or None, server.ping_timeout or None)
 
     def data_received(self, data: bytes) -> None:
-        if not self.authenticated and not self._within_budget(len(data)):
-            return
+        if not self.authenticated:
+            if self._held is not None:  # waiting (``_read_held``): kept, unread; reading
+                self._held.append(data)  # stops (pausing in connection_made does not
+                self.transport.pause_reading()  # hold with every event loop)
+                return
+            if not self._within_budget(len(data)):
+                return
         super().data_received(data)
 
     def _within_budget(self, n: int) -> bool:
@@ -149,12 +169,22 @@ class Session(ServerConnection, SessionRules):
         self._control_frames += 1
         if self._control_frames <= self.node.config.limits.max_control_frames:
             return True
-        if not self.transport.is_closing():
-            self.node.stats["closed_for_control_frames"] += 1
-            self.node.warnings.warn("closing_control_flood", session=self.sid,
-                                     address=self.address, frames=self._control_frames)
-            self.fail_now(CloseCode.POLICY_VIOLATION, "too many ping or pong frames")
+        self.close_for_flood(self._control_frames, "too many ping or pong frames")
         return False
+
+    def close_for_flood(self, frames: int, reason: str) -> None:
+        """Close (1008) a connection past its budget of pings (or, on /deepstream, of
+        messages in a frame before login). Before login its address counts as failing
+        (``Gate.abused``): its next connections wait before they are read, so a client
+        reconnecting in a loop holds connections instead of churning handshakes."""
+        if self.transport.is_closing() or self._failed:
+            return
+        self.node.stats["closed_for_control_frames"] += 1
+        self.node.warnings.warn("closing_control_flood", session=self.sid,
+                                address=self.address, frames=frames)
+        if not self.authenticated:
+            self.node.gate.abused(self.address)
+        self.fail_now(CloseCode.POLICY_VIOLATION, reason)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

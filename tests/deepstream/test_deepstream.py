@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 import rpcbus
 from rpcbus.broker import ds_wire
 from rpcbus.broker.auth import hash_password, token_digest
+from rpcbus.broker.gate import HOLD_AFTER
 from rpcbus.broker.local import LocalCluster
 from rpcbus.broker.process import NodeProcess
 
@@ -398,15 +399,20 @@ async def test_hostile_frames_cost_their_sender_only(two, ds):
 async def test_pings_before_login_are_budgeted_as_websocket_pings(two, ds):
     """deepstream's CONNECTION PING before login costs what a WebSocket ping does: the
     21st in a window closes the connection (before: one 63 kB frame of PINGs got 9,216
-    PONG frames back, no strike, and other clients' calls waited seconds)."""
+    PONG frames back, no strike, and other clients' calls waited seconds). A frame
+    before login with more messages than that budget is closed unread (before: all
+    9,000 decoded first, ~30 ms of the node's loop each), and the flooding address's
+    next connection waits before the node reads it (before: 32 such clients
+    reconnecting at once took a core of the node)."""
     node = two.nodes[0]
     client = await connected(ds, node)
     await client.ok("provide", name="pinged.echo", kind="echo")
     ping = ds_wire.encode(ds_wire.DsMessage(ds_wire.T_CONNECTION, ds_wire.C_PING))
+    flooder = ("127.0.0.9", 0)
     async with rpcbus.connect(node.url) as py:
         await wait_routable(py, "pinged.echo", 1)
         pongs = 0
-        async with ws_connect(ds_url(node), compression=None) as raw:
+        async with ws_connect(ds_url(node), compression=None, local_addr=flooder) as raw:
             await raw.send(ping * 5)                 # a client's heartbeat: answered
             with pytest.raises(ConnectionClosed) as closed:
                 for _ in range(5):
@@ -417,7 +423,19 @@ async def test_pings_before_login_are_budgeted_as_websocket_pings(two, ds):
                     await raw.recv()
                     pongs += 1
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        assert "before login" in closed.value.rcvd.reason  # refused whole, unread
         assert pongs <= 20, pongs
+        for _ in range(HOLD_AFTER):                  # a few more: past a few typos' worth
+            async with ws_connect(ds_url(node), compression=None, local_addr=flooder) as raw:
+                await raw.send(ping * 9000)
+                with pytest.raises(ConnectionClosed):
+                    await raw.recv()
+        held = stats(node)["io"].get("connections_held", 0)
+        t0 = time.monotonic()
+        async with ws_connect(ds_url(node), compression=None, local_addr=flooder):
+            assert time.monotonic() - t0 >= 0.09     # held 0.1 s (Gate.hold_for)
+        assert stats(node)["auth"]["floods_closed"] == HOLD_AFTER + 1
+        assert stats(node)["io"]["connections_held"] == held + 1
         assert await py.call("pinged.echo", "still here", timeout=3) == "still here"
         assert await client.ok("make", name="pinged.echo", data="me too") == "me too"
 

@@ -284,7 +284,6 @@ class Client:
     async def _open(self) -> "Client":
         loop = asyncio.get_running_loop()
         self._calls = Calls[_Wire](loop.time(), self._grace, SWEEP)
-        self._held = Held(SWEEP, loop.time())
         # Nodes still starting (joining the cluster) answer 503 "starting", nodes with too
         # many connections 503 "busy"/"full" or 429: wait for them within open_timeout,
         # trying every URL again; any other failure (a node draining) is final here.
@@ -305,6 +304,9 @@ class Client:
                 raise self._last_exc
             raise errors.ConnectFailedError(None, f"cannot connect to {self._last_error}")
         self._use(wire)
+        # ticked from now, as the sweeper is: the time connecting took (a node starting,
+        # or holding an address) is no stall of this loop, nor are frames read after it late
+        self._held = Held(SWEEP, loop.time())
         self._sweeper = loop.create_task(self._sweep_forever(), name="rpcbus-client-sweeper")
         return self
 

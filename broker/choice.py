@@ -1,4 +1,7 @@
-"""Which provider a call goes to under the ``local-first`` policy. Pure: no I/O, no clock.
+"""Which provider a call goes to. Pure: no I/O, no clock.
+
+Under the ``cluster`` policy, a weighted draw over every target (``Draws``, at the end);
+under ``local-first``, ``local_first``:
 
 The router (broker/router.py) keeps, for each provider peer, its ``load`` (the
 attempts it has sent there and not yet seen end) and, for each provider on this node,
@@ -46,7 +49,11 @@ rates. ``tried`` (the targets a call already went to) are left out.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from rpcbus.broker.peers import Peer
+    from rpcbus.broker.weights import Weights
 
 POLICIES = ("local-first", "cluster")  # cluster: a weighted draw over the whole cluster
 QUIET = 50.0   # calls per second per unit of weight under which a node has room
@@ -54,6 +61,9 @@ SLACK = 1.15   # room: the local rate per unit of weight at most this times the 
 SLOWER = 2.5   # no room: the local provider this many times slower than other nodes'
 INF = float("inf")
 LAT_FLOOR = 0.002  # s: latencies under this count as this (queueing noise, a crossing)
+# names whose first attempts ``Draws`` counts; past that the counts start over (every
+# share starts even again), so names provided elsewhere and gone keep no memory
+BALANCED_NAMES = 4096
 
 
 def local_first(name: str, local: Sequence[tuple[Any, float]],
@@ -162,3 +172,144 @@ def _room(name: str, local: Sequence[tuple[Any, float]],
             weights += w
     target = SLACK * everyone / weights
     return 1.0 if mine <= target else target * weight / (rate + sent)
+
+
+class Draws:
+    """The ``cluster`` policy's choice of a call's target (``choose``), and the weights
+    every policy draws local providers by (``local_weights``). Chance comes only from
+    ``rand``.
+
+    A target's chance is its weight over the sum: a local provider weighs 1 (or its
+    weight from the weights file, ``weights``), a node the count (or weight sum) it
+    advertises. With ``affinity`` K > 1 a first attempt's draw also takes the next K - 1
+    first attempts of that name handed in with it (one client frame: ``new_batch()``
+    before each), so they go to one node in one bus batch. Such a draw is only among the
+    targets behind their share of the name's first attempts (``_balanced``), so each
+    target stays within about K calls of its weight's share (docs/cluster.md, "Choice").
+    A call already tried somewhere draws among the targets it has not tried."""
+
+    __slots__ = ("_balance", "_drawn", "affinity", "new_batch", "rand", "weights")
+
+    def __init__(self, rand: Callable[[], float], affinity: int = 1) -> None:
+        self.rand = rand
+        self.affinity = affinity  # first attempts per draw (1: a draw each)
+        self.weights: Weights | None = None  # provider weights, when a file is loaded
+        # name -> [the drawn target, first attempts it still takes, the remote targets
+        # list it was drawn from (a new list: the targets changed, draw again), the
+        # name's first attempts per target (``_balanced``)], for the calls of one batch
+        self._drawn: dict[str, list[Any]] = {}
+        # name -> (the remote targets list, first attempts per target since that list
+        # or the local providers last changed): what ``_balanced`` draws by
+        self._balance: dict[str, tuple[Sequence[Any], dict[Peer, int]]] = {}
+        # new_batch(): the calls handed in from here on came together (a client's frame),
+        # so no draw made for earlier calls holds for them. It is the table's own clear,
+        # called without a Python frame (every client frame starts a batch); the table is
+        # never replaced, only emptied.
+        self.new_batch: Callable[[], None] = self._drawn.clear
+
+    def set_weights(self, weights: Weights | None) -> None:
+        """Draw by ``weights`` (None: all 1) from the next call on."""
+        self.weights = weights
+        self._balance.clear()  # shares by the new weights from here on
+
+    def changed(self, name: str) -> None:
+        """The local providers of ``name`` changed: no draw of it holds, shares start even."""
+        self._drawn.pop(name, None)
+        self._balance.pop(name, None)
+
+    def local_weights(self, name: str, local: Sequence[Peer]) -> list[tuple[Peer, float]]:
+        """The local providers with their weights (1 without a weights file)."""
+        if self.weights is None:
+            return [(p, 1.0) for p in local]
+        weight = self.weights.of
+        return [(p, weight(name, p.provider_name)) for p in local]
+
+    def choose(self, name: str, local: Sequence[Peer], remote: Sequence[tuple[Peer, float]],
+               tried: set[Peer] | None) -> Peer | None:
+        """The target of a call to ``name`` among ``local`` providers and ``remote`` (node,
+        weight) not in ``tried``; None when none is left with any weight."""
+        if remote and tried is None:  # a first attempt that may cross nodes
+            if not local and len(remote) == 1:  # one target: nothing to draw or hold
+                return remote[0][0] if remote[0][1] > 0 else None
+            drawn = self._drawn.get(name)
+            if drawn is not None and drawn[1] and drawn[2] is remote and not drawn[0].closed:
+                provider: Peer = drawn[0]  # the draw holds (``affinity``)
+                drawn[1] -= 1
+                drawn[3][provider] += 1
+                return provider
+            if self.affinity > 1:
+                held, taken = self._balanced(name, local, remote)  # a draw
+                if held is not None:
+                    self._drawn[name] = [held, self.affinity - 1, remote, taken]
+                return held
+            return self._weighted(name, local, remote, None)  # a draw per call
+        if self.weights is not None or remote:  # weighted, without the targets tried
+            return self._weighted(name, local, remote, tried)
+        candidates = local if tried is None else [p for p in local if p not in tried]
+        n = len(candidates)
+        if n <= 1:
+            return candidates[0] if n else None
+        return candidates[int(self.rand() * n)]
+
+    def _weighted(self, name: str, local: Sequence[Peer], remote: Sequence[tuple[Peer, float]],
+                  tried: set[Peer] | None) -> Peer | None:
+        """A target not in ``tried``, at random by weight (``_weighing``); None when no
+        such target has any weight."""
+        weighted = self._weighing(name, local, remote, tried)
+        total = sum(n for _, n in weighted)
+        return self._pick(weighted, total) if total > 0 else None
+
+    def _weighing(self, name: str, local: Sequence[Peer], remote: Sequence[tuple[Peer, float]],
+                  tried: set[Peer] | None) -> list[tuple[Peer, float]]:
+        """The targets not in ``tried`` with their weights: a local provider's from the
+        weights file (1 without one), a node's the sum it advertises."""
+        if self.weights is None:
+            weighted = [(p, 1.0) for p in local if tried is None or p not in tried]
+        else:
+            weight = self.weights.of
+            weighted = [(p, weight(name, p.provider_name)) for p in local
+                        if tried is None or p not in tried]
+        weighted += [(p, n) for p, n in remote if tried is None or p not in tried]
+        return weighted
+
+    def _pick(self, weighted: Sequence[tuple[Peer, float]], total: float) -> Peer:
+        """One of ``weighted`` at random by weight; ``total`` is their sum (over 0)."""
+        assert total > 0 and weighted, "a draw among no weight"
+        pick = self.rand() * total
+        for provider, n in weighted:
+            pick -= n
+            if pick < 0:
+                return provider
+        return weighted[-1][0]  # rounding left a sliver above the last one
+
+    def _balanced(self, name: str, local: Sequence[Peer], remote: Sequence[tuple[Peer, float]]
+                  ) -> tuple[Peer | None, dict[Peer, int]]:
+        """A first attempt's draw when draws hold (``affinity``), counted: only among the
+        targets behind their weight's share of the name's first attempts since its targets
+        last changed, by how far behind. Returns the target (None: none has weight) and
+        the counts, where the calls the draw then holds are counted too.
+
+        Held draws make bigger batches, and drawn at random they would spread calls in
+        lumps of up to ``affinity``: over a short window one target could get several
+        lumps more than its share. Drawing only among the targets behind keeps every
+        target within about one hold of its share at any time, so shares per window stay
+        the weights' (what ``rpcbus analyze``'s fairness checks); the draw stays random
+        among those behind, so no fixed order of calls can line up with the targets."""
+        balance = self._balance.get(name)
+        if balance is None or balance[0] is not remote:  # new targets: every share starts even
+            if balance is None and len(self._balance) >= BALANCED_NAMES:
+                self._balance.clear()
+            balance = self._balance[name] = (remote, {})
+        taken = balance[1]
+        weighted = self._weighing(name, local, remote, None)
+        total = sum(n for _, n in weighted)
+        if total <= 0:
+            return None, taken
+        calls = sum(taken.values()) + 1  # this one too
+        # what each target is behind by: the gaps add up to 1, as the counts are of these
+        # targets only, so some target is behind (all of them, should rounding say none)
+        behind = [(p, gap) for p, n in weighted if (gap := calls * n / total - taken.get(p, 0)) > 0]
+        provider = (self._pick(behind, sum(gap for _, gap in behind)) if behind
+                    else self._pick(weighted, total))
+        taken[provider] = taken.get(provider, 0) + 1
+        return provider, taken

@@ -19,27 +19,16 @@ from typing import TYPE_CHECKING, Any
 from rpcbus.protocol import ERROR, RESPONSE
 
 if TYPE_CHECKING:
-    from rpcbus.broker.admission import Pace
-    from rpcbus.broker.discovery import MinuteStats
     from rpcbus.broker.router import Call, Router
 
 
 class Gather:
     """The children's caller: each child's outcome becomes a REPLY of its ``AllCall``.
-    A peer of the router (``send``, ``calls``, ...), never a provider."""
+    A ``Caller`` of the router (broker/peers.py), never a provider."""
 
     is_node = False
     closed = False
-    provides: frozenset[str] = frozenset()
-    provider_name = ""
     origin = ""
-    hrows: dict[Any, Any] = {}
-    accepted_upto = 0
-    runs_before_accept = False
-    load = attempts = 0
-    rate = lat = seen = steady = 0.0
-    minutes: dict[str, MinuteStats] | None = None  # a caller, never a provider
-    pace: Pace | None = None           # likewise
 
     def __init__(self, router: "Router", parent: "Call", max_replies: int) -> None:
         self.router = router

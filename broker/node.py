@@ -108,7 +108,7 @@ class Node:
                 self.weights_file = WeightsFile(config.rpc.weights_file)
             except WeightsError as e:
                 raise ConfigError(f"rpc.weights_file: {e}") from None
-            self.router.weights = self.weights_file.weights
+            self.router.draws.set_weights(self.weights_file.weights)
         self.gate = Gate(config)
         self.events = Events()  # with the cluster's bus once run() has one
         self.presence = Presence()  # the same
@@ -210,7 +210,7 @@ class Node:
             self.notifier.close()
             if self.history is not None:  # the last (partial) window, then the file
                 self.history.roll(time.time(), self.router.history_pending(), force=True,
-                                  weights=self.router.weights,
+                                  weights=self.router.draws.weights,
                                   provided=self.router.provided_pairs)
                 await asyncio.to_thread(self.history.writer.close)
             log.info("node_stopped", node=self.name, **self.router.stats.as_dict())
@@ -349,7 +349,7 @@ class Node:
                 history_due = now + SCAN_INTERVAL
                 pending = router.history_pending()
                 self.history.scan(pending)
-                self.history.roll(time.time(), pending, weights=router.weights,
+                self.history.roll(time.time(), pending, weights=router.draws.weights,
                                   provided=router.provided_pairs)
             if self.weights_file is not None and now >= weights_due:
                 weights_due = now + WEIGHTS_CHECK
@@ -554,17 +554,19 @@ class Node:
         counts = self.router.provider_counts()
         shown = counts if len(counts) <= HEARTBEAT_RPCS else dict(
             sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:HEARTBEAT_RPCS])
+        figures = self.router.figures
         return {"connections": len(self.sessions), "pending": self.router.pending,
                 "uptime_s": round(time.time() - self._started, 1),
                 "providers": shown, "rpcs": len(counts),
                 "providers_total": sum(counts.values()),
                 "calls_ok": stats.calls_ok, "calls_failed": stats.calls_failed,
                 "local_calls": stats.local_calls, "remote_calls": stats.remote_calls,
-                "served": (served := self.router.provider_rates(HEARTBEAT_RPCS)),
-                "latency": self.router.provider_latencies(served),
+                "served": (served := figures.rates(HEARTBEAT_RPCS)),
+                "latency": figures.latencies(served),
                 "calls_by_rpc": (busiest := self.router.rpc_stats.busiest(HEARTBEAT_RPC_CALLS)),
                 "errors_by_rpc": self.router.rpc_stats.errors_of(list(busiest)),
-                "provider_view": self.router.provider_view(list(shown)[:HEARTBEAT_RPC_CALLS]),
+                "provider_view": figures.view(list(shown)[:HEARTBEAT_RPC_CALLS],
+                                              self.router.now),
                 "presence": self.presence.digest()}
 
     def discover(self, name: str | None, may_call: Callable[[str], bool]) -> Any:
@@ -578,12 +580,13 @@ class Node:
                 rpc: dict(entry.counts) for rpc, entry in self.link.core.cache.entries.items()}
             return discovery.rpcs(self.name, self.router.provider_counts(), told, cached,
                                   may_call)
-        weights = self.router.weights
+        weights = self.router.draws.weights
         counts = {node: told[node].get(name, 0) for node in members}
         if self.link is not None and (entry := self.link.core.cache.entries.get(name)):
             counts.update({node: n for node, n in entry.counts.items() if node in counts})
+        here = self.router.figures.view([name], self.router.now, most=1000).get(name, [])
         return discovery.providers(
-            name, self.name, self.router.provider_view([name], most=1000).get(name, []),
+            name, self.name, here,
             {node: info.get("provider_view") or {} for node, info in members.items()},
             counts, (lambda p: weights.of(name, p)) if weights is not None else lambda p: 1.0)
 

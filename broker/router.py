@@ -23,29 +23,13 @@ Per call (docs/protocol.md has the diagram)::
   The response deadline is never retried (the provider may have run the call).
 * No attempt starts once the call's time is up.
 
-A peer is any object with ``send(msg)``, ``closed`` (bool), ``label`` (how
-providers see it as a caller), ``user_name`` (its authenticated user, or None;
-providers get it as the caller's user), ``inflight`` (calls it made that are pending,
-kept up to date here), ``calls`` (those calls by the caller's own ids, kept here: a
-CANCEL finds its call in O(1), and a caller that leaves cancels them all),
-``provides`` (a set of names, kept here) and
-``is_node``: False for a client's session, True for another node of the
-cluster, as a provider (its REQUESTs become INVOKEs) or as a caller (INVOKEs
-it sent; they may only go to local providers, and an accept is reported back).
+What it reads of peers and of the cluster is in broker/peers.py.
 
 In a cluster the router also asks a ``ClusterView`` (cluster/link.py) for the
-other nodes that provide a name. The chance of a target is its provider count
-over the cluster-wide count: each local provider counts 1, a node counts its
-number of providers (with a weights file, ``set_weights``: a local provider
-counts its weight, a node the sum of its providers' weights). With ``affinity``
-K > 1 a first attempt's draw also takes the next K - 1 first attempts of that name
-handed in with it (one client frame: ``new_batch()`` before each; the calls one
-``resume`` routes): they go to one node in one bus batch, not one per node. Such a
-draw is only among the targets behind their share of the name's first attempts, so
-each target stays within about K calls of its weight's share (docs/cluster.md,
-"Choice"). A call for a
-name whose providers elsewhere are being discovered waits, with its deadline,
-until ``resume(name)``. A node attempt
+other nodes that provide a name, and chooses among them and its own providers
+(broker/choice.py: ``Draws`` by weight under the ``cluster`` policy, the rates and
+latencies under ``local-first``). A call for a name whose providers elsewhere are
+being discovered waits, with its deadline, until ``resume(name)``. A node attempt
 is first acknowledged (``ack``: the node has it) within the ack timeout;
 after that it waits for the node's ACCEPT, answer or REJECT until the
 call's deadline, and the node gets to try its own providers. A node attempt
@@ -55,21 +39,31 @@ late; it answers ACK (started: wait for it) or REJECT (not started, and it
 never will: move on). Only a node that stays silent for another ack timeout
 is given up (CANCEL) and the call moved, so a late ACK never makes a call
 run on two nodes.
+
+Why one module this long (about 1,600 lines): every event of a call (request,
+ACK, ACCEPT, answer, REJECT, error, CANCEL, a deadline, a peer or the bus gone) moves
+the one state ``Call`` holds, and streams and call_all are calls with a few more
+events, so their rules read and assert against the same tables. What does not move
+that state lives apart: the peers' protocols (broker/peers.py), the choice (broker/choice.py),
+the providers' figures (broker/figures.py), admission (broker/admission.py) and
+call_all's gathering (broker/fanout.py). The per-call path (``request``,
+``_dispatch``, ``respond``, ``_conclude``) is kept in few frames on purpose: each
+frame less is about 1 % of a local call's instructions at the node.
 """
 
 from __future__ import annotations
 
 import random
 from bisect import bisect_left
-from collections import Counter
-from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
 from rpcbus import errors
 from rpcbus.broker.admission import INITIAL_LIMIT, NODE_LIMIT, PATIENCE, Pace, Waiting
-from rpcbus.broker.choice import LAT_FLOOR, POLICIES, QUIET, SLOWER, local_first
+from rpcbus.broker.choice import LAT_FLOOR, POLICIES, QUIET, SLOWER, Draws, local_first
 from rpcbus.broker.discovery import HALF, LAT_STEP, MinuteStats
 from rpcbus.broker.fanout import Gather
+from rpcbus.broker.figures import RATE_SAMPLE, ProviderFigures, failed_at
+from rpcbus.broker.peers import Caller, ClusterView, Peer, Provider
 from rpcbus.broker.rpcstats import OTHER, RpcStatsTable
 from rpcbus.deadlines import Deadlines
 from rpcbus.protocol import (
@@ -97,103 +91,15 @@ if TYPE_CHECKING:
 
 HISTORY_SAMPLE = 16  # the load history measures latency and sizes of 1 attempt in 16
 _HISTORY_MASK = HISTORY_SAMPLE - 1
-# names whose first attempts ``_balanced`` counts; past that the counts start over (every
-# share starts even again), so names provided elsewhere and gone keep no memory
-BALANCED_NAMES = 4096
-RATE_SAMPLE = 0.05  # s between samples of the providers' call rates (``rate``)
-RATE_STEP = 0.05    # of the way to each sample: smoothed over about a second
-OUTSTANDING_AGE = 0.5  # s a count of attempts under way per (provider, rpc) is reused
 LAT_SAMPLE = 8      # attempts at a busy provider: 1 in this many is timed for ``lat``
 _LAT_MASK = LAT_SAMPLE - 1
-LAT_IDLE = 0.9      # an idle provider's ``lat`` per sample: a slow one is tried again
 # REJECT reasons (docs/protocol.md): full now (may take it later); read after its ack window
 BUSY, LATE = "BUSY", "LATE"
 PROBE_GAP = 0.05  # s between a target's timed accepts (``Pace.probe``), at most
 HELD = 0.02       # s: a frame that may have waited longer than this was read late
-# ``steady``: of the way to ``lat`` per sample, so over about a quarter second: a stall of
-# a few ms (a busy machine, a GC pause) that lifts ``lat`` at once barely moves it
-STEADY_STEP = 0.2
 # ``Call.checked`` of an attempt at another node while the bus resets (``cluster_down``):
 # waiting for the bus to come back, then asked again after it did (``cluster_up``)
 BUS_DOWN, ASKED_AGAIN = -1.0, -2.0
-
-
-class Peer(Protocol):
-    """A client session, another node (as a provider) or another node's INVOKE (as a
-    caller): everything the router reads or keeps on one."""
-
-    inflight: int           # its calls in flight as a caller (kept here)
-    calls: dict[int, Call]  # those calls by its own ids (kept here)
-    # as a provider: every attempt sent to it up to this id that it did not REJECT, it
-    # accepted (a client's ACCEPT_UPTO; 0 for other peers)
-    accepted_upto: int
-    load: int               # attempts sent to it, not yet ended (kept here)
-    attempts: int           # attempts ever sent to it (kept here)
-    rate: float             # attempts sent per second, over about a second (kept here)
-    lat: float              # seconds an attempt takes there, smoothed (kept here)
-    steady: float           # ``lat`` smoothed over time: judges a local provider slow
-    # a provider here: its figures per rpc it provides (discovery), else None
-    minutes: dict[str, MinuteStats] | None
-    seen: float             # ``lat`` when an attempt there last ended (kept here)
-    # as a provider: it may run a call before it accepts it (a deepstream client), so an
-    # attempt there is never moved: not at its ack timeout (ACCEPT_TIMEOUT), not when it
-    # leaves (PROVIDER_GONE)
-    runs_before_accept: bool
-    # as a provider: its ack timeout and concurrency limit (broker/admission.py), set
-    # here when it first provides or is first sent an attempt; None for callers
-    pace: Pace | None
-
-    @property
-    def closed(self) -> bool: ...
-    @property
-    def label(self) -> str: ...             # how providers see it as a caller (and logs)
-    @property
-    def user_name(self) -> str | None: ...  # the caller's authenticated user, for providers
-    @property
-    def provides(self) -> AbstractSet[str]: ...  # names it provides (kept here)
-    @property
-    def is_node(self) -> bool: ...          # another node (or its INVOKE), not a client
-    @property
-    def provider_name(self) -> str: ...     # how the load history names it as a provider
-    @property
-    def origin(self) -> str: ...            # the node a call came from ("" for clients)
-    @property
-    def hrows(self) -> dict[Any, Row]: ...  # its load-history rows (providers on this node)
-
-    def send(self, msg: list[Any]) -> None: ...
-
-
-class Provider(Peer, Protocol):
-    @property
-    def provides(self) -> set[str]: ...
-
-
-class ClusterView(Protocol):
-    available: bool  # False while the cluster bus is down
-
-    def targets(self, name: str, now: float, discover: bool) -> list[tuple[Peer, int]] | None:
-        """Other nodes providing ``name`` as (node peer, provider count).
-
-        None when ``discover`` and the answer is not known yet: a discovery
-        has started and ``Router.resume(name)`` will follow.
-        """
-
-    def silent(self, name: str, node: Peer) -> None:
-        """``node`` did not acknowledge an attempt for ``name`` in time."""
-
-    def knows(self, name: str) -> bool:
-        """True when ``name`` has an entry (so it was valid when it was asked for)."""
-
-    def provided(self, name: str) -> bool:
-        """True when another node is known to provide ``name``."""
-
-    def probe(self) -> None:
-        """Check that this node hears the bus (``settled`` says when it has)."""
-
-    def settled(self, node: Peer, since: float) -> bool:
-        """True when this node can trust that ``node``, asked at ``since`` whether it
-        started an attempt, did not: this node hears the bus (its own messages sent
-        since come back) and threw nothing of ``node``'s away unread."""
 
 
 class Call:
@@ -211,7 +117,7 @@ class Call:
     checked: float
     begun: float
 
-    def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float) -> None:
+    def __init__(self, caller: Caller, cid: int, name: str, data: Any, deadline: float) -> None:
         self.caller = caller
         self.cid = cid                    # the caller's own id for the call
         self.name = name
@@ -244,7 +150,7 @@ class StreamCall(Call):
 
     __slots__ = ("parts", "read")
 
-    def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float,
+    def __init__(self, caller: Caller, cid: int, name: str, data: Any, deadline: float,
                  window: int) -> None:
         super().__init__(caller, cid, name, data, deadline)
         self.window = window
@@ -257,7 +163,7 @@ class AllCall(Call):
 
     __slots__ = ("gather",)
 
-    def __init__(self, caller: Peer, cid: int, name: str, data: Any, deadline: float) -> None:
+    def __init__(self, caller: Caller, cid: int, name: str, data: Any, deadline: float) -> None:
         super().__init__(caller, cid, name, data, deadline)
         self.id = -1            # none until it waits for discovery (``_park``)
         self.provider = None
@@ -333,17 +239,17 @@ class Router:
     # Slots, not a __dict__: past 30 attributes CPython 3.11 stops sharing an instance
     # dict's keys and every ``self.x`` on the hot path costs more (one attribute over
     # made request + respond 6 % dearer under callgrind)
-    __slots__ = ("_balance", "_calls", "_clock", "_deadlines", "_drawn", "_held",
-                 "_held_after", "_now", "_outstanding", "_outstanding_at", "_paced",
+    __slots__ = ("_calls", "_clock", "_deadlines", "_held",
+                 "_held_after", "_now", "_paced",
                  "_parked", "_probing", "_provider_peers",
-                 "_providers", "_rand", "_rotated", "_sampled", "_sent_then", "_seq", "_told",
+                 "_providers", "_seq",
                  "_waiting",
-                 "ack_timeout", "ack_timeout_max", "affinity", "cluster", "count_changed",
+                 "ack_timeout", "ack_timeout_max", "cluster", "count_changed", "draws", "figures",
                  "history", "initial_concurrency", "local_first",
                  "max_concurrency", "max_fanout", "max_name", "max_timeout", "name",
                  "new_batch",
-                 "prefer_local", "queue_interval", "queue_target", "rates_moved", "read_at",
-                 "response_timeout", "rpc_stats", "stats", "weights")
+                 "prefer_local", "queue_interval", "queue_target", "read_at",
+                 "response_timeout", "rpc_stats", "stats")
 
     def __init__(self, *, ack_timeout: float, response_timeout: float, max_timeout: float,
                  now: float, granularity: float = 0.01, max_name: int = DEFAULT_MAX_NAME,
@@ -382,10 +288,9 @@ class Router:
         self.response_timeout = response_timeout
         self.max_timeout = max_timeout
         self.max_name = max_name
-        self._rand = rand
         self.cluster = cluster
         self.prefer_local = prefer_local
-        self.affinity = affinity             # first attempts per draw (1: a draw each)
+        self.draws = Draws(rand, affinity)  # the ``cluster`` policy's choice, and weights
         # broker/choice.py, which weighs each provider's ``load`` and ``rate`` (kept only
         # under this policy); else weighted draws. Set at start, never changed after.
         self.local_first = policy == "local-first"
@@ -400,40 +305,32 @@ class Router:
         self.read_at = 0.0
         self.name = ""  # this node's, for call_all's replies (the node shell sets it)
         self.history: History | None = None  # the load history, when recording
-        self.weights: Weights | None = None  # provider weights, when a file is loaded
         self._parked: dict[str, list[Call]] = {}
         self.count_changed: Callable[[str, float], None] | None = None  # (name, advertised)
         self._providers: dict[str, list[Peer]] = {}
         self._calls: dict[int, Call] = {}
         self._provider_peers: set[Peer] = set()  # peers that ever provided: only they hold attempts
-        self._sampled = now  # when the providers' rates were last sampled (``tick``)
-        self._rotated = now  # when the providers' last minutes last moved on (``tick``)
-        # attempts under way per (provider, rpc), as last counted (``_held_by_rpc``)
-        self._outstanding: Counter[tuple[Peer, str]] = Counter()
-        self._outstanding_at = -1e18
-        # their sum when a heartbeat last told them (``provider_rates``); far from it now:
-        self._told = 0.0
-        self.rates_moved = False  # a heartbeat is due early (the cluster core reads it)
-        # each provider's ``attempts`` and attempts ended at that time
-        self._sent_then: dict[Peer, tuple[int, int]] = {}
+        # their rates, latencies and last minutes, for the choice and the heartbeats
+        self.figures = ProviderFigures(self._providers, self._provider_peers, self._calls, now)
         self._deadlines = Deadlines[int](granularity, now)
         self._seq = 0
         self.stats = RouterStats()
-        # name -> [the drawn target, first attempts it still takes, the remote targets
-        # list it was drawn from (a new list: the targets changed, draw again), the
-        # name's first attempts per target (``_balanced``)], for the calls of one batch
-        # (``new_batch``)
-        self._drawn: dict[str, list[Any]] = {}
-        # name -> (the remote targets list, first attempts per target since that list
-        # or the local providers last changed): what ``_balanced`` draws by
-        self._balance: dict[str, tuple[Sequence[Any], dict[Peer, int]]] = {}
         # new_batch(): the calls handed in from here on came together (a client's frame),
-        # so no draw made for earlier calls holds for them. It is the table's own clear,
-        # called without a Python frame (every client frame starts a batch); the table is
-        # never replaced, only emptied.
-        self.new_batch: Callable[[], None] = self._drawn.clear
+        # so no draw made for earlier calls holds for them (``Draws``)
+        self.new_batch: Callable[[], None] = self.draws.new_batch
 
     # -- what a node can be asked about ------------------------------------------
+
+    @property
+    def now(self) -> float:
+        """The ``now`` of the latest event that carried one (at most a sweep old)."""
+        return self._now
+
+    @property
+    def rates_moved(self) -> bool:
+        """The rates this node's providers serve moved far from what the last heartbeat
+        told (``ProviderFigures.sample``): the cluster core sends the next one early."""
+        return self.figures.rates_moved
 
     @property
     def pending(self) -> int:
@@ -471,74 +368,6 @@ class Router:
         return {(name, p.provider_name) for name, peers in self._providers.items()
                 for p in peers}
 
-    def provider_rates(self, most: int) -> dict[str, float]:
-        """Calls per second this node sends its providers, by rpc: the ``most`` busiest
-        (other nodes' ``local-first`` choice weighs them, a heartbeat old)."""
-        rates = {name: round(n, 1) for name, peers in self._providers.items()
-                 if (n := sum(p.rate for p in peers)) >= 0.05}
-        self._told = sum(p.rate for p in self._provider_peers if not p.is_node)
-        self.rates_moved = False
-        if len(rates) > most:
-            rates = dict(sorted(rates.items(), key=lambda kv: -kv[1])[:most])
-        return rates
-
-    def provider_latencies(self, names: Iterable[str]) -> dict[str, float]:
-        """Per rpc of ``names`` provided here, the seconds an attempt took at its fastest
-        provider that has any measure (``seen``: as last measured, not shrunk while
-        idle, so other nodes stay off a slow provider until this node finds it quick
-        again): other nodes' ``local-first`` choice weighs it, a heartbeat old."""
-        out = {}
-        for name in names:
-            lats = [p.seen for p in self._providers.get(name, ()) if p.seen > 0]
-            if lats:
-                out[name] = round(min(lats), 5)
-        return out
-
-    def provider_view(self, names: Iterable[str], most: int = 8) -> dict[str, list[list[Any]]]:
-        """Per rpc of ``names`` provided here, up to ``most`` of its providers (the busiest
-        first), each with its figures for that rpc alone (``MinuteStats.figures``):
-        [name, calls/s, ms an attempt takes, attempts outstanding, and over about the
-        last minute calls, errors, p50 ms, p99 ms, then its label (name@session, as
-        call_all's replies name it)], for the dashboard and discovery."""
-        out = {}
-        now, rotated = self._now, self._rotated
-        held = self._held_by_rpc()
-        for name in names:
-            peers = self._providers.get(name)
-            if peers:
-                rows = []
-                for p in peers:
-                    stat = p.minutes.get(name) if p.minutes is not None else None
-                    rows.append([p.provider_name,
-                                 *(stat.figures(now, rotated, held[p, name])
-                                   if stat is not None else (0.0, 0.0, 0, 0, 0, None, None)),
-                                 p.label])
-                rows.sort(key=lambda row: -row[4])  # the most calls first
-                out[name] = rows[:most]
-        return out
-
-    def _held_by_rpc(self, fresh: bool = False) -> Counter[tuple[Peer, str]]:
-        """Attempts under way per (provider here, rpc): counted from the attempts table
-        when figures are read, not kept per call; a count up to ``OUTSTANDING_AGE`` old
-        is reused (``fresh``: never), so DISCOVERs cost a pass over the attempts at most
-        twice a second however many come."""
-        if not fresh and self._now - self._outstanding_at < OUTSTANDING_AGE:
-            return self._outstanding
-        held: Counter[tuple[Peer, str]] = Counter()
-        for call in self._calls.values():
-            peer = call.provider
-            if peer is not None and peer.minutes is not None:
-                held[peer, call.name] += 1
-        self._outstanding, self._outstanding_at = held, self._now
-        return held
-
-    def _failed_at(self, peer: Peer, call: Call) -> None:
-        """``call``'s attempt at ``peer`` failed (an error, or no answer in time): one
-        error in the provider's figures for the name."""
-        minutes = peer.minutes
-        if minutes is not None and (stat := minutes.get(call.name)) is not None:
-            stat.errors += 1
-
     def admission(self, most: int = 32) -> dict[str, Any]:
         """What admission holds now (``/stats``): per target (the ``most`` busiest), its
         attempts held, concurrency limit and ack timeout; per name with calls waiting,
@@ -562,16 +391,16 @@ class Router:
         """What this node counts for in other nodes' weighted choice of ``name``: its
         number of providers, or with weights loaded the sum of their weights."""
         peers = self._providers.get(name, ())
-        if self.weights is None:
+        weights = self.draws.weights
+        if weights is None:
             return len(peers)
-        weight = self.weights.of
+        weight = weights.of
         return sum(weight(name, p.provider_name) for p in peers)
 
     def set_weights(self, weights: Weights | None) -> None:
         """Use ``weights`` (broker.weights.Weights, or None: all 1) from the next call on;
         what this node advertises for each name changes with them."""
-        self.weights = weights
-        self._balance.clear()  # shares by the new weights from here on
+        self.draws.set_weights(weights)
         if self.count_changed is not None:
             for name in self._providers:
                 self.count_changed(name, self.advertised(name))
@@ -589,8 +418,7 @@ class Router:
             peers = self._providers.setdefault(name, [])
             if peer not in peers:
                 peers.append(peer)
-                self._drawn.pop(name, None)  # the choice changed: draw again
-                self._balance.pop(name, None)
+                self.draws.changed(name)  # draw again
                 if self.count_changed is not None:
                     self.count_changed(name, self.advertised(name))
             peer.provides.add(name)
@@ -605,8 +433,7 @@ class Router:
             peers = self._providers.get(name)
             if peers is not None and peer in peers:
                 peers.remove(peer)
-                self._drawn.pop(name, None)  # it may have been the drawn target
-                self._balance.pop(name, None)
+                self.draws.changed(name)  # it may have been the drawn target
                 if not peers:
                     del self._providers[name]
                     if name in self._waiting:  # its waiting calls may have no target now
@@ -637,7 +464,7 @@ class Router:
         if peer not in self._provider_peers and not peer.is_node:
             return
         self._provider_peers.discard(peer)
-        self._sent_then.pop(peer, None)
+        self.figures.forget(peer)
         self._probing.pop(peer, None)
         self._paced.pop(peer, None)
         if peer.provides:  # one that provides keeps a set of its own (a Provider)
@@ -761,7 +588,7 @@ class Router:
 
     # -- calls -----------------------------------------------------------------------
 
-    def request(self, caller: Peer, cid: int, name: str, data: Any,
+    def request(self, caller: Caller, cid: int, name: str, data: Any,
                 timeout_ms: int | None, now: float, traceparent: str | None = None,
                 window: int = 0) -> None:
         """A REQUEST (or an INVOKE from another node): route it, or answer an error.
@@ -895,7 +722,7 @@ class Router:
         if self._waiting:  # a slot freed: a waiting call takes it
             self._release(peer, self._now)
 
-    def request_all(self, caller: Peer, cid: int, name: str, data: Any,
+    def request_all(self, caller: Caller, cid: int, name: str, data: Any,
                     timeout_ms: int | None, now: float, traceparent: str | None = None,
                     max_replies: int = 0) -> None:
         """An ALL (call_all; from another node, for its providers here only): a REPLY per
@@ -1043,7 +870,7 @@ class Router:
         else:
             caller.send([PART, call.cid, data])
 
-    def credit(self, caller: Peer, cid: int, read: int) -> None:
+    def credit(self, caller: Caller, cid: int, read: int) -> None:
         """The caller has read ``read`` parts of stream ``cid`` in all (never more than
         were passed to it): its provider may send up to the window beyond. An older or
         repeated count, an unknown id or a call are ignored."""
@@ -1082,7 +909,7 @@ class Router:
         self._end_attempt(call)
         if call.hrow is not None:
             self._history_end(call, Outcome.ERRORS)  # errors
-        self._failed_at(peer, call)
+        failed_at(peer, call)
         self.stats.provider_errors += 1
         self._conclude(call, [ERROR, call.cid, code, message[:MAX_ERROR_MESSAGE]]
                        if detail is None else
@@ -1131,7 +958,7 @@ class Router:
                 # a node whose providers were all too busy for it: another node, or none
         self._retry(call, now)
 
-    def cancel_from(self, caller: Peer, cid: int) -> None:
+    def cancel_from(self, caller: Caller, cid: int) -> None:
         """The caller gave call ``cid`` up (a client's CANCEL, or the origin node's for an
         INVOKE): it leaves every table, its provider (a client, or the node it was sent
         to, which cancels it there) gets CANCEL, nobody is answered. One lookup: the
@@ -1163,167 +990,151 @@ class Router:
             call.provider.send([CANCEL, call.id])
 
     def tick(self, now: float) -> None:
-        """Apply every deadline due by ``now``: ack timeouts retry, response timeouts fail.
-        Every ``RATE_SAMPLE`` seconds (under ``local-first``), each provider's ``rate``
-        moves ``RATE_STEP`` of the way to the rate of attempts sent to it since the last
-        sample; a local provider that ended no attempt while holding some gets the
-        sample's span added to its ``lat`` (timed attempts move it as they end:
-        ``_took``), an idle one's shrinks by ``LAT_IDLE``, so a slow provider left alone
-        is tried again (its ``seen`` stays: what other nodes are told); its ``steady``
-        moves ``STEADY_STEP`` of the way to its ``lat``. When the local
-        providers' rates moved by more than ``QUIET`` and half from what the last
-        heartbeat told, ``rates_moved`` asks the cluster core for one early."""
+        """Apply every deadline due by ``now``: ack timeouts retry (``_not_acked``),
+        response timeouts fail (``_too_late``). Slots freed meanwhile go to waiting calls;
+        the providers' figures move on (``ProviderFigures.sample`` and ``rotate``)."""
         self._now = now
         self._held.tick(now)
-        if self._probing and now >= self._sampled + RATE_SAMPLE:
+        figures = self.figures
+        if self._probing and now >= figures.sampled + RATE_SAMPLE:
             self._check_probes()
         if self._waiting:  # slots are handed over as they free; the sweep makes sure
             for peer in list(self._paced):
                 if peer.pace is not None and peer.load < peer.pace.limit:
                     self._release(peer, now)
-        if now >= self._rotated + HALF:  # each provider's last minute moves on (discovery)
-            self._rotated = now
-            held = self._held_by_rpc(fresh=True)
-            for peer in self._provider_peers:
-                if peer.minutes is not None:
-                    for name, stat in peer.minutes.items():
-                        stat.rotate(held[peer, name])
-        if now >= self._sampled + RATE_SAMPLE and self.local_first:
-            seen, span = self._sent_then, now - self._sampled
-            self._sampled = now
-            serving = 0.0
-            for peer in self._provider_peers:
-                sent, load = peer.attempts, peer.load
-                ended = sent - load
-                then = seen.get(peer)
-                seen[peer] = (sent, ended)
-                if then is None:
-                    continue        # new: measured from the next sample on
-                sent0, ended0 = then
-                peer.rate += RATE_STEP * ((sent - sent0) / span - peer.rate)
-                if peer.is_node:
-                    continue        # a node reports its providers' own (``latency``)
-                serving += peer.rate
-                if load:
-                    if ended == ended0:  # holding attempts, none ended: it may be stuck
-                        peer.lat += span
-                else:
-                    peer.lat *= LAT_IDLE
-                peer.steady += STEADY_STEP * (peer.lat - peer.steady)
-            told = self._told
-            if abs(serving - told) > max(QUIET, told / 2):
-                self.rates_moved = True   # the other nodes weigh what they were told
+        if now >= figures.rotated + HALF:  # each provider's last minute moves on (discovery)
+            figures.rotate(now)
+        if now >= figures.sampled + RATE_SAMPLE and self.local_first:
+            figures.sample(now)  # each provider's rate, lat and steady move on
         calls = self._calls
         for attempt in self._deadlines.expire(now):
             call = calls.get(attempt)
             if call is None:
                 continue                  # finished long ago: its id just waited here
-            if now >= call.deadline and call.queued >= 0:
-                # waited for a free slot all its time: never sent (not run)
-                self.stats.overloaded += 1
-                msg = [ERROR, call.cid, errors.OVERLOADED,
-                       f"every provider of {call.name!r} was busy: no slot came free within "
-                       f"the call's deadline (waited {now - call.queued:.3f} s; not run)",
-                       int(self.queue_target * 1000)]
-            elif now >= call.deadline and call.provider is None:
-                # waiting for discovery: it never left this node (not run). Known to have
-                # no provider (one moving off a stopping node did not reappear in time):
-                # NO_PROVIDER; not known, as the cluster has not answered: that is no
-                # "nobody provides it"
-                if self.cluster is not None and not self.cluster.knows(call.name):
-                    self.stats.cluster_unavailable += 1
-                    msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                           f"the cluster did not say in time who provides {call.name!r} "
-                           "(not run)"]
-                else:
-                    self.stats.no_provider += 1
-                    msg = [ERROR, call.cid, errors.NO_PROVIDER,
-                           f"no provider of {call.name!r} was found within the call's "
-                           "deadline (not run)"]
-            elif now >= call.deadline and call.checked == BUS_DOWN:
-                # at another node, and this node's bus still down: that, not the provider
-                assert call.provider is not None, "held for the bus, yet at no node"
-                self.stats.cluster_unavailable += 1
-                msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                       f"the cluster bus was down until the call's deadline (it may have "
-                       f"run at node {call.provider.label})"]
-            elif now >= call.deadline:
-                self.stats.response_timeouts += 1
-                msg = [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
-                       f"no response from {call.name!r} in time"]
+            if now >= call.deadline:
+                self._give_up(call, attempt, self._too_late(call, now), now)
             elif (call.accepted or call.acked or call.provider is None
                   or attempt <= call.provider.accepted_upto):
                 # The ack deadline of an attempt acknowledged since (or a parked call's
                 # entry): only now file its response deadline, so the many calls that
                 # finish first cost no entry.
                 self._deadlines.add(attempt, call.deadline)
-                continue
-            elif call.checked < 0:  # at a node when the bus went down (``cluster_down``)
-                if call.checked == BUS_DOWN:  # still down: it waits, as it may be running
-                    self._deadlines.add(attempt, call.deadline)
-                    continue
-                # asked after the bus came back, and not answered: nothing tells
-                self.stats.cluster_unavailable += 1
-                msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                       f"node {call.provider.label} did not say, after this node's cluster "
-                       "bus came back, whether it ran the call"]
-            elif call.provider.is_node and not call.checked:
-                # No ACK yet from a node: ask before moving the call (it may have started).
-                # A node given up is not asked, but this node still makes sure it would
-                # hear an ACK still on its way before it moves the call (``settled``).
-                self.stats.ack_checks += 1
-                call.checked = now
-                if not call.provider.closed:
-                    call.provider.send([ACK_CHECK, attempt])
-                elif self.cluster is not None:
-                    self.cluster.probe()
-                pace = call.provider.pace
-                due = now + (pace.rto if pace is not None else self.ack_timeout)
-                self._deadlines.add(attempt, due if due < call.deadline else call.deadline)
-                continue
-            elif (call.provider.is_node and self.cluster is not None
-                  and not self.cluster.settled(call.provider, call.checked)):
-                # Silent, but this node cannot show it would have heard an ACK: moving
-                # the call could run it twice. Its outcome is unknown here.
-                self.stats.cluster_unavailable += 1
-                msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                       f"cannot tell whether node {call.provider.label} started the call: "
-                       "this node does not hear the cluster bus"]
-            elif call.provider.runs_before_accept:  # it may be running it: never moved
-                self.stats.ack_timeouts += 1
-                self.stats.accept_timeouts += 1
-                msg = [ERROR, call.cid, errors.ACCEPT_TIMEOUT,
-                       f"the provider of {call.name!r} did not accept the call in time "
-                       "(it may have run)"]
             else:
-                self.stats.ack_timeouts += 1
-                msg = None
-                pace = call.provider.pace
-                if pace is not None:  # it was slow to take it: wait longer there, send less
-                    pace.timed_out(now)
-                    self._probing.pop(call.provider, None)
-                if not call.provider.is_node:
-                    call.slow = True
-            del calls[attempt]
-            if call.provider is not None:
-                self._took(call.provider, call)
-            if call.hrow is not None:
-                self._history_end(call, Outcome.RESPONSE_TIMEOUTS
-                                  if msg is not None and msg[2] != errors.ACCEPT_TIMEOUT
-                                  else Outcome.ACK_TIMEOUTS)
-            provider = call.provider
-            if provider is not None and not provider.closed:
-                provider.send([CANCEL, attempt])
-            if msg is not None:
-                if provider is not None:
-                    self._failed_at(provider, call)  # it did not answer in time
-                self._conclude(call, msg)
-                continue
-            assert provider is not None  # parked calls (no provider) never come here
-            if provider.is_node and self.cluster is not None:
-                self.cluster.silent(call.name, provider)
-                call.unsure = True
-            self._retry(call, now)
+                self._not_acked(call, call.provider, attempt, now)
+
+    def _too_late(self, call: Call, now: float) -> list[Any]:
+        """``call``'s deadline passed: the ERROR its caller gets, counted."""
+        if call.queued >= 0:
+            # waited for a free slot all its time: never sent (not run)
+            self.stats.overloaded += 1
+            msg = [ERROR, call.cid, errors.OVERLOADED,
+                   f"every provider of {call.name!r} was busy: no slot came free within "
+                   f"the call's deadline (waited {now - call.queued:.3f} s; not run)",
+                   int(self.queue_target * 1000)]
+        elif call.provider is None:
+            # waiting for discovery: it never left this node (not run). Known to have
+            # no provider (one moving off a stopping node did not reappear in time):
+            # NO_PROVIDER; not known, as the cluster has not answered: that is no
+            # "nobody provides it"
+            if self.cluster is not None and not self.cluster.knows(call.name):
+                self.stats.cluster_unavailable += 1
+                msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                       f"the cluster did not say in time who provides {call.name!r} "
+                       "(not run)"]
+            else:
+                self.stats.no_provider += 1
+                msg = [ERROR, call.cid, errors.NO_PROVIDER,
+                       f"no provider of {call.name!r} was found within the call's "
+                       "deadline (not run)"]
+        elif call.checked == BUS_DOWN:
+            # at another node, and this node's bus still down: that, not the provider
+            assert call.provider is not None, "held for the bus, yet at no node"
+            self.stats.cluster_unavailable += 1
+            msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                   f"the cluster bus was down until the call's deadline (it may have "
+                   f"run at node {call.provider.label})"]
+        else:
+            self.stats.response_timeouts += 1
+            msg = [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
+                   f"no response from {call.name!r} in time"]
+        return msg
+
+    def _not_acked(self, call: Call, provider: Peer, attempt: int, now: float) -> None:
+        """``attempt`` at ``provider`` reached its ack timeout unacknowledged: a node is
+        asked whether it started it (the ask's own timeout comes here again), else the
+        attempt is given up (``_give_up``): the call moves on, or fails where moving it
+        could run it twice."""
+        if call.checked < 0:  # at a node when the bus went down (``cluster_down``)
+            if call.checked == BUS_DOWN:  # still down: it waits, as it may be running
+                self._deadlines.add(attempt, call.deadline)
+                return
+            # asked after the bus came back, and not answered: nothing tells
+            self.stats.cluster_unavailable += 1
+            msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                   f"node {provider.label} did not say, after this node's cluster "
+                   "bus came back, whether it ran the call"]
+        elif provider.is_node and not call.checked:
+            # No ACK yet from a node: ask before moving the call (it may have started).
+            # A node given up is not asked, but this node still makes sure it would
+            # hear an ACK still on its way before it moves the call (``settled``).
+            self.stats.ack_checks += 1
+            call.checked = now
+            if not provider.closed:
+                provider.send([ACK_CHECK, attempt])
+            elif self.cluster is not None:
+                self.cluster.probe()
+            pace = provider.pace
+            due = now + (pace.rto if pace is not None else self.ack_timeout)
+            self._deadlines.add(attempt, due if due < call.deadline else call.deadline)
+            return
+        elif (provider.is_node and self.cluster is not None
+              and not self.cluster.settled(provider, call.checked)):
+            # Silent, but this node cannot show it would have heard an ACK: moving
+            # the call could run it twice. Its outcome is unknown here.
+            self.stats.cluster_unavailable += 1
+            msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
+                   f"cannot tell whether node {provider.label} started the call: "
+                   "this node does not hear the cluster bus"]
+        elif provider.runs_before_accept:  # it may be running it: never moved
+            self.stats.ack_timeouts += 1
+            self.stats.accept_timeouts += 1
+            msg = [ERROR, call.cid, errors.ACCEPT_TIMEOUT,
+                   f"the provider of {call.name!r} did not accept the call in time "
+                   "(it may have run)"]
+        else:
+            self.stats.ack_timeouts += 1
+            msg = None
+            pace = provider.pace
+            if pace is not None:  # it was slow to take it: wait longer there, send less
+                pace.timed_out(now)
+                self._probing.pop(provider, None)
+            if not provider.is_node:
+                call.slow = True
+        self._give_up(call, attempt, msg, now)
+
+    def _give_up(self, call: Call, attempt: int, msg: list[Any] | None, now: float) -> None:
+        """End ``attempt`` (cancelled at its provider): the call ends with ``msg``, or with
+        None moves to another provider."""
+        del self._calls[attempt]
+        if call.provider is not None:
+            self._took(call.provider, call)
+        if call.hrow is not None:
+            self._history_end(call, Outcome.RESPONSE_TIMEOUTS
+                              if msg is not None and msg[2] != errors.ACCEPT_TIMEOUT
+                              else Outcome.ACK_TIMEOUTS)
+        provider = call.provider
+        if provider is not None and not provider.closed:
+            provider.send([CANCEL, attempt])
+        if msg is not None:
+            if provider is not None:
+                failed_at(provider, call)  # it did not answer in time
+            self._conclude(call, msg)
+            return
+        assert provider is not None  # parked calls (no provider) never come here
+        if provider.is_node and self.cluster is not None:
+            self.cluster.silent(call.name, provider)
+            call.unsure = True
+        self._retry(call, now)
 
     # -- internals -------------------------------------------------------------------
 
@@ -1379,39 +1190,21 @@ class Router:
         if to is not None:
             provider: Peer | None = to
         elif self.local_first:
-            if (len(local) == 1 and tried is None and self.weights is None
+            if (len(local) == 1 and tried is None and self.draws.weights is None
                     and (not remote or (local[0].rate < QUIET
                                         and local[0].steady <= SLOWER * LAT_FLOOR))):
                 provider = local[0]  # alone, quiet, quick: nothing to weigh
             elif not local and len(remote) == 1 and tried is None:
                 provider = remote[0][0] if remote[0][1] > 0 else None  # one target
             else:
-                provider = local_first(call.name, self._local_weights(call.name, local),
-                                       remote, tried, self._rand)
+                draws = self.draws
+                provider = local_first(call.name, draws.local_weights(call.name, local),
+                                       remote, tried, draws.rand)
                 if (provider is not None and provider.is_node
                         and provider not in self._provider_peers):
                     self._provider_peers.add(provider)  # its ``rate``: what is sent there
-        elif remote and tried is None:  # a first attempt that may cross nodes
-            if not local and len(remote) == 1:  # one target: nothing to draw or hold
-                provider = remote[0][0] if remote[0][1] > 0 else None
-            elif (drawn := self._drawn.get(call.name)) is not None and (
-                    drawn[1] and drawn[2] is remote and not drawn[0].closed):
-                provider = drawn[0]  # the draw holds (``affinity``)
-                drawn[1] -= 1
-                drawn[3][provider] += 1
-            elif self.affinity > 1:
-                provider, taken = self._balanced(call.name, local, remote)  # a draw
-                if provider is not None:
-                    self._drawn[call.name] = [provider, self.affinity - 1, remote, taken]
-            else:
-                provider = self._weighted(call.name, local, remote, None)  # a draw per call
-        elif self.weights is not None or remote:  # weighted, without the targets tried
-            provider = self._weighted(call.name, local, remote, tried)
         else:
-            candidates = local if tried is None else [p for p in local if p not in tried]
-            n = len(candidates)
-            provider = (candidates[0] if n == 1 else candidates[int(self._rand() * n)]
-                        if n else None)
+            provider = self.draws.choose(call.name, local, remote, tried)
         if provider is None:
             self._no_target(call)
             return
@@ -1664,76 +1457,6 @@ class Router:
                 del self._calls[call.id]
                 call.queued = -1.0
                 self._route(call, self._now, discover=False)
-
-    def _local_weights(self, name: str, local: Sequence[Peer]) -> list[tuple[Peer, float]]:
-        """The local providers with their weights (1 without a weights file)."""
-        if self.weights is None:
-            return [(p, 1.0) for p in local]
-        weight = self.weights.of
-        return [(p, weight(name, p.provider_name)) for p in local]
-
-    def _weighted(self, name: str, local: Sequence[Peer],
-                  remote: Sequence[tuple[Peer, float]],
-                  tried: set[Peer] | None) -> Peer | None:
-        """A target not in ``tried``, at random by weight (``_weighing``); None when no
-        such target has any weight."""
-        weighted = self._weighing(name, local, remote, tried)
-        total = sum(n for _, n in weighted)
-        return self._pick(weighted, total) if total > 0 else None
-
-    def _weighing(self, name: str, local: Sequence[Peer], remote: Sequence[tuple[Peer, float]],
-                  tried: set[Peer] | None) -> list[tuple[Peer, float]]:
-        """The targets not in ``tried`` with their weights: a local provider's from the
-        weights file (1 without one), a node's the sum it advertises."""
-        if self.weights is None:
-            weighted = [(p, 1.0) for p in local if tried is None or p not in tried]
-        else:
-            weight = self.weights.of
-            weighted = [(p, weight(name, p.provider_name)) for p in local
-                        if tried is None or p not in tried]
-        weighted += [(p, n) for p, n in remote if tried is None or p not in tried]
-        return weighted
-
-    def _pick(self, weighted: Sequence[tuple[Peer, float]], total: float) -> Peer:
-        """One of ``weighted`` at random by weight; ``total`` is their sum (over 0)."""
-        pick = self._rand() * total
-        for provider, n in weighted:
-            pick -= n
-            if pick < 0:
-                return provider
-        return weighted[-1][0]  # rounding left a sliver above the last one
-
-    def _balanced(self, name: str, local: Sequence[Peer], remote: Sequence[tuple[Peer, float]]
-                  ) -> tuple[Peer | None, dict[Peer, int]]:
-        """A first attempt's draw when draws hold (``affinity``), counted: only among the
-        targets behind their weight's share of the name's first attempts since its targets
-        last changed, by how far behind. Returns the target (None: none has weight) and
-        the counts, where the calls the draw then holds are counted too.
-
-        Held draws make bigger batches, and drawn at random they would spread calls in
-        lumps of up to ``affinity``: over a short window one target could get several
-        lumps more than its share. Drawing only among the targets behind keeps every
-        target within about one hold of its share at any time, so shares per window stay
-        the weights' (what ``rpcbus analyze``'s fairness checks); the draw stays random
-        among those behind, so no fixed order of calls can line up with the targets."""
-        balance = self._balance.get(name)
-        if balance is None or balance[0] is not remote:  # new targets: every share starts even
-            if balance is None and len(self._balance) >= BALANCED_NAMES:
-                self._balance.clear()
-            balance = self._balance[name] = (remote, {})
-        taken = balance[1]
-        weighted = self._weighing(name, local, remote, None)
-        total = sum(n for _, n in weighted)
-        if total <= 0:
-            return None, taken
-        calls = sum(taken.values()) + 1  # this one too
-        # what each target is behind by: the gaps add up to 1, as the counts are of these
-        # targets only, so some target is behind (all of them, should rounding say none)
-        behind = [(p, gap) for p, n in weighted if (gap := calls * n / total - taken.get(p, 0)) > 0]
-        provider = (self._pick(behind, sum(gap for _, gap in behind)) if behind
-                    else self._pick(weighted, total))
-        taken[provider] = taken.get(provider, 0) + 1
-        return provider, taken
 
     def _no_target(self, call: Call) -> None:
         if call.slow:  # its providers live, but each was too slow or full to take it

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from rpcbus.broker.auth import User
     from rpcbus.broker.events import Subscriber
     from rpcbus.broker.limits import WindowLimiter
-    from rpcbus.broker.router import Provider, Router
+    from rpcbus.broker.peers import Provider
+    from rpcbus.broker.router import Router
     from rpcbus.broker.session_rules import NodeView
 
 log = structlog.get_logger(module="rpcbus.session")

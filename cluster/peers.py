@@ -102,19 +102,11 @@ class RemoteNode:
 
 
 class RemoteCaller:
-    """One INVOKE from another node, as a caller peer of this node's router."""
+    """One INVOKE from another node, as a caller of this node's router (its ``Caller``:
+    broker/peers.py), never a provider."""
 
     is_node = True
     closed = False  # publishing to a node that left is harmless
-    provides: frozenset[str] = frozenset()  # a caller, never a provider
-    provider_name = ""
-    hrows: dict[Any, Any] = {}  # never added to: a caller, never a provider
-    accepted_upto = 0           # a caller, never a provider
-    runs_before_accept = False
-    load = attempts = 0
-    rate = lat = seen = steady = 0.0
-    minutes: Any = None
-    pace: Any = None  # a caller, never a target
 
     __slots__ = ("link", "node", "origin", "id", "key", "label", "user_name", "inflight",
                  "calls", "invoke", "late_at", "deadline", "parts")

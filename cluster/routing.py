@@ -22,7 +22,8 @@ class Routing(Protocol):
     count_changed: Callable[[str, float], None] | None
     # the rates its providers serve moved far from what the last heartbeat told
     # (``local-first``): the core sends the next heartbeat early
-    rates_moved: bool
+    @property
+    def rates_moved(self) -> bool: ...
     # the router's clock when the shell read what it is handling (per-rpc latency)
     read_at: float
 
@@ -57,7 +58,7 @@ class Routing(Protocol):
     def cancel_from(self, caller: RemoteCaller, cid: int) -> None: ...
 
     # nodes and the bus coming and going
-    def drop_peer(self, peer: RemoteNode | RemoteCaller, now: float,
+    def drop_peer(self, peer: RemoteNode, now: float,
                   acks_may_follow: bool = ...) -> None: ...
     def fail_peer(self, peer: RemoteNode, code: str, message: str) -> None: ...
     def cluster_down(self, now: float) -> None: ...

@@ -301,8 +301,8 @@ class SimNode:
     def _heartbeat_info(self) -> dict[str, Any]:
         """What a node's heartbeat tells the others' ``local-first`` choice and presence
         (broker/node.py)."""
-        served = self.router.provider_rates(64)
-        return {"served": served, "latency": self.router.provider_latencies(served),
+        served = self.router.figures.rates(64)
+        return {"served": served, "latency": self.router.figures.latencies(served),
                 "presence": self.presence.digest()}
 
     def subscribed(self, session: SimSession, ref: int, topics: list[str]) -> None:

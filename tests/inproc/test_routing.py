@@ -49,7 +49,7 @@ async def test_weighted_choice_follows_provider_counts(cluster3):
     # checks the shares of those)
     for n in cluster3.nodes:
         n.node.router.local_first = False
-        n.node.router.affinity = 1
+        n.node.router.draws.affinity = 1
     provs = [await rpcbus.connect(n1.url) for _ in range(3)] + [await rpcbus.connect(n2.url)]
     try:
         for i, p in enumerate(provs):
@@ -129,7 +129,7 @@ async def test_a_burst_of_calls_to_an_unknown_name_makes_one_query(cluster3):
 async def test_reject_and_silent_providers_fail_over_across_nodes(cluster3):
     n1, n2, n3 = cluster3.nodes
     for n in cluster3.nodes:  # a draw per call: some of the calls must reach n1's providers
-        n.node.router.affinity = 1  # (with draws held for a frame, n1 may get none of the 50)
+        n.node.router.draws.affinity = 1  # (with draws held for a frame, n1 may get none of the 50)
     runs = Counter()
 
     def refuse(data):

@@ -171,7 +171,7 @@ def test_weights_scale_the_draw_and_the_room():
         def of(self, name, provider):
             return 3.0 if provider == "big" else 1.0
     r = local_first()
-    r.weights = Weights()
+    r.set_weights(Weights())
     big, small, caller = Peer("big"), Peer("small"), Peer("c")
     big.provider_name, small.provider_name = "big", "small"
     r.provide(big, ["f"])

@@ -490,7 +490,7 @@ def test_with_affinity_every_target_stays_within_a_hold_of_its_share_at_all_time
 
 
 def test_the_counts_behind_held_draws_are_kept_for_a_bounded_number_of_names():
-    from rpcbus.broker.router import BALANCED_NAMES
+    from rpcbus.broker.choice import BALANCED_NAMES
     a, b = Node("A"), Node("B")
     names = [f"job.{i}" for i in range(BALANCED_NAMES + 10)]
     view = View({name: [(a, 1), (b, 1)] for name in names})
@@ -498,7 +498,7 @@ def test_the_counts_behind_held_draws_are_kept_for_a_bounded_number_of_names():
     caller = Peer("c")
     for i, name in enumerate(names):   # names that come and go: each called once
         r.request(caller, i, name, None, None, now=0.0)
-    assert len(r._balance) <= BALANCED_NAMES
+    assert len(r.draws._balance) <= BALANCED_NAMES
     assert len(requests_to(a)) + len(requests_to(b)) == len(names)
 
 

@@ -67,7 +67,7 @@ def test_one_connection_providing_several_names_shows_each_names_own_figures():
     for req in reqs[1:]:
         r.accept(prov, req[1], 1.0)
     r.tick(2.0)
-    view = r.provider_view(["shop.price", "shop.reserve", "shop.quiet"])
+    view = r.figures.view(["shop.price", "shop.reserve", "shop.quiet"], r.now)
     price, reserve, quiet = (view[n][0] for n in ("shop.price", "shop.reserve", "shop.quiet"))
     #   [name, calls/s, ms, outstanding, calls, errors, p50, p99, label]
     assert price[3:6] == [0, 6, 0] and price[6] is not None
@@ -76,6 +76,6 @@ def test_one_connection_providing_several_names_shows_each_names_own_figures():
     r.unprovide(prov, ["shop.reserve"])          # its two calls in flight keep their figures
     for req in reqs[1:]:
         r.respond(prov, req[1], "late")
-    assert "shop.reserve" not in r.provider_view(["shop.reserve"])
+    assert "shop.reserve" not in r.figures.view(["shop.reserve"], r.now)
     r.provide(prov, ["shop.reserve"])            # provided again: counted afresh
-    assert r.provider_view(["shop.reserve"])["shop.reserve"][0][3:6] == [0, 0, 0]
+    assert r.figures.view(["shop.reserve"], r.now)["shop.reserve"][0][3:6] == [0, 0, 0]

@@ -15,7 +15,8 @@ FOLDERS = {"clients": ("rpcbus", 0), "conf": ("rpcbus.conf", 0),
            "analytics": ("rpcbus.analytics", 3), "benchmarks": ("rpcbus.benchmarks", 4),
            "sim": ("rpcbus.sim", 4)}
 # the rules of the protocol: pure state machines (events and a clock in, messages out)
-CORES = ["broker/router.py", "broker/choice.py", "broker/session_rules.py", "broker/lifecycle.py",
+CORES = ["broker/router.py", "broker/peers.py", "broker/choice.py", "broker/figures.py",
+         "broker/session_rules.py", "broker/lifecycle.py",
          "broker/session_policy.py", "cluster/core.py",
          "cluster/peers.py", "cluster/outbox.py", "cluster/membership.py",
          "cluster/providers.py", "clients/provider.py", "clients/protocol.py",

@@ -41,7 +41,9 @@ provider; ``AppError`` reaches the caller whole (code, message, data); any other
 exception answers PROVIDER_ERROR "Type: text", never a traceback (logged here,
 with the rpc's name and the call id). A CANCEL from the node (it gave the attempt
 up) cancels the Task; a plain function not yet started in its thread never
-starts, one running cannot be stopped (its answer is dropped).
+starts, one running cannot be stopped (its answer is dropped). The provider's rules
+are a pure core too, ``rpcbus.provider.Serving``; running the handlers is
+``rpcbus.running.Runner``'s.
 
 Cancelling ``call()`` is safe: the call is forgotten here and a late answer is
 dropped. Cancelling ``provide()`` may leave the name provided on the node.
@@ -50,10 +52,6 @@ dropped. Cancelling ``provide()`` may leave the name provided on the node.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextvars
-import functools
-import inspect
 import itertools
 import logging
 import ssl
@@ -67,17 +65,9 @@ from rpcbus.credentials import RETRY, Credentials, TokenSource, renew_in
 from rpcbus.events import EventHandler, GapHandler, PresenceHandler, Subscriptions, Watchers
 from rpcbus.found import ProviderInfo, RpcInfo
 from rpcbus.handlers import (
-    ANSWERS,
-    ASYNC_PARTS,
-    DONE,
     CallContext,
     Handler,
-    awaited,
     describe,
-    failure,
-    first_step,
-    outcome,
-    resumed,
 )
 from rpcbus.protocol import (
     ALL,
@@ -103,16 +93,7 @@ from rpcbus.protocol import (
     PRESENCE_UNSUBSCRIBE,
     PROTOCOL_VERSION,
     PROVIDE,
-    REJECT,
-    REJECT_BUSY,
     REPLY,
-    REQ_CALLER,
-    REQ_DATA,
-    REQ_SENT_MS,
-    REQ_TIME_LEFT_MS,
-    REQ_TRACEPARENT,
-    REQ_USER,
-    REQ_WINDOW,
     REQUEST,
     RESPONSE,
     STREAM,
@@ -123,8 +104,9 @@ from rpcbus.protocol import (
     valid_name,
 )
 from rpcbus.provider import Held, Serving
+from rpcbus.running import Entry, Runner
 from rpcbus.streaming import DEFAULT_WINDOW
-from rpcbus.streams import Flow, Stream, Threaded, one_part, serve_parts
+from rpcbus.streams import Flow, Stream
 from rpcbus.transport import OPEN, FrameData
 from rpcbus.websocket import ClientConnection, HandshakeError, HandshakeRefused, dial
 
@@ -133,7 +115,6 @@ __all__ = ["CallContext", "Client", "connect"]
 log = logging.getLogger("rpcbus.client")  # no handler of ours: the application decides
 
 
-_Entry = tuple[Handler, bool, bool, int]  # a provided name's handler, as ``describe`` gives
 
 
 # how a node's HTTP 503 begins when it will take this client soon (not when it drains)
@@ -243,12 +224,11 @@ class Client:
         self._pending: dict[int, asyncio.Future[Any]] = {}  # calls and controls
         self._streams: dict[int, Flow] = {}    # open streams (their ends are in _pending)
         self._replies: dict[int, list[Reply]] = {}  # call_all's under way: replies so far
-        self._handlers: dict[str, _Entry] = {}
+        self._handlers: dict[str, Entry] = {}
         self._events = Subscriptions()         # event topics and their handlers
         self._watchers = Watchers()            # presence handlers
         self._wires: set[_Wire] = set()        # open connections (new calls use _wire)
-        self._handler_threads = handler_threads
-        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._runner = Runner(handler_threads)  # the handlers: threads, counts
         self._sweeper: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
         self._moving: asyncio.Task[None] | None = None    # off a node cut off from the cluster
@@ -261,12 +241,7 @@ class Client:
         self._last_error = ""
         self._last_exc: Exception | None = None
         self.stale_requests = 0               # REQUESTs refused unrun: read too late
-        self.busy_requests = 0                # REQUESTs refused unrun: workers all taken
-        self.expired_handlers = 0             # handlers not started: their deadline passed
-        self._thread_jobs = 0                 # plain-function handlers queued or running
-        self._service = 0.0                   # s one of them takes, smoothed
-        self._frame_jobs = 0                  # those taken in the frame being read
-        self._full = self._workers_full       # Serving.request's ``full``, bound once
+        self._full = self._runner.workers_full  # Serving.request's ``full``, bound once
         self.messages_dropped = 0             # from the node, undecodable (logged)
         self._starting_seen = False           # the last pass met a node saying "soon"
 
@@ -442,8 +417,7 @@ class Client:
             await wire.close()
         self._fail_all(errors.ConnectionLostError(None, "the client was closed"))
         self._events.close()
-        if self._threads is not None:
-            self._threads.shutdown(wait=False, cancel_futures=True)
+        self._runner.close()
         self._set_state("closed")
 
     async def drain(self, timeout: float | None = None) -> None:
@@ -781,11 +755,12 @@ class Client:
         if wire.serving.starting:
             # The calls' ACCEPTs go to the socket first: no handler code has run yet, so
             # however long one holds this loop, the node knows every call here started.
-            self._frame_jobs = 0
+            runner = self._runner
+            runner.frame_jobs = 0
             starting = wire.serving.take_starting()
             wire.flush()
             for attempt, name, entry, request in starting:
-                self._start(wire, attempt, name, entry, request)
+                runner.start(wire, attempt, name, entry, request)
 
     def _on_message(self, wire: _Wire, msg: list[Any]) -> None:
         kind = msg[0]
@@ -872,143 +847,6 @@ class Client:
                 fut.set_result(result)
             else:
                 fut.set_exception(exc)
-
-    # -- serving -------------------------------------------------------------------------
-
-    def _start(self, wire: _Wire, attempt: int, name: str, entry: _Entry,
-               request: list[Any]) -> None:
-        """Run an accepted call's handler: a coroutine function's first step here (its
-        answer is sent at once when it did not suspend; else a Task drives the rest), a
-        plain function in a worker thread; a Task's outcome is sent when it ends
-        (``_task_done``)."""
-        handler, is_async, wants_context, parts = entry
-        data = request[REQ_DATA]
-        n = len(request)
-        args = (data, CallContext(name, attempt, request[REQ_CALLER],
-                                  request[REQ_TIME_LEFT_MS] / 1000,
-                                  request[REQ_TRACEPARENT] if n > REQ_TRACEPARENT else None,
-                                  request[REQ_USER] if n > REQ_USER else None)
-                ) if wants_context else (data,)
-        if parts != ANSWERS or request[0] == STREAM:
-            self._start_stream(wire, attempt, name, entry, request, args)
-            return
-        if is_async:
-            # Its first step runs here, in a context of its own as a Task's would: most
-            # handlers answer without suspending, and then no Task is made at all.
-            context = contextvars.copy_context()
-            try:
-                work = handler(*args)
-                if inspect.iscoroutine(work):
-                    rest, result = context.run(first_step, work)
-                    if rest is DONE:
-                        wire.send([RESPONSE, attempt, result])
-                        return
-                    work = resumed(rest)
-                else:
-                    work = awaited(work)
-            except (Exception, asyncio.CancelledError) as exc:
-                wire.send(failure(attempt, name, exc))
-                return
-            task = wire.loop.create_task(work, context=context)
-        else:
-            task = wire.loop.create_task(
-                self._in_thread(handler, args, self._deadline(wire, request)))
-        wire.serving.started(attempt, task)
-        task.add_done_callback(functools.partial(self._task_done, wire, attempt, name))
-
-    def _start_stream(self, wire: _Wire, attempt: int, name: str, entry: _Entry,
-                      request: list[Any], args: tuple[Any, ...]) -> None:
-        """A STREAM, or a REQUEST for a handler that answers in parts (refused: its caller
-        is told to use ``stream()``). A generator's parts go out as credit allows
-        (``serve_parts``); a plain handler's answer is the one part."""
-        handler, is_async, _, parts = entry
-        if request[0] != STREAM:
-            wire.send([ERROR, attempt, errors.PROVIDER_ERROR,
-                       f"{name!r} answers in parts: call it with stream()"])
-            return
-        if parts == ANSWERS:
-            answer = handler(*args) if is_async else self._in_thread(
-                handler, args, self._deadline(wire, request))
-            work = one_part(wire.send, attempt, answer)
-        else:
-            flow = wire.serving.stream(attempt, request[REQ_WINDOW])
-            try:
-                gen = handler(*args)  # a generator: none of its code runs here
-            except Exception as exc:
-                wire.send(failure(attempt, name, exc))
-                return
-            work = serve_parts(wire.send, attempt, flow, gen if parts == ASYNC_PARTS
-                               else Threaded(gen, self._thread_pool()))
-        task = wire.loop.create_task(work)
-        wire.serving.started(attempt, task)
-        task.add_done_callback(functools.partial(self._task_done, wire, attempt, name))
-
-    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._threads is None:
-            self._threads = concurrent.futures.ThreadPoolExecutor(
-                self._handler_threads, thread_name_prefix="rpcbus-handler")
-        return self._threads
-
-    def _deadline(self, wire: _Wire, request: list[Any]) -> float:
-        """The call's deadline on ``time.monotonic()``: its time left when the node sent
-        it, less how long ago that was (as far as this connection can tell)."""
-        now = time.monotonic()
-        age = wire.serving.freshness.age_ms(request[REQ_SENT_MS], wire.loop.time())
-        return now + (float(request[REQ_TIME_LEFT_MS]) - age) / 1000
-
-    def _workers_full(self, entry: _Entry, left_ms: Any) -> bool:
-        """A REQUEST for ``entry`` with ``left_ms`` to go comes: True when it runs in a
-        worker thread and, by the handlers' smoothed time, the ones queued before it
-        would hold it past half its time left, so it is refused BUSY and the node holds
-        it instead (a burst of quick calls is taken); else it counts as queued now."""
-        if entry[1] or entry[3] == ASYNC_PARTS:  # runs on the loop
-            return False
-        threads = self._handler_threads
-        ahead = self._thread_jobs + self._frame_jobs - threads + 1
-        if (ahead > 0 and type(left_ms) is int
-                and ahead * self._service / threads * 2000 > left_ms):
-            self.busy_requests += 1
-            return True
-        self._frame_jobs += 1
-        return False
-
-    def _timed(self, deadline: float, handler: Handler, args: tuple[Any, ...]) -> Any:
-        """In a worker thread: ``handler(*args)``, unless the call's deadline has passed;
-        its time moves the smoothed one ``_workers_full`` judges by."""
-        start = time.monotonic()
-        if start > deadline:
-            raise _Expired
-        try:
-            return handler(*args)
-        finally:
-            self._service += 0.1 * (time.monotonic() - start - self._service)
-
-    async def _in_thread(self, handler: Handler, args: tuple[Any, ...],
-                         deadline: float) -> Any:
-        """``handler(*args)`` in one of the client's worker threads (an awaitable it
-        returns is awaited here). Cancelled before a thread took it, it never runs; nor
-        does it when a thread takes it after ``deadline`` (``time.monotonic()``): its
-        caller has stopped waiting (``_Expired``: the node is told BUSY, not run)."""
-        self._thread_jobs += 1
-        try:
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._thread_pool(), functools.partial(self._timed, deadline, handler, args))
-        finally:
-            self._thread_jobs -= 1
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-    def _task_done(self, wire: _Wire, attempt: int, name: str,
-                   task: asyncio.Task[Any]) -> None:
-        if wire.serving.finished(attempt):  # not cancelled by the node, connection not gone
-            if not task.cancelled() and type(task.exception()) is _Expired:
-                self.expired_handlers += 1  # not run: the node ends it (time is up there)
-                log.info("handler_not_started rpc=%s call_id=%s reason=deadline", name,
-                         attempt)
-                wire.send([REJECT, attempt, REJECT_BUSY])
-                return
-            wire.send(outcome(attempt, task, name))
 
     def _unencodable(self, msg: list[Any], exc: Exception) -> list[Any] | None:
         kind = msg[0]
@@ -1240,7 +1078,3 @@ def connect(urls: str | Sequence[str], **options: Unpack[Options]) -> _Connector
     reached (with each URL's reason), and a node's AUTH_FAIL as an RpcError.
     """
     return _Connector(Client(urls, **options))
-
-
-class _Expired(Exception):
-    """A plain-function handler's worker thread came free after the call's deadline."""

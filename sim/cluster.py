@@ -613,6 +613,8 @@ class Client:
 class Provider(Client):
     """A provider process serving ``names`` through the SDK's provider rules."""
 
+    takes_streams = True  # (sim/run.py ``RunsFirstProvider`` refuses every stream)
+
     def __init__(self, sim: "Simulation", name: str, names: list[str], slow: float,
                  blocks: float) -> None:
         super().__init__(sim, name)
@@ -807,17 +809,19 @@ class Caller(Client):
     def _end(self, cid: int, code: str, data: Any = None) -> None:
         key = self.keys.pop(cid, None)
         self.calls.forget(cid)
-        self.reading.pop(cid, None)
+        stream = self.reading.pop(cid, None) is not None
         self.gathering.pop(cid, None)
         if key is not None:  # else after its own deadline: dropped, as the SDK does
             if code == errors.NO_PROVIDER:
-                self._no_provider(key)
+                self._no_provider(key, stream)
             self.sim.ledger.ended(key, code, self.world.now, data)
 
-    def _no_provider(self, key: tuple[str, int]) -> None:
+    def _no_provider(self, key: tuple[str, int], stream: bool) -> None:
         """NO_PROVIDER says nobody provides the name: in a run whose faults only slow
         things (``sim.overload_only``), a violation while a provider of it kept one
-        connection from a second before the call to its end."""
+        connection from a second before the call to its end (for a stream, one that
+        takes streams: a provider's REJECT is "not me", and when every provider said so
+        the call ends NO_PROVIDER, as docs/protocol.md says)."""
         if not self.sim.overload_only:
             return
         call = self.sim.ledger.calls[key]
@@ -825,6 +829,7 @@ class Caller(Client):
         for client in self.sim.clients:
             conn = client.conn
             if (isinstance(client, Provider) and client.alive and name in client.names
+                    and (client.takes_streams or not stream)
                     and conn is not None and not conn.gone and conn.opened <= made - 1.0):
                 self.sim.ledger.violations.append(
                     f"{key}: NO_PROVIDER while {client.name} provided {name!r} on "

@@ -86,8 +86,13 @@ class RunsFirstProvider(Provider):
     """A provider as deepstream's client is one (broker/ds_session.py): it runs each call
     as it reads it and accepts after (now and then later than the ack timeout), cannot
     stop a call (a CANCEL changes nothing: its answer comes, late), and refuses every
-    stream (it has none). The node marks its session ``runs_before_accept``, so none of
-    its calls may be moved: the ledger holds the node to that."""
+    stream (the real node hands a deepstream client a stream as a call and sends its
+    one answer as the stream's one part; this model keeps to calls, so a stream to a
+    name only it provides ends NO_PROVIDER, which the ledger allows). The node marks its
+    session ``runs_before_accept``, so none of its calls may be moved: the ledger holds
+    the node to that."""
+
+    takes_streams = False
 
     def connect(self) -> None:
         Client.connect(self)  # the SDK's provider rules are what this provider lacks

@@ -2,14 +2,21 @@
 steady load costs no call, with the only provider on one node at a time: calls to its
 name wait (within their deadline) while it moves to another node. Planned stops are
 leaves, never deaths (before: 2-11 calls failed NO_PROVIDER per run, and every stop was
-logged and counted as a dead node)."""
+logged and counted as a dead node). On a machine busy with other work (twelve
+processes spinning per core) a call may be shed OVERLOADED, which says it did not run
+and why, but none ends with a code that says its live, moving provider is gone
+(before: NO_PROVIDER, 300-400 calls a run here; 65-82 of ~14,000 in the issue's)."""
 
 import asyncio
 
+import pytest
+
+from ..busy import spinning
 from .harness import run
 
 
-async def test_a_rolling_restart_of_every_node_fails_no_call(scenario):
+@pytest.mark.parametrize("spinners", [0, 12], ids=["quiet", "busy machine"])
+async def test_a_rolling_restart_of_every_node_fails_no_call(scenario, spinners):
     sc = scenario(nodes=3)
     processes = []
 
@@ -21,8 +28,10 @@ async def test_a_rolling_restart_of_every_node_fails_no_call(scenario):
         sc.cleared()
 
     # one provider, on n1 first (it holds every URL and moves as each node stops)
-    figures = await run(sc, fault, recover_within=0.5, in_process_provider_on=(0,))
-    assert figures["outcomes"] == {"ok": figures["calls"]}, figures["outcomes"]
+    with spinning(spinners):  # per core
+        figures = await run(sc, fault, recover_within=0.5, in_process_provider_on=(0,))
+    failed = set(figures["outcomes"]) - {"ok"}
+    assert failed <= ({"OVERLOADED"} if spinners else set()), figures["outcomes"]
     processes += sc.cluster.nodes
     assert [p.name for p in processes if p.events("node_dead")] == []
     assert sum(len(p.events("node_left")) + len(p.events("node_rejoined"))

@@ -13,12 +13,17 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
     (``probe``), so measuring costs nothing per call.
   * its **concurrency limit** is found from its own latency, in the shape of Netflix's
     Gradient2 limiter: a no-load latency and each sample's; while the target holds
-    at least half its limit, ``limit * clamp(TOLERANCE * long / sample, 0.5, 1) +
-    sqrt(limit)``, smoothed. A target that refuses an attempt because it is full or
-    read it too late (``refused``), or times out (``timed_out``), has its limit halved,
-    once per ``rto`` (one congestion event).
+    at least half its limit, ``limit * clamp(TOLERANCE * max(long, QUEUE_FLOOR) /
+    sample, 0.5, 1) + sqrt(limit)``, smoothed. A target that refuses an attempt because
+    it is full or read it too late (``refused``), or times out (``timed_out``), has its
+    limit halved, once per ``rto`` (one congestion event).
     The long-term latency is the quickest seen, drifting up slowly (as Vegas's no-load
     latency is): a mean would count the queue a busy target already has as its own.
+    It counts as at least ``QUEUE_FLOOR``: an attempt that takes a few ms at a quick
+    target spends them in the node's and the client's own loop turns, which grow with
+    the calls under way as each turn carries more of them (and costs less per call),
+    not in a queue at the target; read as one, they held a local call's throughput
+    to two thirds.
 
 ``Waiting`` (one per rpc name with calls waiting)
   calls beyond every target's limit wait here, earliest deadline first, and go out
@@ -44,6 +49,7 @@ INITIAL_LIMIT = 256.0    # a new target's limit (a node: NODE_LIMIT)
 NODE_LIMIT = 1024.0      # a node stands for all its providers, behind its own admission
 PATIENCE = 0.5           # of a call's time left when it came: how long it may wait
 TOLERANCE = 1.5          # latency up to this times the long-term one is not queueing
+QUEUE_FLOOR = 0.005      # s: the long-term latency counts as at least this (docstring)
 SMOOTHING = 0.2          # of the way to each new limit
 LONG_STEP = 1 / 600      # of the way to each sample for the long-term latency (Gradient2: 600)
 ALPHA, BETA, K = 0.125, 0.25, 4.0  # RFC 6298's gains and deviation factor
@@ -120,7 +126,7 @@ class Pace:
         limit = self.limit
         if load < limit / 2:
             return  # it is not what holds the calls back: nothing learnt of its limit
-        gradient = TOLERANCE * long / took
+        gradient = TOLERANCE * (long if long > QUEUE_FLOOR else QUEUE_FLOOR) / took
         gradient = 0.5 if gradient < 0.5 else 1.0 if gradient > 1.0 else gradient
         new = limit * gradient + math.sqrt(limit)
         limit += SMOOTHING * (new - limit)

@@ -57,6 +57,21 @@ def test_the_limit_grows_while_latency_is_flat_and_shrinks_when_it_rises():
     assert pace.limit == max(2.0, idle / 4)
 
 
+def test_a_quick_target_keeps_its_limit_while_its_attempts_take_a_few_ms():
+    """200 calls under way at a target that answers in 0.9 ms alone: each takes 1.4-7 ms
+    as the node's and the client's loop turns carry more of them (before: the limit fell
+    to about 40, and the rest waited at the node, a third of the calls per second lost).
+    Past TOLERANCE times QUEUE_FLOOR it is a queue at the target, and the limit falls."""
+    pace = Pace(1.0, 10.0, limit=256.0)
+    pace.sample(0.0009, load=1)                  # alone: its no-load time
+    for took in (0.0014, 0.003, 0.0068, 0.0021) * 100:
+        pace.sample(took, load=200)
+    assert pace.limit >= 256.0, pace.limit
+    for _ in range(100):
+        pace.sample(0.030, load=int(pace.limit))  # 30 ms: queueing there
+    assert pace.limit < 64, pace.limit
+
+
 def test_a_queue_stands_when_waits_stay_over_target_and_it_does_not_drain():
     class C:
         def __init__(self, deadline):

@@ -94,6 +94,7 @@ class Calls(Generic[W]):
         None for the node's default). Returns the REQUEST (or, ``kind`` STREAM, the
         STREAM, ``meta`` holding its window) to write on ``wire`` now, or None: there is
         no connection, it waits for one."""
+        assert cid not in self._requests and cid not in self._where, "a call id in use"
         self._requests[cid] = (name, data, timeout_ms, meta, until, idempotent, kind)
         self.deadlines.add(cid, until + self.grace)
         if idempotent:
@@ -179,6 +180,7 @@ class Calls(Generic[W]):
             else:
                 failed.append(ref)
                 self.forget(ref)
+        assert wire not in self._where.values(), "a call left on a lost connection"
         return failed
 
     def send_queued(self, wire: W, now: float) -> list[list[Any]]:

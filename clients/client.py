@@ -47,6 +47,13 @@ are a pure core too, ``rpcbus.provider.Serving``; running the handlers is
 
 Cancelling ``call()`` is safe: the call is forgotten here and a late answer is
 dropped. Cancelling ``provide()`` may leave the name provided on the node.
+
+Why one module this long (about 1,100 lines): ``Client`` is the SDK's whole public
+surface (calling, streams, call_all, providing, events, presence, discovery, close and
+drain), and every one of those reads and writes the same connection and the same
+futures, through reconnects and moves between nodes. The rules are in pure cores
+(``calling``, ``provider``, ``streaming``, ``events``, ``credentials``); what is left
+here is the shell that feeds them, and running handlers is ``running``'s.
 """
 
 from __future__ import annotations

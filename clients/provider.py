@@ -197,6 +197,7 @@ class Serving:
         return starting
 
     def started(self, attempt: int, handle: Any) -> None:
+        assert attempt not in self.running, "a second handler for one attempt"
         self.running[attempt] = handle
 
     def stream(self, attempt: int, window: int) -> Outflow:

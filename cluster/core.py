@@ -501,6 +501,7 @@ class ClusterCore:
             return
         caller = RemoteCaller(self, node, key, msg, now + left_ms / 1000 - age,
                               now + ack_ms / 2000 - age)
+        assert key not in self.invoked, "an INVOKE taken twice"  # (``acked`` said it)
         self.invoked[key] = caller
         self.acked.add(key)
         self.starting += 1
@@ -547,6 +548,7 @@ class ClusterCore:
             self.stats["old_incarnation"] += 1
             return None
         self._replaced(node, now)
+        assert not any(c.node is node for c in self.invoked.values()), "the old one's calls"
         node = self.nodes[name] = RemoteNode(self, name, incarnation)
         return node
 

@@ -219,10 +219,7 @@ class Draws:
 
     def local_weights(self, name: str, local: Sequence[Peer]) -> list[tuple[Peer, float]]:
         """The local providers with their weights (1 without a weights file)."""
-        if self.weights is None:
-            return [(p, 1.0) for p in local]
-        weight = self.weights.of
-        return [(p, weight(name, p.provider_name)) for p in local]
+        return self._weighing(name, local, (), None)
 
     def choose(self, name: str, local: Sequence[Peer], remote: Sequence[tuple[Peer, float]],
                tried: set[Peer] | None) -> Peer | None:

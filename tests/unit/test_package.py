@@ -35,8 +35,17 @@ def layer(module: str) -> int | None:
     return 0
 
 
-def imports(path: Path):
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):  # lazy ones too
+def imports(path: Path, typing: bool = True):
+    """Every module ``path`` imports (lazy ones too), with its line; with ``typing``
+    False, not those under ``if TYPE_CHECKING:`` (they never run)."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = set() if typing else {
+        id(n) for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test)
+        for n in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             yield from ((a.name, node.lineno) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -62,22 +71,6 @@ def path_of(module: str) -> Path | None:
     return path if path.exists() else None
 
 
-def runtime_imports(path: Path):
-    """``imports``, less those under ``if TYPE_CHECKING:`` (they never run)."""
-    tree = ast.parse(path.read_text(), str(path))
-    typing_only = {id(n) for node in ast.walk(tree)
-                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test)
-                   for n in ast.walk(node)}
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            yield from ((a.name, node.lineno) for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            yield node.module, node.lineno
-            yield from ((f"{node.module}.{a.name}", node.lineno) for a in node.names)
-
-
 def test_the_cores_do_no_io_and_read_no_clock():
     """The cores import nothing that does I/O, starts tasks or reads a clock, not even
     through the modules of ours they import, followed to the end (time comes in as
@@ -93,7 +86,7 @@ def test_the_cores_do_no_io_and_read_no_clock():
                 continue
             seen.add(path)
             where = path.relative_to(ROOT).as_posix()
-            for module, line in runtime_imports(path):
+            for module, line in imports(path, typing=False):
                 if module.split(".")[0] in IO and where not in CLOCK_ALLOWED:
                     found.append(f"{core} -> {where}:{line}: {module}")
                 mine = path_of(module)

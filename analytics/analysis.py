@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from rpcbus.analytics import findings, series
-from rpcbus.analytics.rollup import COUNTS, KEYS, per_period, rollup
+from rpcbus.analytics import findings, series, skew
+from rpcbus.analytics.rollup import COUNTS, KEYS, moved_back, per_period, rollup
 
 WRITERS = 4   # tables Spark writes at once
 PART_BYTES = 64 << 20   # the rollup comes to the driver in parts of about this (_part_bytes)
@@ -203,11 +203,11 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     # of everything; rows alike but for the file they came from are copies).
     reading = time.time()  # files changed after this are being written: not judged whole
     rows = rows_of()
-    every, counted = _rollup_once(rows)
+    every, counted, clocks = _rollup_once(rows)
     read = {r[0]: r[1] for r in counted}
     if sum(r[3] for r in counted if r[0]) and _copies(every, rows_of):
         every.unpersist()
-        every, counted = _rollup_once(rows.dropDuplicates(
+        every, counted, clocks = _rollup_once(rows.dropDuplicates(
             [c for c in rows.columns if c not in ("_file", "_fsize")]))
     json_lines = fmt == "json" or (fmt == "auto" and not _has_parquet(history))
     oversized = (_oversized(spark, every, history, since, until, reading) if json_lines
@@ -215,9 +215,6 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     written = {"rows_read": sum(read.values()) + oversized,
                "rows_skipped": sum(n for ok, n in read.items() if not ok) + oversized,
                "rows_duplicate": sum(read[r[0]] - r[1] for r in counted if r[0])}
-    newest = max([r[2] for r in counted if r[0]], default=0)
-    span = (min([r[4] for r in counted if r[0]], default=0.0),
-            max([r[5] for r in counted if r[0]], default=0.0))
     if written["rows_read"] == written["rows_skipped"]:
         every.unpersist()
         raise NothingToAnalyse(
@@ -225,6 +222,10 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
             + (" in the span asked for" if since is not None or until is not None else "")
             + f" ({written['rows_read']:,} read, {written['rows_skipped']:,} skipped)")
     minutes = every.where(F.col("_ok")).drop("_ok", "_suspect", "_file", "_fsize")
+    leaps = skew.leaps(clocks)
+    if leaps:   # each stepped clock's rows moved back from its step on, before any figure
+        minutes = moved_back(minutes, leaps)
+    newest, span = skew.taken_back(clocks, leaps)
 
     def write(name: str, table: Any) -> None:
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", "writes")
@@ -256,7 +257,7 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
             nodes = series.per_node(rpc, nodes)
             recording |= series.presence(rpc)
             arranged.append(findings.arrange(rpc))
-        found = findings.tables(arranged, nodes, recording, half_life, newest, span)
+        found = findings.tables(arranged, nodes, recording, half_life, newest, span, leaps)
         small = [pool.submit(write_rows, name, rows) for name, rows in found.items()]
         written.update((name, len(rows)) for name, rows in found.items())
         doc = findings.weights_doc(found["weights"], {
@@ -380,10 +381,11 @@ def _big_files(spark: Any, paths: list[str], before: float) -> list[int]:
     return out
 
 
-def _rollup_once(rows: Any) -> tuple[Any, list[Any]]:
-    """The per-minute rollup of ``rows`` (persisted) and, per ``_ok``: rows, newest minute,
+def _rollup_once(rows: Any) -> tuple[Any, list[Any], dict[str, dict[int, Any]]]:
+    """The per-minute rollup of ``rows`` (persisted); per ``_ok``: rows, newest minute,
     minutes whose rows came from more than one file, first window start, last window
-    end, rollup rows."""
+    end, rollup rows; and per serving node and minute of its usable rows (calls, first
+    window start, last window end: its clock, analytics/skew.py ``leaps``). One job."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -394,10 +396,23 @@ def _rollup_once(rows: Any) -> tuple[Any, list[Any]]:
     every = rollup(rows, [*KEYS, "minute", "_ok"], [recorded.alias("recorded")],
                    raw=True).persist(
         StorageLevel.MEMORY_AND_DISK)
-    counted = every.groupBy("_ok").agg(F.sum("nrows"), F.max("minute"), F.sum("_suspect"),
-                                       F.min("window_start"), F.max("window_end"),
-                                       F.count("*")).collect()
-    return every, counted
+    ok = F.col("_ok")
+    by_node = every.groupBy("_ok", F.when(ok, F.col("served_by")).alias("node"),
+                            F.when(ok, F.col("minute")).alias("at")).agg(
+        F.sum("nrows"), F.max("minute"), F.sum("_suspect"), F.min("window_start"),
+        F.max("window_end"), F.count("*"), F.sum("calls")).collect()
+    counted: list[list[Any]] = []
+    clocks: dict[str, dict[int, Any]] = {}
+    for good in (True, False):
+        mine = [r for r in by_node if r[0] == good]
+        if mine:
+            counted.append([good, sum(r[3] for r in mine), max(r[4] for r in mine),
+                            sum(r[5] for r in mine), min(r[6] for r in mine),
+                            max(r[7] for r in mine), sum(r[8] for r in mine)])
+    for r in by_node:
+        if r[0] and r[1] is not None:
+            clocks.setdefault(r[1], {})[int(r[2])] = (float(r[9] or 0), r[6], r[7])
+    return every, counted, clocks
 
 
 def _part_bytes(spark: Any) -> int:
@@ -482,7 +497,8 @@ def run(history: str, out: str, since: str | None = None, until: str | None = No
             written = analyze(spark, history, out, _instant(since), _instant(until),
                               half_life, fmt, report, report_dir)
     except (PySparkException, Py4JJavaError) as exc:   # said while the JVM that holds
-        kept = sparklog.kept(log_path)                     # its text still runs
+        sparklog.add(log_path, f"rpcbus analyze stopped on: {exc}")   # its text runs
+        kept = sparklog.kept(log_path)
         raise Failed(_spark_error(exc, history)
                      + (f" (Spark's log: {log_path})" if kept else "")) from None
     finally:

@@ -196,8 +196,9 @@ def analyze_bundle(path: str) -> None:
 @click.option("--hog", multiple=True, help="A provider given twice its share (repeat).")
 @click.option("--starved", multiple=True,
               help="A provider connected but given no call after its first minute (repeat).")
-@click.option("--skew", multiple=True, metavar="NODE=SECONDS",
-              help="A node whose clock is that many seconds off (repeat).")
+@click.option("--skew", multiple=True, metavar="NODE=SECONDS[@MINUTE]",
+              help="A node whose clock is that many seconds off (from minute MINUTE on: "
+              "a clock that stepped; repeat).")
 @click.option("--policy", type=click.Choice(["cluster", "local-first"]), default="cluster",
               show_default=True, help="The nodes' cluster.policy: local-first keeps each "
               "node's calls on its providers, with uneven callers per node.")
@@ -209,13 +210,15 @@ def history_gen(out: str, nodes: int, providers: int, rpcs: int, hours: float, w
     """Write a synthetic provider load history (providers are p1, p2, ...)."""
     from rpcbus.analytics.historygen import generate
 
-    offsets = {}
+    offsets: dict[str, float | tuple[float, float]] = {}
     for item in skew:
-        node, _, seconds = item.partition("=")
+        node, _, value = item.partition("=")
+        seconds, at, minute = value.partition("@")
         try:
-            offsets[node] = float(seconds)
+            offsets[node] = (float(seconds), float(minute)) if at else float(seconds)
         except ValueError:
-            raise click.BadParameter(f"{item!r}: give NODE=SECONDS (n2=3600)",
+            raise click.BadParameter(f"{item!r}: give NODE=SECONDS (n2=3600), or "
+                                     "NODE=SECONDS@MINUTE (n2=3600@60: from minute 60)",
                                      param_hint="--skew") from None
     for item in (*slow, *failing):
         _, _, when = item.partition("@")

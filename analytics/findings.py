@@ -42,7 +42,8 @@ in words. Pure: numpy over the rollup on the driver (analytics/series.py), no Sp
   best score of the rpc's providers (the best weighs 1), at least ``MIN_WEIGHT``,
   rounded to 3 decimals. ``weights.json`` is what ``rpc.weights_file`` loads
   (broker/weights.py).
-- ``clock_skew``: nodes whose clocks look off (analytics/skew.py).
+- ``clock_skew``: nodes whose clocks look off, or stepped (``since``: when; their rows
+  are moved back from then on before anything here is judged) (analytics/skew.py).
 - ``silent``: nodes and providers that stopped being seen while the rest went on
   (analytics/silence.py).
 
@@ -55,6 +56,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Any
@@ -107,7 +109,7 @@ SCHEMAS = {
                "speed DOUBLE, score DOUBLE, weight DOUBLE, current DOUBLE, "
                "current_since BIGINT, previous DOUBLE, recovered_at BIGINT",
     "clock_skew": "node STRING, offset_s DOUBLE, method STRING, relative_to STRING, "
-                  "correlation DOUBLE, first_window DOUBLE, last_window DOUBLE",
+                  "correlation DOUBLE, first_window DOUBLE, last_window DOUBLE, since DOUBLE",
     "silent": silence.SCHEMA,
 }
 
@@ -167,13 +169,14 @@ def arrange(series: list[Series]) -> Rpc:
 
 
 def tables(arranged: list[Rpc], nodes: dict[str, Merged], recording: set[str],
-           half_life: float, newest: int, span: tuple[float, float]
-           ) -> dict[str, list[dict[str, Any]]]:
+           half_life: float, newest: int, span: tuple[float, float],
+           leaps: Sequence[dict[str, Any]] = ()) -> dict[str, list[dict[str, Any]]]:
     """Every findings table (and ``per_provider``) from the rpcs (``arrange``, any order),
     the series merged per serving node (``series.per_node``), the serving nodes that
     write presence rows (``series.presence``), the ``newest`` minute (the weights' decay
-    counts back from it) and the history's ``span`` (first window start, last window end:
-    partial minutes' rates)."""
+    counts back from it), the history's ``span`` (first window start, last window end:
+    partial minutes' rates) and the clocks that stepped (analytics/skew.py ``leaps``:
+    the rows are already moved back; they are said in ``clock_skew``)."""
     # A node that records presence writes a row (no calls, peak_in_flight 0) per window
     # for every provider connected to it: its providers are present exactly in the minutes
     # they have a row. Elsewhere (older nodes), from the first to the last minute with one.
@@ -192,6 +195,7 @@ def tables(arranged: list[Rpc], nodes: dict[str, Merged], recording: set[str],
     odd = outliers(per_provider)
     skewed = clock_skew(nodes)
     offsets = {f["node"]: f["offset_s"] for f in skewed}
+    skewed = [*(_stepped(leap, nodes) for leap in leaps), *skewed]
     made = {"per_provider": per_provider,
             "fairness": fairness(arranged, {(x["rpc"], x["provider"]) for x in odd}),
             "outliers": odd, "episodes": found,
@@ -489,8 +493,19 @@ def clock_skew(nodes: dict[str, Merged]) -> list[dict[str, Any]]:
                                         m.cols["calls"].tolist(), strict=True))}
     return [{"node": f["node"], "offset_s": f["offset_s"], "method": f["method"],
              "relative_to": f["relative_to"], "correlation": f["correlation"],
-             "first_window": seen[f["node"]]["first"], "last_window": seen[f["node"]]["last"]}
+             "first_window": seen[f["node"]]["first"], "last_window": seen[f["node"]]["last"],
+             "since": None}
             for f in skew.find(seen)]
+
+
+def _stepped(leap: dict[str, Any], nodes: dict[str, Merged]) -> dict[str, Any]:
+    """A ``clock_skew`` row for a clock that stepped (analytics/skew.py ``leaps``): its
+    node's first and last window are those of its rows moved back."""
+    m = nodes.get(leap["node"])
+    return {**{k: leap[k] for k in ("node", "offset_s", "method", "relative_to",
+                                    "correlation", "since")},
+            "first_window": float(np.nanmin(m.cols["window_start"])) if m else None,
+            "last_window": float(np.nanmax(m.cols["window_end"])) if m else None}
 
 
 def throughput(nodes: dict[str, Merged],

@@ -9,7 +9,8 @@ their calls (``NAME@A-B``: only from minute A to minute B), those in ``hogs`` ge
 twice their share (as if the choice were unfair), those in ``starved`` stay connected
 but get no call after their first minute. Like the nodes, a provider with no call in
 a window gets a presence row. A node in ``skew`` stamps its rows with a clock that
-many seconds off. With ``policy`` "local-first" the rows say so, the nodes' callers are
+many seconds off (``(seconds, minute)``: from that minute on, a clock that stepped;
+a number: throughout). With ``policy`` "local-first" the rows say so, the nodes' callers are
 uneven (node i makes i times the first's calls), each node's calls go to the
 providers on it when it has any (as that policy does below its spill point), and a
 slow provider gets a tenth of its share (that policy's choice weighs time taken).
@@ -33,11 +34,12 @@ def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours:
              window: float = 10.0, start: float | None = None, slow: tuple[str, ...] = (),
              failing: tuple[str, ...] = (), hogs: tuple[str, ...] = (), seed: int = 1,
              rate: float = 50.0, starved: tuple[str, ...] = (),
-             skew: dict[str, float] | None = None, policy: str = "cluster") -> int:
+             skew: dict[str, float | tuple[float, float]] | None = None,
+             policy: str = "cluster") -> int:
     """Write the history under ``out``; returns the number of rows."""
     rng = random.Random(seed)
     slow_at, failing_at = _spans(slow), _spans(failing)
-    skew = skew or {}
+    clocks = {n: v if isinstance(v, tuple) else (v, 0.0) for n, v in (skew or {}).items()}
     start = start if start is not None else 1_793_000_000.0    # 2026-10-27, a fixed instant
     start -= start % window
     node_names = [f"n{i + 1}" for i in range(nodes)]
@@ -71,7 +73,8 @@ def generate(out: str, nodes: int = 3, providers: int = 6, rpcs: int = 4, hours:
                                   {p for p in provs if _within(slow_at.get(p), minute)})
                 for prov in provs:
                     served = home[prov]
-                    stamp = t + skew.get(served, 0.0)
+                    offset, since = clocks.get(served, (0.0, 0.0))
+                    stamp = t + offset if minute >= since else t
                     worked = [_row(rng, stamp, window, rpc, prov, served, routed_by, calls,
                                    _within(slow_at.get(prov), minute),
                                    _within(failing_at.get(prov), minute))

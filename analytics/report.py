@@ -316,6 +316,7 @@ def _span(per_provider: list[dict[str, Any]], skew: list[dict[str, Any]]) -> str
     text = (f"History from {_when(first)} to {_when(last)} ({duration(last - first)}): "
             f"{calls:,} attempts, {len({r['provider'] for r in per_provider})} providers, "
             f"{len({r['rpc'] for r in per_provider})} rpcs.")
+    skew = [s for s in skew if s.get("since") is None]   # a leap is taken back already
     if skew:
         text += (" <b>That span includes the clock skew below ("
                  + ", ".join(f"{html.escape(s['node'])} {s['offset_s']:+,.0f} s" for s in skew)

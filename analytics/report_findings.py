@@ -40,9 +40,24 @@ def findings(t: dict[str, list[dict[str, Any]]]) -> list[str]:
     return [text for _, _, text in sorted(said, key=lambda s: (s[0], -s[1]))]
 
 
+_LEAP_BY = {"ends": "its rows ending that much after theirs",
+            "load": "its load lining up with theirs once moved back",
+            "ends+load": "its rows ending that much after theirs, its load lining up "
+                         "with theirs once moved back"}
+
+
 def _skew(rows: list[dict[str, Any]]) -> list[tuple[int, float, str]]:
     out = []
     for s in rows:
+        if s.get("since") is not None:
+            out.append((DATA, abs(s["offset_s"]),
+                        f"<b>Clock leap:</b> node <b>{html.escape(s['node'])}</b>'s clock "
+                        f"stepped {duration(abs(s['offset_s']))} ahead at "
+                        f"{when(s['since'])} (a gap in its rows while the other nodes' "
+                        f"went on, and {_LEAP_BY[s['method']]}): its rows from then on "
+                        f"are read {duration(abs(s['offset_s']))} earlier, as if its "
+                        f"clock had not stepped."))
+            continue
         ahead = "ahead" if s["offset_s"] > 0 else "behind"
         against = ("the other nodes'" if s["relative_to"] == "the other nodes"
                    else f"{html.escape(s['relative_to'])}'s (one of the two is off)")

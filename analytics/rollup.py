@@ -170,3 +170,23 @@ def calls_per_s(start: str, seconds: float, span: tuple[float, float]) -> Any:
     inside = F.greatest(F.lit(0.0), F.least(begin + seconds, F.lit(span[1]))
                         - F.greatest(begin.cast("double"), F.lit(span[0])))
     return F.try_divide(F.col("calls"), inside)
+
+
+def moved_back(minutes: Any, leaps: list[dict[str, Any]]) -> Any:
+    """The rollup ``minutes`` with each stepped clock's rows (analytics/skew.py
+    ``leaps``) moved back by the step from the step on, summed again where a moved row
+    meets one of the same minute (the minute the clock stepped in)."""
+    from pyspark.sql import functions as F
+
+    back: Any = F.lit(0)
+    for leap in leaps:
+        back = back + F.when((F.col("served_by") == leap["node"])
+                             & (F.col("minute") >= leap["from_minute"]),
+                             F.lit(int(leap["shift_s"]))).otherwise(0)
+    moved = minutes.withColumn("_back", back).select(
+        *(F.col(c) for c in minutes.columns if c not in ("minute", "window_start",
+                                                          "window_end")),
+        (F.col("minute") - F.col("_back")).alias("minute"),
+        (F.col("window_start") - F.col("_back")).alias("window_start"),
+        (F.col("window_end") - F.col("_back")).alias("window_end"))
+    return rollup(moved, [*KEYS, "minute"], [F.max("recorded").alias("recorded")])

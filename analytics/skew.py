@@ -23,6 +23,22 @@ among three or more is named, and the others are not).
   them in the same minute. To a minute.
 
 With two nodes there is no majority: the finding names both (``relative_to``).
+
+**Leaps** (``leaps``): a clock that *stepped* forward (an NTP step, a VM resumed) leaves
+a gap in its node's rows, while the other nodes' rows go on through it, and from the
+step on stamps everything that much later. A gap of ``L`` s (at least ``MIN_OFFSET``;
+from the end of the last window before it to the start of the first after) is a leap
+when, moved back by ``L``, the rows after it fit the cluster: **ends** (the last gap
+only: the ends tell the steps' sum), the node's last window then ends with the other
+nodes' latest (within ``max(MIN_OFFSET, 10 %)``) where unmoved it ends past it; or
+**load**, its calls per minute from the gap to the next gap, moved back by ``L`` in
+whole minutes, line up with the other nodes' together (``MIN_CORRELATION``, and
+``MIN_GAIN`` better than unmoved where unmoved can be compared). Load that lines up
+unmoved says the node paused, not stepped, whatever the ends say. The other nodes must
+have rows in half the gap's minutes or more (when the whole cluster stopped, nothing
+tells a step from a pause). Gaps are judged first to last, each after the earlier
+leaps are taken back. A backward step is not
+found: its rows fall on minutes the node already wrote, and are added to them.
 """
 
 from __future__ import annotations
@@ -149,3 +165,97 @@ def _load(me: dict[str, Any], other: dict[str, Any]) -> tuple[float | None, floa
 def _covered(calls: dict[int, Any], lo: int) -> tuple[int, int]:
     """The index range [first, last + 1) of a series' minutes."""
     return (min(calls) - lo) // 60, (max(calls) - lo) // 60 + 1
+
+
+def leaps(nodes: dict[str, dict[int, tuple[float, float, float]]]) -> list[dict[str, Any]]:
+    """``nodes``: per node, per minute in which it has rows: (calls, its first window's
+    start, its last window's end). Returns one finding per leap: node, offset_s (the gap:
+    how far the clock stepped forward), shift_s (the same in whole minutes: what the
+    rows from the step on are moved back by), since (the end of the node's last window
+    before the step: when it stepped), from_minute (the first minute after it, on the
+    node's own clock), method, relative_to, correlation (of the load, when compared)."""
+    out = []
+    for node in sorted(nodes):
+        others = [m for name, m in nodes.items() if name != node and m]
+        mine = nodes[node]
+        if not others or len(mine) < 2:
+            continue
+        cluster: dict[int, float] = {}
+        for m in others:
+            for minute, (calls, _, _) in m.items():
+                cluster[minute] = cluster.get(minute, 0.0) + calls
+        cluster_end = max(we for m in others for _, _, we in m.values())
+        minutes = sorted(mine)
+        gaps = [i for i in range(1, len(minutes)) if minutes[i] - minutes[i - 1] > 60
+                and mine[minutes[i]][1] - mine[minutes[i - 1]][2] >= MIN_OFFSET]
+        earlier = 0    # what the leaps found before this gap moved its rows back by
+        for k, i in enumerate(gaps):
+            before, after = minutes[i - 1], minutes[i]
+            gap = mine[after][1] - mine[before][2]
+            inside = range(before + 60, after, 60)
+            if 2 * sum(1 for t in inside if t - earlier in cluster) < len(inside):
+                continue
+            shift = round(gap / 60) * 60
+            # the ends tell the steps' sum: they speak for the last gap only
+            ends = k == len(gaps) - 1 and _stepped_ends(mine[minutes[-1]][2] - earlier, gap,
+                                                        cluster_end)
+            segment = minutes[i:gaps[k + 1] if k + 1 < len(gaps) else len(minutes)]
+            load, corr = _stepped_load({t - earlier: mine[t][0] for t in segment}, cluster,
+                                       shift)
+            if load or (load is None and ends):
+                method = "+".join(m for m, v in (("ends", ends), ("load", load)) if v)
+                out.append({"node": node, "offset_s": round(gap, 1),
+                            "shift_s": float(shift), "since": mine[before][2] - earlier,
+                            "from_minute": after, "method": method,
+                            "relative_to": "the other nodes", "correlation": corr})
+                earlier += shift
+    return out
+
+
+def _stepped_ends(last: float, gap: float, cluster_end: float) -> bool:
+    """The node's rows end (at ``last``) past the cluster's by about ``gap``."""
+    return (last - cluster_end >= MIN_OFFSET
+            and abs(last - gap - cluster_end) <= max(MIN_OFFSET, 0.1 * gap))
+
+
+def _stepped_load(after: dict[int, float], cluster: dict[int, float], shift: int
+                  ) -> tuple[bool | None, float | None]:
+    """Whether the calls per minute ``after`` a gap line up with the ``cluster``'s moved
+    back by ``shift`` s (True), unmoved (False), or neither (None); and the correlation
+    moved back. The first and last minutes are left out (partial)."""
+    import numpy as np
+
+    kept = sorted(after)[1:-1]
+
+    def corr(by: int) -> float | None:
+        pairs = [(after[t], cluster[t - by]) for t in kept if t - by in cluster]
+        if len(pairs) < MIN_OVERLAP:
+            return None
+        x, y = np.array(pairs).T
+        if min(np.count_nonzero(x), np.count_nonzero(y)) < MIN_OVERLAP:
+            return None
+        if x.std() == 0 or y.std() == 0:
+            return None
+        return float(np.corrcoef(x, y)[0, 1])
+
+    moved, unmoved = corr(shift), corr(0)
+    if moved is not None and moved >= MIN_CORRELATION and (
+            unmoved is None or moved - unmoved >= MIN_GAIN):
+        return True, round(moved, 3)
+    silent = unmoved is not None and unmoved >= MIN_CORRELATION   # it lines up unmoved
+    return (False if silent else None), None if moved is None else round(moved, 3)
+
+
+def taken_back(clocks: dict[str, dict[int, Any]], leaps: list[dict[str, Any]]
+               ) -> tuple[int, tuple[float, float]]:
+    """The newest minute and the span (first window start, last window end) of the
+    usable rows, each stepped clock's taken back from its step on."""
+    newest, first, last = 0, float("inf"), float("-inf")
+    for node, by_minute in clocks.items():
+        steps = [(leap["from_minute"], int(leap["shift_s"])) for leap in leaps
+                 if leap["node"] == node]
+        for minute, (_, start, end) in by_minute.items():
+            back = sum(shift for since, shift in steps if minute >= since)
+            newest = max(newest, minute - back)
+            first, last = min(first, start - back), max(last, end - back)
+    return newest, (first, last) if clocks else (0.0, 0.0)

@@ -64,6 +64,16 @@ def kept(path: str) -> bool:
     return False
 
 
+def add(path: str, text: str) -> None:
+    """``text`` at the end of the log: the error that stopped the job, with its Java
+    trace (Spark logs an aborted job's reason in a line, without one)."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text.rstrip("\n") + "\n")
+    except OSError:
+        pass
+
+
 @contextlib.contextmanager
 def jvm_stderr_to(path: str) -> Iterator[None]:
     """A JVM started inside (pyspark starts the driver's as a child) writes its stderr to

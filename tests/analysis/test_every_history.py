@@ -208,3 +208,27 @@ def test_a_node_renamed_mid_history_is_said_to_have_moved_not_gone_silent(spark,
     assert "node <b>n2</b> wrote no history after" not in said
     assert "<b>Silent:</b> node <b>n3</b> wrote no history after" in said
     assert "went silent on" not in said                        # b and c carried on
+
+
+def test_a_clock_that_stepped_an_hour_ahead_is_named_and_taken_back(spark, tmp_path):
+    """Two hours, three nodes; n3's clock steps 1 h ahead at the hour, so its rows of the
+    second hour are stamped as the third. That once read as n1 and n2 silent "1 h before
+    the other nodes stopped", no clock named, n3's providers present 181 minutes."""
+    history, out = tmp_path / "history", tmp_path / "out"
+    start = 1_793_000_040.0                                  # a minute's start
+    generate(str(history), nodes=3, providers=6, rpcs=4, hours=2, window=60, seed=4,
+             start=start, skew={"n3": (3600.0, 60)})
+    analysis.analyze(spark, str(history), str(out))
+    skew, silent, fairness, per_minute = tables(spark, out, "clock_skew", "silent",
+                                                "fairness", "per_minute")
+    [n3] = skew
+    assert (n3["node"], n3["offset_s"], n3["since"]) == ("n3", 3600.0, start + 3600), n3
+    assert n3["last_window"] == start + 7200                 # its rows taken back
+    assert silent == []
+    assert max(r["period_start"] for r in per_minute) == start + 7200 - 60
+    assert fairness and all(f["took"] is None and f["present_minutes"] <= 120
+                            for f in fairness), fairness
+    said, report = findings_said(out)
+    assert said.split("<li>")[1].startswith("<b>Clock leap:</b> node <b>n3</b>'s clock "
+                                            "stepped 1 h ahead at"), said
+    assert "(2 h)" in report and "That span includes" not in report

@@ -69,3 +69,69 @@ def test_ends_that_agree_outweigh_loads_that_line_up_at_a_lag():
     found["n2"] = {"first": T0 + 80 * 60, "last": T0 + 121 * 60,
                    "calls": {t: c for t, c in found["n2"]["calls"].items() if t >= T0 + 80 * 60}}
     assert skew.find(found) == []
+
+
+def clocks(leap=None, pause=None, spans=None, nodes_=3, minutes=120, seed=5):
+    """``leaps``' input: nodes whose calls per minute follow one load, with 6 windows of
+    10 s a minute; ``leap`` (node, minute, seconds): that node's clock steps forward by
+    ``seconds`` at that minute; ``pause`` (node, first, last): that node writes nothing
+    in those minutes (its clock right)."""
+    rng = random.Random(seed)
+    load = [rng.lognormvariate(0, 0.4) for _ in range(minutes)]
+    out = {}
+    for i in range(nodes_):
+        node = f"n{i + 1}"
+        mine = {}
+        for m in (spans or {}).get(node, range(minutes)):
+            if pause and pause[0] == node and pause[1] <= m < pause[2]:
+                continue
+            t = T0 + m * 60
+            if leap and leap[0] == node and m >= leap[1]:
+                t += leap[2]
+            minute = int(t // 60 * 60)
+            mine[minute] = (int(1000 * load[m] * rng.uniform(0.9, 1.1)), t, t + 60.0)
+        out[node] = mine
+    return out
+
+
+def test_a_clock_that_stepped_an_hour_ahead_mid_history_is_named_with_when():
+    [leap] = skew.leaps(clocks(leap=("n3", 60, 3600)))
+    assert leap["node"] == "n3" and leap["method"] == "ends+load", leap
+    assert (leap["offset_s"], leap["shift_s"]) == (3600.0, 3600.0)
+    assert leap["since"] == T0 + 60 * 60                   # the end of its last row before
+    assert leap["from_minute"] == T0 + 60 * 60 + 3600      # its first row after, stamped
+    # two nodes: the one whose rows have the gap stepped
+    [leap] = skew.leaps(clocks(leap=("n1", 30, 1800), nodes_=2))
+    assert (leap["node"], leap["offset_s"]) == ("n1", 1800.0)
+    # near the end there is too little load after it to compare: the ends tell
+    [leap] = skew.leaps(clocks(leap=("n2", 115, 600)))
+    assert (leap["node"], leap["method"]) == ("n2", "ends")
+    # a step of 95 s: moved back by whole minutes (its rows are filed per minute)
+    [leap] = skew.leaps(clocks(leap=("n2", 40, 95)))
+    assert (leap["offset_s"], leap["shift_s"]) == (95.0, 120.0)
+
+
+def test_a_node_that_paused_or_a_cluster_that_stopped_has_no_leap():
+    assert skew.leaps(clocks()) == []
+    # n2 wrote nothing for half an hour, its clock right: its load after lines up unmoved
+    assert skew.leaps(clocks(pause=("n2", 40, 70))) == []
+    # n2 wrote nothing for its last hour and came back for 3 minutes at the end: the
+    # ends agree with the cluster's, too few minutes to compare the load
+    assert skew.leaps(clocks(pause=("n2", 50, 117))) == []
+    # everyone stopped for an hour (the same gap on every node): nothing to tell
+    both = clocks(pause=("n1", 40, 100))
+    both["n2"] = {m: v for m, v in both["n2"].items() if not T0 + 2400 <= m < T0 + 6000}
+    both["n3"] = {m: v for m, v in both["n3"].items() if not T0 + 2400 <= m < T0 + 6000}
+    assert skew.leaps(both) == []
+    # a node that joined late, or left early, has no gap
+    assert skew.leaps(clocks(spans={"n3": range(30, 120), "n2": range(0, 70)})) == []
+
+
+def test_two_steps_of_one_clock_are_both_taken_back():
+    data = clocks(leap=("n3", 30, 1200))
+    later = {m + 1800 if m >= T0 + 80 * 60 + 1200 else m:
+             (c, s + 1800, e + 1800) if m >= T0 + 80 * 60 + 1200 else (c, s, e)
+             for m, (c, s, e) in data["n3"].items()}
+    data["n3"] = later
+    found = skew.leaps(data)
+    assert [(f["node"], f["offset_s"]) for f in found] == [("n3", 1200.0), ("n3", 1800.0)]

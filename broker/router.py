@@ -590,8 +590,10 @@ class Router:
 
     def request(self, caller: Caller, cid: int, name: str, data: Any,
                 timeout_ms: int | None, now: float, traceparent: str | None = None,
-                window: int = 0) -> None:
+                window: int = 0, age: float = 0.0) -> None:
         """A REQUEST (or an INVOKE from another node): route it, or answer an error.
+        ``age``: how long its frame took to be read beyond the connection's least delay
+        (its SENT): off its time left, as the time this process was held is.
 
         ``traceparent`` (W3C trace context) travels with every attempt to the provider.
         A ``cid`` of one of the caller's calls in flight is refused (INVALID_MESSAGE):
@@ -607,18 +609,20 @@ class Router:
             return
         caller.inflight += 1
         self._now = now
+        # ``_time_left``, inline: every call's own path
         if timeout_ms is None:
             timeout = self.response_timeout
         else:
             timeout = timeout_ms / 1000.0
             if timeout > self.max_timeout:
                 timeout = self.max_timeout
+        late = age
         if now - self._held.ticked > self._held_after:
-            # this process was held (stopped, starved) since its last sweep: the frame may
-            # have waited that long unread, and its caller's clock ran on meanwhile
-            late = self._held.late_by(now)
-            if late > HELD:
-                timeout -= late
+            held = self._held.late_by(now)
+            if held > late:
+                late = held
+        if late > HELD:
+            timeout -= late
         call = (Call(caller, cid, name, data, now + timeout) if not window else
                 StreamCall(caller, cid, name, data, now + timeout, window))
         calls[cid] = call
@@ -643,6 +647,25 @@ class Router:
                                   f"invalid rpc name {name[:64]!r}"])
             return
         self._route(call, now, discover=True)
+
+    def _time_left(self, timeout_ms: int | None, now: float, age: float) -> float:
+        """A new call's time left (s): what its caller asked for (or the node's default),
+        at most ``max_timeout``, less how long its frame may have waited to be read, when
+        over ``HELD``: ``age`` (its SENT), or the time this process was held (stopped,
+        starved) since its last sweep (the frame may have waited that long unread while
+        its caller's clock ran on), whichever is longer."""
+        if timeout_ms is None:
+            timeout = self.response_timeout
+        else:
+            timeout = timeout_ms / 1000.0
+            if timeout > self.max_timeout:
+                timeout = self.max_timeout
+        late = age
+        if now - self._held.ticked > self._held_after:
+            held = self._held.late_by(now)
+            if held > late:
+                late = held
+        return timeout - late if late > HELD else timeout
 
     def resume(self, name: str, now: float) -> None:
         """Discovery of ``name`` finished: route the calls that waited for it (one batch
@@ -724,19 +747,18 @@ class Router:
 
     def request_all(self, caller: Caller, cid: int, name: str, data: Any,
                     timeout_ms: int | None, now: float, traceparent: str | None = None,
-                    max_replies: int = 0) -> None:
+                    max_replies: int = 0, age: float = 0.0) -> None:
         """An ALL (call_all; from another node, for its providers here only): a REPLY per
         provider of ``name`` across the cluster, then RESPONSE with their number
-        (broker/fanout.py). Refused as a REQUEST would be: a duplicate id, a bad name."""
+        (broker/fanout.py). Refused as a REQUEST would be: a duplicate id, a bad name.
+        Its time left is a REQUEST's (``age``: ``request``)."""
         if cid in caller.calls:
             self.stats.duplicate_ids += 1
             caller.send([ERROR, cid, errors.INVALID_MESSAGE,
                          f"call id {cid} belongs to a call still in flight"])
             return
         caller.inflight += 1
-        timeout = self.response_timeout if timeout_ms is None else min(
-            timeout_ms / 1000.0, self.max_timeout)
-        call = AllCall(caller, cid, name, data, now + timeout)
+        call = AllCall(caller, cid, name, data, now + self._time_left(timeout_ms, now, age))
         caller.calls[cid] = call
         call.gather = Gather(self, call, max_replies)
         if self._clock is not None:

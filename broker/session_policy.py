@@ -350,6 +350,7 @@ class SessionPolicy:
             "response_timeout_ms": int(self.node.config.rpc.response_timeout * 1000),
             "max_timeout_ms": int(self.node.config.rpc.max_timeout * 1000),
             "accept_upto": True,   # it takes ACCEPT_UPTO
+            "sent": True,          # it takes SENT (frames' send times)
         }
 
     # -- a new token for the same user ---------------------------------------------------

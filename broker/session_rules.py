@@ -55,6 +55,7 @@ from rpcbus.protocol import (
     REJECT,
     REQUEST,
     RESPONSE,
+    SENT,
     STREAM,
     SUBSCRIBE,
     UNPROVIDE,
@@ -62,6 +63,7 @@ from rpcbus.protocol import (
     check_from_client,
     is_id,
 )
+from rpcbus.provider import Freshness
 
 if TYPE_CHECKING:
     from rpcbus.broker.auth import Permissions, User
@@ -151,6 +153,8 @@ class SessionRules(SessionPolicy):
         self._gated = False                         # either of the two is set
         self._logging_in = False
         self._auth_failures = 0
+        self._sent = Freshness()         # how late its frames are read (their SENT)
+        self._frame_age = 0.0            # s: how long this frame waited beyond the least
 
     # -- input -------------------------------------------------------------------------
 
@@ -161,6 +165,7 @@ class SessionRules(SessionPolicy):
         router.new_batch()  # a draw of a target holds within one frame's calls at most
         serving = self.authenticated and not (self.node.draining and self.moves_on_drain)
         self._pings_refused = False      # this frame's refused PINGs get one answer
+        age = self._frame_age = 0.0
         for msg in msgs:
             # Fast paths for the messages every call carries: the checks are the
             # ones check_from_client makes (names are checked by the router on a miss).
@@ -180,7 +185,12 @@ class SessionRules(SessionPolicy):
                         and type(msg[2]) is str
                         and (msg[4] is None or (type(msg[4]) is int and msg[4] > 0))):
                     if not self._gated or self._admit(msg[1], msg[2], now):
-                        router.request(self, msg[1], msg[2], msg[3], msg[4], now)
+                        router.request(self, msg[1], msg[2], msg[3], msg[4], now, None, 0,
+                                       age)
+                    continue
+            elif kind == SENT:  # when the frame's first call was made: what its calls
+                if len(msg) == 2 and type(msg[1]) is int and msg[1] >= 0:  # have left
+                    age = self._frame_age = self._sent.learn(msg[1], now) / 1000
                     continue
             elif kind == PART:  # a stream's parts: up to a window per CREDIT
                 if len(msg) == 3 and type(msg[1]) is int and serving:
@@ -228,7 +238,8 @@ class SessionRules(SessionPolicy):
                 meta = msg[5] if len(msg) == 6 else None
                 router.request(self, msg[1], msg[2], msg[3], msg[4], now,
                                None if meta is None else meta.get("traceparent"),
-                               0 if meta is None or kind == REQUEST else meta["window"])
+                               0 if meta is None or kind == REQUEST else meta["window"],
+                               self._frame_age)
         elif kind == ALL:
             if self.node.draining and self.moves_on_drain:
                 self.send([ERROR, msg[1], errors.SHUTTING_DOWN, "the node is shutting down"])
@@ -236,7 +247,8 @@ class SessionRules(SessionPolicy):
                                      and self._admit_all(msg[1], msg[2], now)):
                 meta = msg[5] if len(msg) == 6 else {}
                 router.request_all(self, msg[1], msg[2], msg[3], msg[4], now,
-                                   meta.get("traceparent"), meta.get("max_replies") or 0)
+                                   meta.get("traceparent"), meta.get("max_replies") or 0,
+                                   self._frame_age)
         elif kind == RESPONSE:
             router.respond(self, msg[1], msg[2])
         elif kind == PART:

@@ -344,6 +344,7 @@ class Client:
                 wire.serving.freshness.stale_after_ms = wire.session.get(
                     "ack_timeout_ms", 1000) / 2
                 wire.serving.accept_upto = wire.session.get("accept_upto") is True
+                wire.stamps = wire.session.get("sent") is True
                 max_frame = wire.session.get("max_frame")
                 if type(max_frame) is int and max_frame > 0:  # never send more than that
                     wire.max_out_frame = max_frame
@@ -384,7 +385,7 @@ class Client:
     def _send_queued(self, wire: _Wire) -> None:
         """Send on ``wire`` the calls that waited for a connection."""
         for msg in self._calls.send_queued(wire, wire.loop.time()):
-            wire.send(msg)
+            wire.send_call(msg)
 
     def _set_state(self, state: str) -> None:
         if state != self.state:
@@ -485,7 +486,7 @@ class Client:
                                None if traceparent is None else {"traceparent": traceparent},
                                until, idempotent, wire)
         if wire is not None and msg is not None:
-            wire.send(msg)
+            wire.send_call(msg)
         try:
             return await fut
         except asyncio.CancelledError:
@@ -529,7 +530,7 @@ class Client:
                                loop.time() + (timeout or self._default_timeout), False, wire,
                                ALL)
         if wire is not None and msg is not None:
-            wire.send(msg)
+            wire.send_call(msg)
         try:
             await fut
             return self._replies[cid]
@@ -582,7 +583,7 @@ class Client:
                                loop.time() + (timeout or self._default_timeout), False, wire,
                                STREAM)
         if wire is not None and msg is not None:
-            wire.send(msg)
+            wire.send_call(msg)
         return flow
 
     def _credit(self, cid: int, read: int) -> None:

@@ -73,6 +73,11 @@ PRESENCE_GET = 37
 PRESENCE_SUBSCRIBE = 38
 PRESENCE_UNSUBSCRIBE = 39
 PRESENCE = 40
+# client -> node, [41, ms]: the frame's first call was made at ``ms`` on the client's own
+# clock (its first message, in frames with calls, to a node whose AUTH_OK says ``sent``):
+# the node learns the least (read - sent) of the connection and takes a frame read later
+# than that as having waited, off its calls' time left
+SENT = 41
 #: Longest user name presence takes (a token's ``sub`` is at most this long too).
 MAX_USER = 128
 
@@ -87,7 +92,7 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (AUTH, "client → node"): ("{user?, password?, token?, name?, protocol: 1}",),
     (AUTH_OK, "node → client"): (
         "{node, session, user, protocol, max_frame, max_frame_messages, max_inflight, "
-        "ack_timeout_ms, response_timeout_ms, max_timeout_ms, accept_upto}",),
+        "ack_timeout_ms, response_timeout_ms, max_timeout_ms, accept_upto, sent}",),
     (AUTH_FAIL, "node → client"): ("code", "message"),
     (PROVIDE, "client → node"): ("ref", "[name, ...]"),
     (UNPROVIDE, "client → node"): ("ref", "[name, ...]"),
@@ -127,6 +132,7 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (PRESENCE_SUBSCRIBE, "client → node"): ("ref", "[user, ...] or nil"),
     (PRESENCE_UNSUBSCRIBE, "client → node"): ("ref", "[user, ...] or nil"),
     (PRESENCE, "node → client"): ("user", "online"),
+    (SENT, "client → node"): ("ms",),
     (PING, "either way"): ("payload?",),
     (PONG, "either way"): ("payload",),
 }
@@ -171,6 +177,7 @@ KIND_NAMES = {
     PRESENCE_SUBSCRIBE: "PRESENCE_SUBSCRIBE",
     PRESENCE_UNSUBSCRIBE: "PRESENCE_UNSUBSCRIBE",
     PRESENCE: "PRESENCE",
+    SENT: "SENT",
 }
 
 #: Largest id or call id on the wire (msgpack uint64).
@@ -348,6 +355,10 @@ def check_from_client(msg: list[Any], max_name: int = DEFAULT_MAX_NAME,
         if not is_id(msg[1]) or msg[2] not in (REJECT_BUSY, REJECT_LATE):
             return f"REJECT takes [19, id] or [19, id, reason], reason {REJECT_BUSY} or " \
                    f"{REJECT_LATE}"
+        return None
+    if kind == SENT:
+        if n != 2 or not is_id(msg[1]):
+            return "SENT takes [41, ms], ms an unsigned integer"
         return None
     if kind == ACCEPT or kind == REJECT or kind == CANCEL or kind == ACCEPT_UPTO:
         if n != 2 or not is_id(msg[1]):

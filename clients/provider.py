@@ -97,6 +97,14 @@ class Freshness:
             self._skew = skew = seen
         return seen - skew > bound
 
+    def learn(self, sent_ms: int, now: float) -> float:
+        """A frame stamped ``sent_ms`` by its sender was read at ``now`` (s): how long
+        (ms, at least) it waited beyond the least delay seen, which it also teaches (the
+        node's reading of a client's SENT)."""
+        self.stale(sent_ms, now)
+        skew = self._skew
+        assert skew is not None, "stale learns the least delay of the first stamp it sees"
+        return now * 1000 - sent_ms - skew
 
     def age_ms(self, sent_ms: Any, now: float) -> float:
         """How long ago (ms, at least) the node sent a REQUEST stamped ``sent_ms``, by the

@@ -13,12 +13,14 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
 
 import rpcbus
 
+from ..timing import wait
 from .conftest import stats
 
 
@@ -84,3 +86,42 @@ async def test_slow_handlers_never_run_a_call_twice(start_node, tmp_path, kinds,
     assert [i for i, n in runs.items() if n > 1] == []
     assert sorted(runs) == list(range(calls))
     assert stats(node)["router"]["late"] == 0  # no answer came for an attempt moved on
+
+
+async def test_calls_held_on_their_way_to_the_node_start_no_handler_late(node):
+    """A caller's frames held 1.5 s on the way to the node (a congested link, a full
+    socket buffer): its calls of 1 s reach the node after their caller stopped waiting.
+    The node takes the time a frame waited (its SENT) off its calls' time left: it
+    answers them RESPONSE_TIMEOUT, unrun, and no handler starts for nobody. Before,
+    each started ~0.5 s after its caller had given up."""
+    from ..faults.proxy import Proxy
+
+    started: list[float] = []                         # how late past its caller's deadline
+
+    async def job(data):
+        started.append(time.monotonic() - data["deadline"])
+        return data["i"]
+
+    proxy = Proxy(int(node.url.rsplit(":", 1)[1])).start()
+    try:
+        async with rpcbus.connect(node.url) as provider, \
+                rpcbus.connect(f"ws://127.0.0.1:{proxy.port}") as caller:
+            await provider.provide("held.job", job)
+            for i in range(20):                       # the connection's usual delay, learnt
+                assert await caller.call("held.job", {"i": i, "deadline": 1e12}) == i
+            before = stats(node)["router"]["response_timeouts"]
+            started.clear()
+            proxy.delay(wait(1.5))
+            calls = [asyncio.ensure_future(caller.call(
+                "held.job", {"i": i, "deadline": time.monotonic() + 1.0}, timeout=1.0))
+                for i in range(20)]
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            assert all(isinstance(o, rpcbus.errors.ResponseTimeoutError) for o in outcomes)
+            async with asyncio.timeout(wait(10)):       # the held frames reach the node
+                while stats(node)["router"]["response_timeouts"] + len(started) < before + 20:
+                    await asyncio.sleep(0.05)
+            assert started == [], f"{len(started)} started, up to {max(started):.2f} s late"
+            proxy.delay(0)
+            assert await caller.call("held.job", {"i": 7, "deadline": 1e12}) == 7
+    finally:
+        proxy.stop()

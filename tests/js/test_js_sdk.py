@@ -443,3 +443,43 @@ async def test_js_presence_across_nodes_beside_python(two, js):
     await watcher.ok("unwatchPresence")
     assert [(e["user"], e["online"]) for e in watcher.events if e["event"] == "presence"] == [
         ("pyjo", True), ("pyjo", False)]
+
+
+async def test_js_calls_held_on_their_way_to_the_node_start_no_handler_late(two, js):
+    """The JS SDK stamps its frames of calls (SENT): held 1.5 s by a proxy on the way to
+    the node, its calls of 1 s end RESPONSE_TIMEOUT there, unrun; no handler starts
+    after its caller stopped waiting (tests/integration/test_handlers.py: Python's)."""
+    from ..faults.proxy import Proxy
+
+    node = two.nodes[0]
+    started: list[float] = []
+
+    async def job(data):
+        started.append(time.monotonic() - data["deadline"])
+        return data["i"]
+
+    proxy = Proxy(int(node.url.rsplit(":", 1)[1])).start()
+    try:
+        async with rpcbus.connect(node.url) as provider:
+            await provider.provide("js.held.job", job)
+            agent = await js()
+            await agent.ok("connect", urls=[f"ws://127.0.0.1:{proxy.port}"])
+            for i in range(20):                       # the connection's usual delay, learnt
+                assert await agent.ok("call", name="js.held.job",
+                                      data={"i": i, "deadline": 1e12}) == i
+            before = stats(node)["router"]["response_timeouts"]
+            started.clear()
+            proxy.delay(wait(1.5))
+            errs = await asyncio.gather(*(agent.error(
+                "call", name="js.held.job", data={"i": i, "deadline": time.monotonic() + 1.0},
+                timeout=1000) for i in range(20)))
+            assert {e["code"] for e in errs} == {"RESPONSE_TIMEOUT"}, errs
+            async with asyncio.timeout(wait(10)):       # the held frames reach the node
+                while stats(node)["router"]["response_timeouts"] + len(started) < before + 20:
+                    await asyncio.sleep(0.05)
+            assert started == [], f"{len(started)} started, up to {max(started):.2f} s late"
+            proxy.delay(0)
+            assert await agent.ok("call", name="js.held.job", data={"i": 7, "deadline": 1e12}) == 7
+            await agent.ok("close")
+    finally:
+        proxy.stop()

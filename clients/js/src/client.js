@@ -211,6 +211,7 @@ export class Client {
         wire.send([p.AUTH, params])
         try {
           wire.session = await Promise.race([auth, failed])
+          wire.stamps = wire.session.sent === true
           break
         } catch (err) {
           if (!(err instanceof errors.BusyError)) throw err
@@ -316,7 +317,7 @@ export class Client {
       call.wire = wire
       const sent = call.msg.slice() // built anew, with the time its caller has left
       sent[4] = Math.max(1, Math.floor(left))
-      wire.send(sent)
+      wire.sendCall(sent)
     }
   }
 
@@ -473,7 +474,7 @@ export class Client {
       this._queued.push(ref)
     } else {
       entry.wire = wire
-      wire.send(entry.msg)
+      wire.sendCall(entry.msg)
     }
   }
 

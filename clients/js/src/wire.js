@@ -2,7 +2,7 @@
 // (split only at the node's max_frame / max_frame_messages), frames in handed to the client.
 
 import { afterTick } from './tick.js'
-import { encodeMessage, MAX_FRAME_MESSAGES, packInFrames } from './protocol.js'
+import { encodeMessage, MAX_FRAME_MESSAGES, packInFrames, SENT } from './protocol.js'
 import { Staleness } from './staleness.js'
 
 const OPEN = 1
@@ -24,6 +24,8 @@ export class Wire {
     this.running = new Map() // attempt id -> AbortController of a handler still running
     this.framesOut = 0
     this.droppedOut = 0
+    this.stamps = false // the node takes SENT: frames with calls begin with one
+    this.stamp = 0 // when the outbox's first call was queued (0: none is)
   }
 
   get open () { return !this.lost && this.ws.readyState === OPEN }
@@ -32,6 +34,14 @@ export class Wire {
   send (msg) {
     this.out.push(msg)
     this.schedule()
+  }
+
+  /** Queue a call (REQUEST, STREAM, ALL): with `stamps`, its frame begins with a SENT
+   * saying when its first call was queued (its caller's clock runs from then), so the
+   * node counts the time it took to be read, this program's own lag too. */
+  sendCall (msg) {
+    if (this.stamps && this.stamp === 0) this.stamp = Math.max(1, globalThis.performance.now())
+    this.send(msg)
   }
 
   /** Make sure a flush runs at the end of this tick. */
@@ -48,6 +58,10 @@ export class Wire {
     const out = this.out
     if (out.length === 0) return
     this.out = []
+    if (this.stamp !== 0) {
+      out.unshift([SENT, Math.floor(this.stamp)])
+      this.stamp = 0
+    }
     if (!this.open) {
       this.droppedOut += out.length
       return

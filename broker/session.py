@@ -185,6 +185,9 @@ class Session(ServerConnection, SessionRules):
         if not self.authenticated:
             self.node.gate.abused(self.address)
         self.fail_now(CloseCode.POLICY_VIOLATION, reason)
+        # a flooding peer is not read for the grace (its bytes would only be dropped): it
+        # costs this process nothing more, and a peer that stops sending still closes
+        self.transport.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

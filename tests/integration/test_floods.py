@@ -68,6 +68,32 @@ async def test_pongs_a_client_never_reads_cannot_grow_the_node(node, healthy):  
     await healthy()
 
 
+async def test_a_connection_closed_for_a_flood_is_read_no_more(node, healthy):  # noqa: F811
+    """Closed for its pings, a peer that goes on sending is not read for the second its
+    close takes (it was, and dropped, as fast as it could send: hundreds of MB of the
+    node's reading): what it gets through is what the sockets' buffers hold."""
+    reader, writer = await handshake(node.url)
+    chunk = masked(0x9, b"x" * 125) * 512                  # 64 kB of pings
+    sent = 0
+    async with asyncio.timeout(wait(10)):                  # aborted after the grace
+        try:
+            while True:
+                writer.write(chunk)
+                sent += len(chunk)
+                try:
+                    await asyncio.wait_for(writer.drain(), 0.01)
+                except TimeoutError:
+                    pass
+                if writer.transport.is_closing():
+                    break
+        except ConnectionError:
+            pass
+    taken = sent - writer.transport.get_write_buffer_size()
+    writer.transport.abort()
+    assert taken < 64 << 20, f"{taken >> 20} MB taken after the close"
+    await healthy()
+
+
 async def test_an_oversized_upgrade_request_is_refused(node, healthy):  # noqa: F811
     lines = [b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000) for i in range(20)]
     with pytest.raises(ConnectionError, match="431"):

@@ -39,6 +39,10 @@ queue, in this order:
 - an address whose passwords verified in the last ``GOOD_MEMORY`` seconds, and
   none failed, may use one thread more: its users do not wait for a check under
   way;
+- the checks of addresses whose logins failed lately run in threads of their own
+  (``SCRYPT_THREADS`` of them) at the lowest CPU priority (Linux: nice 19): a flood's
+  checks take what the node's loop, its logged-in clients and the machine's other
+  processes leave, and never hold a thread the other addresses' logins need;
 - a waiting login of a failing address whose turn comes while its budget is
   spent is answered ``BUSY`` then, unchecked;
 - at most ``MAX_QUEUED_LOGINS`` wait, ``MAX_QUEUED_PER_ADDRESS`` from one
@@ -59,6 +63,8 @@ import functools
 import hashlib
 import os
 import resource
+import sys
+import threading
 import time
 from collections import Counter, OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -109,6 +115,7 @@ class Gate:
         self.max_failures = config.auth.max_failures
         self._limits = config.limits
         self._pool: ThreadPoolExecutor | None = None      # password checks
+        self._failing_pool: ThreadPoolExecutor | None = None  # of failing addresses
         self._jwt_pool: ThreadPoolExecutor | None = None  # JWT checks
         # a JWT's digest -> the logins (address, done) waiting for its check
         self._verifying: dict[bytes, list[tuple[str, Callable[[User | None, str], None]]]] = {}
@@ -122,7 +129,8 @@ class Gate:
         self._good: TTLCache[str, bool] = TTLCache(4096, GOOD_MEMORY)      # by address
         self._limiters: dict[str, WindowLimiter] = {}
         self.connections: Counter[str] = Counter()
-        self.logins_running = 0
+        self.logins_running = 0          # password checks under way (``_checker``),
+        self.failing_running = 0         # and those of addresses whose logins failed lately
         self.queued = 0
         self._queued: OrderedDict[str, deque[_Login]] = OrderedDict()  # by source address
         self.provided: Counter[str] = Counter()  # names provided now, per user
@@ -384,13 +392,17 @@ class Gate:
     def _start_checks(self) -> None:
         """Start queued password checks while threads are free, one address at a time. An
         address whose logins verified lately and failed not at all may use one thread more:
-        its users do not wait for a check of somebody else's that is under way."""
+        its users do not wait for a check of somebody else's that is under way. Checks of
+        addresses whose logins failed lately have threads of their own (``_checker``):
+        however slowly those run, the others' do not wait for them."""
         loop = asyncio.get_running_loop()
         while self._queued:
             address = self._next_address()
             failing = address in self._failed
-            lane = SCRYPT_THREADS + (address in self._good and not failing)
-            if self.logins_running >= lane:
+            if failing:
+                if self.failing_running >= SCRYPT_THREADS:
+                    break
+            elif self.logins_running >= SCRYPT_THREADS + (address in self._good):
                 break
             queue = self._queued[address]
             login = queue.popleft()
@@ -409,14 +421,32 @@ class Gate:
             if login.budget is not None and not login.budget.allows(address, loop.time()):
                 self._over_budget(address, login.done)
                 continue
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(SCRYPT_THREADS + 1,
-                                                thread_name_prefix="rpcbus-auth")
-            self.logins_running += 1
+            login.failing = failing
+            if failing:
+                self.failing_running += 1
+            else:
+                self.logins_running += 1
             login.started = loop.time()
-            future = loop.run_in_executor(self._pool, verify_password, login.stored,
-                                          login.password)
+            future = loop.run_in_executor(self._checker(failing), verify_password,
+                                          login.stored, login.password)
             future.add_done_callback(functools.partial(self._checked, login, address))
+
+    def _checker(self, failing: bool) -> ThreadPoolExecutor:
+        """The threads a password check runs in: for an address whose logins failed
+        lately (``failing_running`` of them at once), threads at the lowest CPU priority
+        (``_yielding``), so the checks a flood makes take only what the node's loop, its
+        logged-in clients' calls and the machine's other processes leave; for the
+        others, threads at the node's own."""
+        pool = self._failing_pool if failing else self._pool
+        if pool is None:
+            pool = ThreadPoolExecutor(SCRYPT_THREADS + (not failing),
+                                      thread_name_prefix="rpcbus-auth",
+                                      initializer=_yielding if failing else None)
+            if failing:
+                self._failing_pool = pool
+            else:
+                self._pool = pool
+        return pool
 
     def _next_address(self) -> str:
         """The address whose turn it is: the first, in turn order, of those with the
@@ -431,7 +461,10 @@ class Gate:
         return best
 
     def _checked(self, login: "_Login", address: str, f: asyncio.Future[bool]) -> None:
-        self.logins_running -= 1
+        if login.failing:
+            self.failing_running -= 1
+        else:
+            self.logins_running -= 1
         ok = not f.cancelled() and f.exception() is None and f.result()
         if ok:
             self._verified[login.key] = True
@@ -488,7 +521,7 @@ class Gate:
         return self._limits.max_provided_per_user
 
     def close(self) -> None:
-        for pool in (self._pool, self._jwt_pool):
+        for pool in (self._pool, self._failing_pool, self._jwt_pool):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
 
@@ -549,3 +582,14 @@ class _Login:
     deadline: float
     started: float = 0.0
     budget: CheckBudget | None = None  # the lane it was checked in (Gate._lane)
+    failing: bool = False              # its address's logins failed lately (Gate._checker)
+
+
+def _yielding() -> None:
+    """This thread runs at the lowest CPU priority (Linux: nice 19, this thread alone).
+    Elsewhere it keeps the process's (``setpriority`` there is per process)."""
+    if sys.platform == "linux":
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:  # not allowed here: the checks run at the process's priority
+            pass

@@ -510,12 +510,12 @@ class FrameIO(asyncio.Protocol):
         if not out:
             return
         self._out = []
-        if self._stamp:
-            out.insert(0, [SENT, int(self._stamp * 1000)])
-            self._stamp = 0.0
+        stamp, self._stamp = self._stamp, 0.0
         if self.state is not OPEN:
             self.dropped_out += len(out)
             return
+        if stamp:
+            out.insert(0, [SENT, int(stamp * 1000)])
         try:
             data = encode(out)
         except (TypeError, ValueError, OverflowError):

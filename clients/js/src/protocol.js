@@ -39,7 +39,7 @@ export const PRESENCE_GET = 37 // [37, ref, [user, ...] or nil], answered by FOU
 export const PRESENCE_SUBSCRIBE = 38 // [38, ref, [user, ...] or nil], answered by OK
 export const PRESENCE_UNSUBSCRIBE = 39 // [39, ref, [user, ...] or nil], answered by OK
 export const PRESENCE = 40 // [40, user, online]: a user came online anywhere, or left everywhere
-export const SENT = 41 // [41, ms]: the frame left the client at ms (its clock); the node counts its wait
+export const SENT = 41 // [41, ms]: the frame's first call was made at ms (its clock); the node counts its wait
 
 /** Most messages in one frame unless the node says fewer (AUTH_OK max_frame_messages). */
 export const MAX_FRAME_MESSAGES = 10000

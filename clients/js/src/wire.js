@@ -58,14 +58,13 @@ export class Wire {
     const out = this.out
     if (out.length === 0) return
     this.out = []
-    if (this.stamp !== 0) {
-      out.unshift([SENT, Math.floor(this.stamp)])
-      this.stamp = 0
-    }
+    const stamp = this.stamp
+    this.stamp = 0
     if (!this.open) {
       this.droppedOut += out.length
       return
     }
+    if (stamp !== 0) out.unshift([SENT, Math.floor(stamp)])
     let frames = null
     if (out.length <= this.maxMessages) {
       try {

@@ -609,20 +609,7 @@ class Router:
             return
         caller.inflight += 1
         self._now = now
-        # ``_time_left``, inline: every call's own path
-        if timeout_ms is None:
-            timeout = self.response_timeout
-        else:
-            timeout = timeout_ms / 1000.0
-            if timeout > self.max_timeout:
-                timeout = self.max_timeout
-        late = age
-        if now - self._held.ticked > self._held_after:
-            held = self._held.late_by(now)
-            if held > late:
-                late = held
-        if late > HELD:
-            timeout -= late
+        timeout = self._time_left(timeout_ms, now, age)
         call = (Call(caller, cid, name, data, now + timeout) if not window else
                 StreamCall(caller, cid, name, data, now + timeout, window))
         calls[cid] = call

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,7 @@ from rpcbus.analytics.rollup import COUNTS, KEYS, moved_back, per_period, rollup
 WRITERS = 4   # tables Spark writes at once
 PART_BYTES = 64 << 20   # the rollup comes to the driver in parts of about this (_part_bytes)
 PERIODS = {"per_minute": 60, "per_hour": 3600}
+SERIAL_GC_CPUS = 2   # machines this small: the local JVM collects with one thread (session)
 MAX_LINE = 1 << 20      # bytes: a longer line is skipped by the reader (_oversized counts)
 MAX_ROW = 16 << 10      # bytes a row of the history may take at most (a node's: ~0.7 KB)
 
@@ -66,15 +68,27 @@ def schema() -> str:
 
 def session(master: str | None = "local[*]", conf: dict[str, str] | None = None) -> Any:
     """A Spark session; ``master`` None leaves it to spark-submit (else local[*]);
-    ``conf``: more Spark settings (e.g. spark.driver.memory, before the JVM starts)."""
+    ``conf``: more Spark settings (e.g. spark.driver.memory, before the JVM starts).
+    A local JVM this starts on a machine of at most ``SERIAL_GC_CPUS`` CPUs collects
+    garbage with one thread (``-XX:+UseSerialGC``, added to the driver's Java options
+    unless they choose a collector): the JVM's own choice there, G1, runs marking
+    threads of its own beside the two task threads (the CLI took 10-20 % more CPU).
+    Under spark-submit the session is the one it made, settings and all."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    for key, value in (conf or {}).items():
+    conf = dict(conf or {})
+    launching = not os.environ.get("PYSPARK_GATEWAY_PORT")   # not under spark-submit
+    if (launching and (master or "local").startswith("local")
+            and (os.cpu_count() or 1) <= SERIAL_GC_CPUS):
+        java = conf.get("spark.driver.extraJavaOptions", "")
+        if not re.search(r"-XX:\+Use\w+GC\b", java):   # no collector chosen by the caller
+            conf["spark.driver.extraJavaOptions"] = f"{java} -XX:+UseSerialGC".strip()
+    for key, value in conf.items():
         builder = builder.config(key, value)
     if master is not None:
         builder = builder.master(master)
-    elif not os.environ.get("PYSPARK_GATEWAY_PORT"):  # not under spark-submit
+    elif launching:
         builder = builder.master("local[*]")
     return (builder.appName("rpcbus-analyze")
             .config("spark.ui.enabled", "false")
@@ -488,6 +502,8 @@ def run(history: str, out: str, since: str | None = None, until: str | None = No
     from rpcbus.analytics import sparklog
 
     started = time.monotonic()
+    if report:   # the report's charts: imported while the JVM starts, not after the job
+        threading.Thread(target=_import_charts, daemon=True).start()
     log_path, log_conf = sparklog.to_file()
     with sparklog.jvm_stderr_to(log_path):
         spark = session(master, log_conf)
@@ -516,6 +532,18 @@ def run(history: str, out: str, since: str | None = None, until: str | None = No
         print(f"  report -> {report_dir or os.path.join(out, 'report')}/report.html")
     print(f"done in {time.monotonic() - started:.1f} s")
     return written
+
+
+def _import_charts() -> None:
+    """Import matplotlib for the report (analytics/report.py), headless: about 1.5 s that
+    otherwise falls on the job's end. Errors are left for the report to raise."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401  (loaded, for report.write)
+    except Exception:   # the report imports it again and says what is wrong
+        pass
 
 
 class Failed(Exception):

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rpcbus.protocol import AUTH_OK, EMIT, EVENT, GAP, OK, SUBSCRIBE
-from rpcbus.sim.cluster import Client, Conn
+from rpcbus.sim.clients import Client, Conn
 
 if TYPE_CHECKING:
     from rpcbus.sim.cluster import Simulation

@@ -10,7 +10,7 @@ run" code only for a call that did not run; and at the end every node's tables
 are empty (router, cluster core, sessions) and no provider still runs a handler.
 
 ``streams=True`` makes a quarter of the calls streams and a tenth call_alls
-(sim/cluster.py): every part its own, in order, within its window of credit, a clean
+(sim/clients.py): every part its own, in order, within its window of credit, a clean
 end bringing every part; every reply its own, once per provider.
 
 On one seed in seven (``seed % 7 == 4``) the second provider is deepstream-like
@@ -31,7 +31,8 @@ from typing import Any
 
 from rpcbus import errors
 from rpcbus.protocol import ACCEPT, CANCEL, ERROR, PROVIDE, REJECT, REQUEST, RESPONSE, STREAM
-from rpcbus.sim.cluster import APP_CODE, Caller, Client, Conn, Provider, Simulation, _key
+from rpcbus.sim.clients import Caller, Client, Conn, Provider, _key
+from rpcbus.sim.cluster import APP_CODE, Simulation
 from rpcbus.sim.events import TOPICS, Publisher, Subscriber
 from rpcbus.sim.events import check as check_events
 from rpcbus.sim.world import ALL_FAULTS, Faults, Redis, World

@@ -31,12 +31,13 @@ import secrets
 import ssl
 import time
 from collections import Counter
+from functools import partial
 from typing import Any, Callable, cast
 
 import structlog
 
 from rpcbus import errors
-from rpcbus.broker import discovery, endpoints
+from rpcbus.broker import endpoints, readouts
 from rpcbus.broker.config import Config, ConfigError
 from rpcbus.broker.ds_session import DeepstreamSession
 from rpcbus.broker.events import Events
@@ -66,8 +67,6 @@ from rpcbus.transport import CloseCode
 from rpcbus.websocket import HttpAnswer
 
 log = structlog.get_logger(module="rpcbus.node")
-HEARTBEAT_RPCS = 100  # rpcs whose provider counts a heartbeat carries
-HEARTBEAT_RPC_CALLS = 20  # rpcs whose call counts and latency buckets it carries
 BUS_WAIT_S = 5.0  # how long a starting node waits for Redis before taking clients
 
 WEIGHTS_CHECK = 2.0  # s between looks at the weights file's modification time
@@ -127,10 +126,10 @@ class Node:
         self.url = ""
         self.port = 0
         self._session_seq = 0
-        self._started = time.time()
+        self.started = time.time()   # the wall clock at start: uptime (broker/readouts.py)
         self._stop = asyncio.Event()
         self._unheard: set[Session] = set()  # draining: clients yet to answer the notice
-        self._closed_totals: Counter[str] = Counter()
+        self.closed_totals: Counter[str] = Counter()   # closed sessions' frame counters
         self.notifier = Notifier()
         # re-reads the configuration for a reload (SIGHUP, POST /reload): set by the CLI
         self.config_source: Callable[[], Config] | None = None
@@ -165,7 +164,7 @@ class Node:
         if cfg.cluster.redis_url:
             from rpcbus.cluster.link import ClusterLink
             self.link = ClusterLink(self.router, cfg.cluster, self.name, self.url,
-                                    self._heartbeat_info)
+                                    partial(readouts.heartbeat, self))
             link_bus = self.link.bus
             self.events = Events(cfg.cluster.namespace, link_bus.outbox.publish,
                                  link_bus.listen, cfg.cluster.event_max_age)
@@ -447,7 +446,7 @@ class Node:
         self.presence.gone(session)
         if session.present_as is not None:
             self.presence.logout(session.present_as)
-        self._closed_totals.update(_session_counters(session))
+        self.closed_totals.update(readouts.session_counters(session))
         # one line per client; connections that never logged in are counted (/stats) and
         # logged at debug only, so a flood of them cannot flood the log
         (log.info if session.authenticated else log.debug)(
@@ -536,117 +535,18 @@ class Node:
                 return skew
         return None
 
-    def _heartbeat_info(self) -> dict[str, Any]:
-        """What this node tells the cluster in every heartbeat (``rpcbus status``, the
-        dashboard): its load, its callers' calls so far (ended ok / with an error: a call
-        that crosses nodes is counted once, on its caller's node), and the
-        provider counts of at most HEARTBEAT_RPCS rpcs (the most provided) with the
-        totals, and the call counts and latency buckets of its callers' HEARTBEAT_RPC_CALLS
-        busiest rpcs (the dashboard's per-rpc rates and percentiles), how many of its
-        callers' calls went to a provider here or to another node, and the attempts
-        outstanding at its providers of the HEARTBEAT_RPCS busiest rpcs (``load``, which
-        other nodes' ``local-first`` choice weighs; routing reads nothing else here: it
-        learns counts from PROVIDER_UPDATE and RPC_QUERY), and the digest of the users
-        logged in here (broker/presence.py: another node whose view disagrees asks for
-        the whole set). A heartbeat stays small however many names are provided or
-        called, or users logged in."""
-        stats = self.router.stats
-        counts = self.router.provider_counts()
-        shown = counts if len(counts) <= HEARTBEAT_RPCS else dict(
-            sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:HEARTBEAT_RPCS])
-        figures = self.router.figures
-        return {"connections": len(self.sessions), "pending": self.router.pending,
-                "uptime_s": round(time.time() - self._started, 1),
-                "providers": shown, "rpcs": len(counts),
-                "providers_total": sum(counts.values()),
-                "calls_ok": stats.calls_ok, "calls_failed": stats.calls_failed,
-                "local_calls": stats.local_calls, "remote_calls": stats.remote_calls,
-                "served": (served := figures.rates(HEARTBEAT_RPCS)),
-                "latency": figures.latencies(served),
-                "calls_by_rpc": (busiest := self.router.rpc_stats.busiest(HEARTBEAT_RPC_CALLS)),
-                "errors_by_rpc": self.router.rpc_stats.errors_of(list(busiest)),
-                "provider_view": figures.view(list(shown)[:HEARTBEAT_RPC_CALLS],
-                                              self.router.now),
-                "presence": self.presence.digest()}
-
     def discover(self, name: str | None, may_call: Callable[[str], bool]) -> Any:
-        """DISCOVER's answer (broker/discovery.py): every name the user may call, with its
-        providers per node; or ``name``'s providers across the cluster."""
-        members = {} if self.link is None else {
-            node: member.info for node, member in self.link.membership.members.items()}
-        told = {node: info.get("providers") or {} for node, info in members.items()}
-        if name is None:
-            cached = {} if self.link is None else {
-                rpc: dict(entry.counts) for rpc, entry in self.link.core.cache.entries.items()}
-            return discovery.rpcs(self.name, self.router.provider_counts(), told, cached,
-                                  may_call)
-        weights = self.router.draws.weights
-        counts = {node: told[node].get(name, 0) for node in members}
-        if self.link is not None and (entry := self.link.core.cache.entries.get(name)):
-            counts.update({node: n for node, n in entry.counts.items() if node in counts})
-        here = self.router.figures.view([name], self.router.now, most=1000).get(name, [])
-        return discovery.providers(
-            name, self.name, here,
-            {node: info.get("provider_view") or {} for node, info in members.items()},
-            counts, (lambda p: weights.of(name, p)) if weights is not None else lambda p: 1.0)
+        """DISCOVER's answer (broker/readouts.py)."""
+        return readouts.discover(self, name, may_call)
 
     def cluster_view(self) -> dict[str, Any]:
-        """This node and every node it hears, with their last heartbeat (``/cluster``)."""
-        nodes = {self.name: {"state": self.state, "url": self.url,
-                             **self._heartbeat_info()}}
-        if self.link is not None:
-            for name, member in self.link.membership.members.items():
-                nodes[name] = {"state": member.state, "url": member.url, **member.info}
-        return {"node": self.name, "time": time.time(), "nodes": nodes,
-                "cluster": self.link is not None,
-                "bus": "up" if self.link is None or self.link.available else "down"}
+        """This node and every node it hears (``/cluster``; broker/readouts.py)."""
+        return readouts.cluster_view(self)
 
     @property
     def state(self) -> str:
         return "draining" if self.draining else ("ready" if self.ready else "starting")
 
     def snapshot(self) -> dict[str, Any]:
-        """Counters for /stats and the benchmarks: outcomes, drops, frames and messages."""
-        totals = Counter(self._closed_totals)
-        for s in self.sessions:
-            totals.update(_session_counters(s))
-        return {
-            "node": self.name,
-            "url": self.url,
-            "state": self.state,
-            "uptime_s": round(time.time() - self._started, 3),
-            "sessions": len(self.sessions),
-            "pending": self.router.pending,
-            "timers": self.router.timers,
-            "tasks": len(asyncio.all_tasks()),
-            "providers": self.router.provider_counts(),
-            "router": self.router.stats.as_dict(),
-            "admission": self.router.admission(),
-            "io": {**dict(self.stats), **dict(totals)},
-            "auth": dict(self.gate.stats),
-            "connections": {"open": self.gate.open, "logging_in": self.gate.waiting,
-                            "max": self.gate.max_connections,
-                            "addresses": len(self.gate.by_address)},
-            "history": None if self.history is None else {
-                "rows_written": self.history.writer.written,
-                "rows_dropped": self.history.writer.dropped,
-                "writer_lag_s": round(self.history.writer.lag_s, 6)},
-            "cluster": self.link.snapshot() if self.link is not None else None,
-            "events": {**dict(self.events.stats), "topics": len(self.events.subscribers),
-                       "channels": len(self.events.channels)},
-            "presence": {**dict(self.presence.stats), "here": len(self.presence.local),
-                         "online": len(self.presence.where),
-                         "watchers": len(self.presence.watching)},
-            "weights": None if self.weights_file is None else {
-                "file": self.weights_file.path, "rpcs": len(self.weights_file.weights.rpcs),
-                "reloads": self.weights_file.reloads,
-                "reload_errors": self.weights_file.reload_errors},
-        }
-
-
-_SESSION_COUNTERS = ("frames_in", "frames_out", "messages_out", "dropped_out")
-
-
-def _session_counters(session: Session) -> dict[str, int]:
-    """A session's frame and message counters (summed over live and closed sessions)."""
-    return {name: getattr(session, name) for name in _SESSION_COUNTERS}
+        """Counters for /stats and the benchmarks (broker/readouts.py)."""
+        return readouts.snapshot(self)

@@ -32,6 +32,14 @@ come back (an ECHO published after the CHECK) and no batch of that peer was
 refused for its clock. A node that can publish but not hear would otherwise run
 calls twice: its INVOKEs run elsewhere while their ACKs never reach it. What it
 cannot settle fails with CLUSTER_UNAVAILABLE instead (docs/cluster.md).
+
+Why one module this long (about 700 lines): every event of the cluster protocol (a
+batch, a peer's restart, the bus up or down, a tick) reads and changes the same few
+tables (the peers by name and incarnation, the provider cache, the proof of hearing),
+and the order in which one event touches them is the rule (a restart fails the old
+process's acknowledged attempts before its cache entries go). Cut by message kind,
+each part would reach into the others' tables; what stands alone already lives
+beside it (cluster/peers.py, providers.py, membership.py, messages.py).
 """
 
 from __future__ import annotations

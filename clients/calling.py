@@ -26,13 +26,14 @@ A stream (``kind`` STREAM) is a call whose answer comes in parts: the same rules
 
 Control messages (PROVIDE, UNPROVIDE, PING) are tracked too (``control``): they end
 by their deadline, fail with the connection they went out on, and are never sent
-again. Each call leaves every table in ``forget``.
+again. One record per call (``Call``); it leaves the table when the call ends
+(``forget``, ``give_up``, ``lost``, ``expire``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, Hashable, TypeVar
+from typing import Any, Callable, Generic, Hashable, TypeVar
 
 from rpcbus import errors
 from rpcbus.deadlines import Deadlines
@@ -66,82 +67,109 @@ def reply_of(msg: list[Any]) -> Reply:
     return Reply(str(msg[2]), str(msg[3]), msg[4])
 
 
-class Calls(Generic[W]):
-    """The calls of one client. ``grace``: how long past its deadline a call waits for
-    its node's answer before ``expire`` ends it here."""
+class Call(Generic[W]):
+    """One call (or control) under way: what was asked, where it went, and what its
+    shell keeps for it. ``msg``: the message as first built (None for a control:
+    PROVIDE, PING, ...; ``kind`` is its message's kind); ``wire``: the connection it
+    went out on (None: waiting for one); ``maybe_ran``: an idempotent call sent again
+    after its connection was lost, where it may have run. ``waiter`` and ``parts`` are
+    the shell's and only carried here: what waits for the outcome (the SDK's future)
+    and what came so far (a stream's flow, a call_all's replies)."""
 
-    __slots__ = ("grace", "deadlines", "_requests", "_where", "_queued", "_resend",
-                 "_maybe_ran")
+    __slots__ = ("cid", "msg", "until", "idempotent", "kind", "wire", "maybe_ran",
+                 "waiter", "parts")
+
+    def __init__(self, cid: int, msg: list[Any] | None, until: float, idempotent: bool,
+                 kind: int, wire: W | None, waiter: Any, parts: Any) -> None:
+        self.cid = cid
+        self.msg = msg
+        self.until = until
+        self.idempotent = idempotent
+        self.kind = kind
+        self.wire = wire
+        self.maybe_ran = False
+        self.waiter = waiter
+        self.parts = parts
+
+
+class Calls(Generic[W]):
+    """The calls of one client, one record each (``Call``). ``grace``: how long past
+    its deadline a call waits for its node's answer before ``expire`` ends it here.
+    ``get(ref)``: the record of call (or control) ``ref``, None when it ended (the
+    table's own ``dict.get``: it runs for every message that answers a call)."""
+
+    __slots__ = ("grace", "deadlines", "get", "_calls", "_queued")
 
     def __init__(self, now: float, grace: float, sweep: float = 0.05) -> None:
         self.grace = grace
         self.deadlines = Deadlines[int](sweep, now)
-        # every call: (name, data, timeout_ms, meta, until, idempotent, kind); not controls
-        self._requests: dict[int, tuple[str, Any, int | None, Any, float, bool, int]] = {}
-        self._where: dict[int, W] = {}   # sent calls and controls: their connection
-        self._queued: list[int] = []     # waiting for a connection, in order
-        self._resend: set[int] = set()   # idempotent: sent again when their connection is lost
-        self._maybe_ran: set[int] = set()  # sent on a connection lost since: may have run
+        self._calls: dict[int, Call[W]] = {}  # calls and controls under way
+        self._queued: dict[int, Call[W]] = {}  # calls waiting for a connection, in order
+        self.get: Callable[[int], Call[W] | None] = self._calls.get
 
     def __len__(self) -> int:
         """Calls and controls under way."""
-        return len(self._requests) + sum(1 for ref in self._where if ref not in self._requests)
+        return len(self._calls)
 
     def make(self, cid: int, name: str, data: Any, timeout_ms: int | None, meta: Any,
-             until: float, idempotent: bool, wire: W | None,
-             kind: int = REQUEST) -> list[Any] | None:
+             until: float, idempotent: bool, wire: W | None, kind: int = REQUEST,
+             waiter: Any = None, parts: Any = None) -> list[Any] | None:
         """A new call, due at ``until`` (``timeout_ms`` is what the caller asked for,
-        None for the node's default). Returns the REQUEST (or, ``kind`` STREAM, the
-        STREAM, ``meta`` holding its window) to write on ``wire`` now, or None: there is
-        no connection, it waits for one."""
-        assert cid not in self._requests and cid not in self._where, "a call id in use"
-        self._requests[cid] = (name, data, timeout_ms, meta, until, idempotent, kind)
+        None for the node's default); ``waiter`` and ``parts`` are kept on its record
+        for the shell. Returns the REQUEST (or, ``kind`` STREAM, the STREAM, ``meta``
+        holding its window; ``kind`` ALL, a call_all) to write on ``wire`` now, or
+        None: there is no connection, it waits for one."""
+        assert cid not in self._calls, "a call id in use"
+        assert kind == REQUEST or not idempotent, "only a plain call may be sent again"
+        msg = [kind, cid, name, data, timeout_ms] if meta is None else \
+            [kind, cid, name, data, timeout_ms, meta]
+        call = self._calls[cid] = Call(cid, msg, until, idempotent, kind, wire, waiter, parts)
         self.deadlines.add(cid, until + self.grace)
-        if idempotent:
-            self._resend.add(cid)
         if wire is None:
-            self._queued.append(cid)
+            self._queued[cid] = call
             return None
-        self._where[cid] = wire
-        return _request(cid, name, data, timeout_ms, meta, kind)
+        return msg
 
     def wire_of(self, cid: int) -> W | None:
         """The connection call ``cid`` went out on (None: not sent, or ended)."""
-        return self._where.get(cid)
+        call = self._calls.get(cid)
+        return None if call is None else call.wire
 
-    def control(self, ref: int, wire: W, until: float) -> None:
-        """A control message ``ref`` went out on ``wire``; it ends by ``until``."""
-        self._where[ref] = wire
+    def control(self, ref: int, kind: int, wire: W, until: float,
+                waiter: Any = None) -> None:
+        """A control message ``ref`` of ``kind`` went out on ``wire``; it ends by ``until``."""
+        assert ref not in self._calls, "a control id in use"
+        self._calls[ref] = Call(ref, None, until, False, kind, wire, waiter, None)
         self.deadlines.add(ref, until)
 
-    def forget(self, ref: int) -> None:
-        """The call (or control) ended here: answered, failed or given up."""
-        self._requests.pop(ref, None)
-        self._where.pop(ref, None)
-        if ref in self._resend:
-            self._resend.discard(ref)
-            self._maybe_ran.discard(ref)
+    def forget(self, ref: int) -> Call[W] | None:
+        """The call (or control) ended here: answered, failed or given up. It leaves
+        every table at once; returns its record (None: it had ended already)."""
+        call = self._calls.pop(ref, None)
+        if call is not None and call.wire is None:
+            self._queued.pop(ref, None)
+        return call
 
     def give_up(self, cid: int, answered: bool) -> W | None:
         """The caller gave the call up: the connection to send ``[CANCEL, cid]`` on (it
         was sent there and not ``answered``), or None. The call is forgotten."""
-        wire = self._where.get(cid) if cid in self._requests else None
-        self.forget(cid)
-        return None if answered else wire
+        call = self.forget(cid)
+        return None if answered or call is None or call.msg is None else call.wire
 
     def cancels(self) -> list[tuple[W, list[Any]]]:
         """The client closes: a CANCEL for every sent call, with its connection."""
-        return [(wire, [CANCEL, cid]) for cid, wire in self._where.items()
-                if cid in self._requests]
+        return [(call.wire, [CANCEL, cid]) for cid, call in self._calls.items()
+                if call.wire is not None and call.msg is not None]
 
     def refused_unrun(self, cid: int, wire: W) -> bool:
         """``wire``'s node refused call ``cid`` with SHUTTING_DOWN: it never ran, so it
         waits for a connection again (``send_queued``), idempotent or not. False: the
-        call is not on ``wire`` (or is a control), nothing changed."""
-        if self._where.get(cid) != wire or cid not in self._requests:
+        call is not on ``wire`` (or is a control, or ended), nothing changed."""
+        call = self._calls.get(cid)
+        if call is None or call.wire != wire or call.msg is None:
             return False
-        del self._where[cid]
-        self._queued.append(cid)
+        call.wire = None
+        self._queued[cid] = call
         return True
 
     def error(self, cid: int, code: str, message: str,
@@ -150,7 +178,8 @@ class Calls(Generic[W]):
         application error's ``[app_code, data]``): that code's, except for a "did not
         run" code to a call that may have run on a connection lost since
         (``CONNECTION_LOST``)."""
-        if cid in self._maybe_ran and code in errors.DID_NOT_RUN:
+        call = self._calls.get(cid)
+        if call is not None and call.maybe_ran and code in errors.DID_NOT_RUN:
             return errors.ConnectionLostError(
                 None, f"sent again after its connection was lost, where it may have run, "
                       f"then answered {code}: {message}")
@@ -158,78 +187,71 @@ class Calls(Generic[W]):
 
     def waiting(self, cid: int) -> bool:
         """The call waits for a connection (not sent, or to be sent again)."""
-        return cid in self._requests and cid not in self._where
+        call = self._calls.get(cid)
+        return call is not None and call.wire is None
 
     def wires(self) -> set[W]:
         """The connections with calls or controls under way."""
-        return set(self._where.values())
+        return {call.wire for call in self._calls.values() if call.wire is not None}
 
-    def on(self, wire: W) -> list[int]:
+    def on(self, wire: W) -> list[Call[W]]:
         """The calls and controls under way on ``wire``."""
-        return [ref for ref, w in self._where.items() if w == wire]
+        return [call for call in self._calls.values() if call.wire == wire]
 
-    def lost(self, wire: W, resend: bool) -> list[int]:
+    def lost(self, wire: W, resend: bool) -> list[Call[W]]:
         """``wire`` is gone. Returns the calls and controls that failed with it
-        (CONNECTION_LOST); idempotent calls wait for the next connection if ``resend``."""
+        (CONNECTION_LOST; forgotten); idempotent calls wait for the next connection if
+        ``resend``, marked ``maybe_ran``."""
         failed = []
-        for ref in self.on(wire):
-            del self._where[ref]
-            if resend and ref in self._resend:
-                self._queued.append(ref)
-                self._maybe_ran.add(ref)
+        for call in self.on(wire):
+            call.wire = None
+            if resend and call.idempotent:
+                call.maybe_ran = True
+                self._queued[call.cid] = call
             else:
-                failed.append(ref)
-                self.forget(ref)
-        assert wire not in self._where.values(), "a call left on a lost connection"
+                failed.append(call)
+                del self._calls[call.cid]
+        assert not self.on(wire), "a call left on a lost connection"
         return failed
 
     def send_queued(self, wire: W, now: float) -> list[list[Any]]:
         """The REQUESTs to write on ``wire``, a new connection: the calls that waited,
         in order, each with the time its caller has left. One whose time is up stays for
-        ``expire`` to fail."""
-        queued, self._queued = self._queued, []
+        ``expire`` to fail; one ended meanwhile is passed over."""
+        queued, self._queued = self._queued, {}
         out = []
-        for cid in dict.fromkeys(queued):  # each once, in order
-            request = self._requests.get(cid)
-            if request is None or cid in self._where:
-                continue
-            name, data, _, meta, until, _, kind = request
-            left = until - now
+        for cid, call in queued.items():
+            assert call.wire is None and self._calls.get(cid) is call, "a queued call sent or ended"
+            msg = call.msg
+            assert msg is not None, "a control queued"
+            left = call.until - now
             if left <= 0:
-                self._queued.append(cid)
+                self._queued[cid] = call
                 continue
-            self._where[cid] = wire
-            out.append(_request(cid, name, data, int(left * 1000) or 1, meta, kind))
+            call.wire = wire
+            out.append([*msg[:4], int(left * 1000) or 1, *msg[5:]])  # the time left
         return out
 
-    def expire(self, now: float) -> list[tuple[int, errors.RpcError]]:
+    def expire(self, now: float) -> list[tuple[Call[W], errors.RpcError]]:
         """The calls and controls whose time is up, each with the error that ends it;
         they are forgotten."""
-        out: list[tuple[int, errors.RpcError]] = []
+        out: list[tuple[Call[W], errors.RpcError]] = []
+        calls = self._calls
         for ref in self.deadlines.expire(now):
-            if ref in self._requests and ref not in self._where:
-                out.append((ref, errors.ConnectionLostError(
-                    None, "no connection within the deadline")))
-            elif ref in self._where:
-                out.append((ref, errors.ResponseTimeoutError(
-                    None, "no answer from the node within the deadline")))
-            else:
+            call = calls.pop(ref, None)
+            if call is None:
                 continue  # ended already
-            self.forget(ref)
+            if call.wire is None:
+                del self._queued[ref]
+            out.append((call, errors.ConnectionLostError(
+                None, "no connection within the deadline") if call.wire is None else
+                errors.ResponseTimeoutError(
+                    None, "no answer from the node within the deadline")))
         return out
 
-    def clear(self) -> list[int]:
+    def clear(self) -> list[Call[W]]:
         """The client closes for good: every call and control, forgotten."""
-        refs = list(self._requests.keys() | self._where.keys())
-        self._requests.clear()
-        self._where.clear()
+        ended = list(self._calls.values())
+        self._calls.clear()
         self._queued.clear()
-        self._resend.clear()
-        self._maybe_ran.clear()
-        return refs
-
-
-def _request(cid: int, name: str, data: Any, timeout_ms: int | None,
-             meta: Any, kind: int) -> list[Any]:
-    return [kind, cid, name, data, timeout_ms] if meta is None else \
-        [kind, cid, name, data, timeout_ms, meta]
+        return ended

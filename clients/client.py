@@ -228,9 +228,6 @@ class Client:
         self._wire: _Wire | None = None        # the connection new calls go to
         self._connected = asyncio.Event()
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}  # calls and controls
-        self._streams: dict[int, Flow] = {}    # open streams (their ends are in _pending)
-        self._replies: dict[int, list[Reply]] = {}  # call_all's under way: replies so far
         self._handlers: dict[str, Entry] = {}
         self._events = Subscriptions()         # event topics and their handlers
         self._watchers = Watchers()            # presence handlers
@@ -480,15 +477,14 @@ class Client:
         fut = loop.create_future()
         timeout_ms = None if timeout is None else (int(timeout * 1000) or 1)
         until = loop.time() + (timeout or self._default_timeout)
-        self._pending[cid] = fut
         wire = self._wire
         msg = self._calls.make(cid, name, data, timeout_ms,
                                None if traceparent is None else {"traceparent": traceparent},
-                               until, idempotent, wire)
+                               until, idempotent, wire, REQUEST, fut)
         if wire is not None and msg is not None:
             wire.send_call(msg)
         try:
-            return await fut
+            return await fut  # every outcome set on ``fut`` took the call off the table
         except asyncio.CancelledError:
             # The caller gave up (task.cancel, asyncio.timeout, wait_for): tell the node,
             # which cancels the provider's handler, on this node or another.
@@ -497,9 +493,6 @@ class Client:
             if sent_on is not None and sent_on.state is OPEN:
                 sent_on.send([CANCEL, cid])
             raise
-        finally:
-            self._pending.pop(cid, None)
-            self._calls.forget(cid)
 
     async def call_all(self, name: str, data: Any = None, *, timeout: float | None = None,
                        max_replies: int | None = None,
@@ -517,8 +510,7 @@ class Client:
         loop = asyncio.get_running_loop()
         cid = next(self._ids)
         fut = loop.create_future()
-        self._pending[cid] = fut
-        self._replies[cid] = []
+        replies: list[Reply] = []
         meta: dict[str, Any] = {}
         if max_replies is not None:
             meta["max_replies"] = max_replies
@@ -528,21 +520,17 @@ class Client:
         msg = self._calls.make(cid, name, data, None if timeout is None else
                                (int(timeout * 1000) or 1), meta or None,
                                loop.time() + (timeout or self._default_timeout), False, wire,
-                               ALL)
+                               ALL, fut, replies)
         if wire is not None and msg is not None:
             wire.send_call(msg)
         try:
             await fut
-            return self._replies[cid]
+            return replies
         except asyncio.CancelledError:
             sent_on = self._calls.give_up(cid, answered=fut.done() and not fut.cancelled())
             if sent_on is not None and sent_on.state is OPEN:
                 sent_on.send([CANCEL, cid])
             raise
-        finally:
-            self._pending.pop(cid, None)
-            self._replies.pop(cid, None)
-            self._calls.forget(cid)
 
     def _check_call(self, timeout: float | None) -> None:
         if self._closed:
@@ -572,8 +560,7 @@ class Client:
         self._check_call(timeout)
         loop = asyncio.get_running_loop()
         cid = next(self._ids)
-        flow = self._streams[cid] = Flow(cid, window, loop.create_future())
-        self._pending[cid] = flow.ended
+        flow = Flow(cid, window, loop.create_future())
         meta: dict[str, Any] = {"window": window}
         if traceparent is not None:
             meta["traceparent"] = traceparent
@@ -581,7 +568,7 @@ class Client:
         msg = self._calls.make(cid, name, data, None if timeout is None else
                                (int(timeout * 1000) or 1), meta,
                                loop.time() + (timeout or self._default_timeout), False, wire,
-                               STREAM)
+                               STREAM, flow.ended, flow)
         if wire is not None and msg is not None:
             wire.send_call(msg)
         return flow
@@ -598,14 +585,12 @@ class Client:
         if wire is not None and wire.state is OPEN:
             wire.send([CANCEL, flow.cid])
 
-    def _forget_stream(self, cid: int) -> None:
+    def _forget_stream(self, flow: Flow) -> None:
         """A stream ended (or was given up): it leaves every table."""
-        flow = self._streams.pop(cid, None)
-        self._pending.pop(cid, None)
-        self._calls.forget(cid)
-        if flow is not None and flow.ended.done() and not flow.ended.cancelled():
+        self._calls.forget(flow.cid)
+        if flow.ended.done() and not flow.ended.cancelled():
             flow.ended.exception()  # looked at: an error after a break is no warning
-        elif flow is not None:
+        else:
             flow.ended.cancel()
 
     # -- providing -----------------------------------------------------------------------
@@ -737,15 +722,13 @@ class Client:
             raise errors.ConnectionLostError(None, "the connection was lost")
         ref = next(self._ids)
         fut = loop.create_future()
-        self._pending[ref] = fut
-        self._calls.control(ref, wire, loop.time() + self._open_timeout)
+        self._calls.control(ref, kind, wire, loop.time() + self._open_timeout, fut)
         wire.send([kind, ref, *fields] if fields is not None else
                   [kind, ref] if names is None else [kind, ref, names])
         try:
-            return await fut
+            return await fut  # every outcome set on ``fut`` took it off the table
         finally:
-            self._pending.pop(ref, None)
-            self._calls.forget(ref)
+            self._calls.forget(ref)  # cancelled: nobody waits for its answer
 
     # -- frames in -----------------------------------------------------------------------
 
@@ -775,15 +758,15 @@ class Client:
         if kind == RESPONSE or kind == OK or kind == FOUND:
             self._settle(msg[1], msg[2] if kind != OK else None, None)
         elif kind == REPLY:
-            replies = self._replies.get(msg[1])
-            if replies is not None:
-                replies.append(reply_of(msg))
+            call = self._calls.get(msg[1])
+            if call is not None and call.kind == ALL:
+                call.parts.append(reply_of(msg))
         elif kind == PART:
-            flow = self._streams.get(msg[1])
-            if flow is not None and not flow.arrived(msg[2]):
+            call = self._calls.get(msg[1])
+            if call is not None and call.kind == STREAM and not call.parts.arrived(msg[2]):
                 self._settle(msg[1], None, errors.error_from_code(
                     errors.INVALID_MESSAGE, "the node sent more parts than the window"))
-                self._abandon_stream(flow)
+                self._abandon_stream(call.parts)
         elif kind == CREDIT:
             waiter = wire.serving.credit(msg[1], msg[2])
             if waiter is not None and not waiter.done():
@@ -819,12 +802,12 @@ class Client:
                 self._node_draining(wire)
                 if ref is None:
                     return
-                if (self._reconnect and not self._closed and ref in self._pending
+                if (self._reconnect and not self._closed
                         and self._calls.refused_unrun(ref, wire)):
                     if self._wire is not None:  # it never ran: send it elsewhere
                         self._send_queued(self._wire)
                     return
-            if ref is None or ref not in self._pending:
+            if ref is None or self._calls.get(ref) is None:
                 log.warning("node_error url=%s code=%s error=%s ref=%s", wire.url, code,
                             message, ref)
             else:
@@ -847,9 +830,13 @@ class Client:
                     wire.auth.set_exception(errors.error_from_code(msg[1], msg[2]))
 
     def _settle(self, ref: int, result: Any, exc: BaseException | None) -> None:
-        fut = self._pending.pop(ref, None)
-        if fut is None:
-            return  # cancelled or timed out here already: a late answer
+        """Call (or control) ``ref`` ended with ``result`` or ``exc``: it leaves the
+        table now, and its waiter gets the outcome. An answer to one ended here already
+        (given up, timed out) is dropped."""
+        call = self._calls.forget(ref)
+        if call is None:
+            return
+        fut = call.waiter
         if not fut.done():
             if exc is None:
                 fut.set_result(result)
@@ -865,10 +852,8 @@ class Client:
                     f"AppError {msg[4][0]}: its data is not serializable: {exc}"]
         if kind == PART:  # the stream ends here (its generator is stopped: _Wire)
             return [ERROR, msg[1], errors.PROVIDER_ERROR, f"a part is not serializable: {exc}"]
-        fut = (self._pending.pop(msg[1], None) if kind == REQUEST or kind == STREAM or kind == ALL
-               else None)
-        if fut is not None and not fut.done():
-            fut.set_exception(TypeError(f"call data is not serializable: {exc}"))
+        if kind == REQUEST or kind == STREAM or kind == ALL:  # it was not sent
+            self._settle(msg[1], None, TypeError(f"call data is not serializable: {exc}"))
         return None
 
     def _oversized(self, msg: list[Any], size: int, limit: int) -> list[Any] | None:
@@ -876,11 +861,9 @@ class Client:
         answer becomes PAYLOAD_TOO_LARGE for its caller (the call ran: never re-run)."""
         kind = msg[0]
         if kind == REQUEST or kind == STREAM or kind == ALL:
-            fut = self._pending.pop(msg[1], None)
-            if fut is not None and not fut.done():
-                fut.set_exception(errors.PayloadTooLargeError(
-                    None, f"the call's data makes a {size}-byte message, over the node's "
-                          f"limit of {limit} bytes (max_frame); nothing was sent"))
+            self._settle(msg[1], None, errors.PayloadTooLargeError(
+                None, f"the call's data makes a {size}-byte message, over the node's "
+                      f"limit of {limit} bytes (max_frame); nothing was sent"))
             return None
         if kind == EMIT:  # at most once: dropped, and said
             log.warning("event_too_large topic=%s size=%d limit=%d", msg[1], size, limit)
@@ -899,10 +882,9 @@ class Client:
         while True:
             await asyncio.sleep(SWEEP)
             self._held.tick(loop.time())
-            for ref, exc in self._calls.expire(loop.time()):
-                fut = self._pending.pop(ref, None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(exc)
+            for call, exc in self._calls.expire(loop.time()):
+                if not call.waiter.done():
+                    call.waiter.set_exception(exc)
 
     def _node_draining(self, wire: _Wire) -> None:
         """The node shuts down: new calls wait for a connection to another node."""
@@ -948,7 +930,7 @@ class Client:
         """Close a connection new calls no longer use once its calls and handlers ended
         (each ends by its deadline)."""
         while not self._closed:
-            under_way = [self._pending[c] for c in self._calls.on(wire) if c in self._pending]
+            under_way = [call.waiter for call in self._calls.on(wire)]
             under_way += list(wire.serving.running.values())
             if not under_way:
                 break
@@ -962,10 +944,9 @@ class Client:
         for task in wire.serving.lost():
             task.cancel()                       # its answer has nowhere to go
         # idempotent calls wait for the next wire; the others may have run: they fail
-        for cid in self._calls.lost(wire, resend=self._reconnect and not self._closed):
-            fut = self._pending.pop(cid, None)
-            if fut is not None and not fut.done():
-                fut.set_exception(lost)
+        for call in self._calls.lost(wire, resend=self._reconnect and not self._closed):
+            if not call.waiter.done():
+                call.waiter.set_exception(lost)
         if wire is not self._wire:
             return                              # a draining wire: the client already moved
         self._wire = None
@@ -1051,11 +1032,9 @@ class Client:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        pending, self._pending = self._pending, {}
-        self._calls.clear()
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
+        for call in self._calls.clear():
+            if not call.waiter.done():
+                call.waiter.set_exception(exc)
         for wire in self._wires:
             for task in wire.serving.lost():
                 task.cancel()

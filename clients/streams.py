@@ -124,7 +124,7 @@ class Stream:
 
     def _finish(self, flow: Flow) -> None:
         self._done = True
-        self._client._forget_stream(flow.cid)
+        self._client._forget_stream(flow)
 
     def __del__(self) -> None:
         # dropped unfinished (``break`` out of ``async for``): the provider is told

@@ -343,8 +343,8 @@ class Caller(Client):
     def _sweep(self) -> None:
         if not self.alive:
             return
-        for cid, exc in self.calls.expire(self.world.now):
-            self._end(cid, exc.code)
+        for call, exc in self.calls.expire(self.world.now):
+            self._end(call.cid, exc.code)
         self.world.after(SWEEP, self._sweep)
 
     def _end(self, cid: int, code: str, data: Any = None) -> None:
@@ -476,10 +476,11 @@ class Caller(Client):
     def lost(self, conn: Conn) -> None:
         on = self.calls.on(conn)
         failed = self.calls.lost(conn, resend=True)
-        for cid in set(on) - set(failed):  # idempotent: the caller allowed another run
-            self.sim.ledger.resent(self.keys[cid])
-        for cid in failed:
-            self._end(cid, errors.CONNECTION_LOST)
+        for call in on:
+            if call not in failed:  # idempotent: the caller allowed another run
+                self.sim.ledger.resent(self.keys[call.cid])
+        for call in failed:
+            self._end(call.cid, errors.CONNECTION_LOST)
         self._send_queued()
 
 

@@ -2,7 +2,7 @@
 
 from rpcbus import errors
 from rpcbus.calling import Calls
-from rpcbus.protocol import CANCEL, REQUEST
+from rpcbus.protocol import CANCEL, PING, PROVIDE, REQUEST
 from rpcbus.provider import Freshness, Held
 
 
@@ -17,9 +17,10 @@ def test_a_call_refused_unrun_then_lost_is_not_sent_a_third_time():
     assert not calls.refused_unrun(1, "a")  # not on "a" any more: ignored
     assert calls.send_queued("b", 0.5) == [[REQUEST, 1, "f", "x", 1500]]  # time left
     assert calls.lost("a", resend=True) == []          # 2: idempotent, waits
-    assert calls.lost("b", resend=True) == [1]         # 1: may have run: fails
+    assert [c.cid for c in calls.lost("b", resend=True)] == [1]  # may have run: fails
     assert calls.send_queued("c", 1.0) == [[REQUEST, 2, "f", "y", 1000]]
-    assert calls.lost("c", resend=False) == [2]        # the client does not reconnect
+    assert [c.cid for c in calls.lost("c", resend=False)] == [2]  # no reconnecting
+    assert len(calls) == 0 and calls.send_queued("d", 1.0) == []
 
 
 def test_a_did_not_run_code_after_a_resend_says_the_call_may_have_run():
@@ -40,10 +41,10 @@ def test_every_call_ends_by_its_deadline_and_grace_with_what_happened_to_it():
     calls.make(2, "f", None, 500, None, 0.5, idempotent=False, wire="a")
     calls.make(3, "f", None, 500, None, 0.5, idempotent=False, wire="a")
     calls.forget(3)                                   # answered
-    calls.control(4, "a", 1.5)                         # a PROVIDE: no grace added
+    calls.control(4, PROVIDE, "a", 1.5)                # a PROVIDE: no grace added
     assert calls.expire(1.4) == []
     assert calls.send_queued("b", 0.6) == []          # its time is up: not sent late
-    ended = {ref: type(exc) for ref, exc in calls.expire(1.6)}
+    ended = {call.cid: type(exc) for call, exc in calls.expire(1.6)}
     assert ended == {1: errors.ConnectionLostError, 2: errors.ResponseTimeoutError,
                      4: errors.ResponseTimeoutError}
     assert calls.expire(10.0) == [] and len(calls) == 0
@@ -53,11 +54,11 @@ def test_cancels_go_only_where_a_call_was_sent_and_is_unanswered():
     calls = Calls[str](0.0, grace=1.0)
     calls.make(1, "f", None, None, {"traceparent": "t"}, 5.0, False, "a")
     calls.make(2, "f", None, None, None, 5.0, False, None)
-    calls.control(3, "a", 5.0)
+    calls.control(3, PING, "a", 5.0)
     assert calls.cancels() == [("a", [CANCEL, 1])]     # not the control, not the unsent
     assert calls.give_up(2, answered=False) is None
     assert calls.give_up(1, answered=True) is None
-    assert calls.cancels() == [] and calls.on("a") == [3]
+    assert calls.cancels() == [] and [c.cid for c in calls.on("a")] == [3]
 
 
 def test_a_request_read_after_the_process_was_held_never_sets_the_clock_offset():
@@ -80,3 +81,18 @@ def test_held_sees_a_stall_whether_the_frame_or_the_late_tick_runs_first():
     assert abs(held.late_by(1.10) - 1.0) < 1e-9
     held.tick(1.15)
     assert held.late_by(1.16) == 0.0
+
+
+def test_a_call_ended_while_it_waits_for_a_connection_is_never_sent():
+    """Its record leaves every table at once: given up or answered, nothing of it is
+    sent when a connection comes; the record carries what the shell gave it."""
+    calls = Calls[str](0.0, grace=1.0)
+    calls.make(1, "f", None, 1000, None, 1.0, False, None, waiter="w1")
+    calls.make(2, "f", None, 1000, None, 1.0, False, None, REQUEST, "w2", ["part"])
+    calls.make(3, "f", None, 1000, None, 1.0, False, None)
+    assert calls.give_up(1, answered=False) is None    # never sent: no CANCEL
+    ended = calls.forget(2)
+    assert ended is not None and (ended.waiter, ended.parts) == ("w2", ["part"])
+    assert calls.forget(2) is None                     # once
+    assert calls.send_queued("a", 0.5) == [[REQUEST, 3, "f", None, 500]]
+    assert calls.expire(5.0) != [] and len(calls) == 0

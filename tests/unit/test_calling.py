@@ -2,8 +2,18 @@
 
 from rpcbus import errors
 from rpcbus.calling import Calls
-from rpcbus.protocol import CANCEL, PING, PROVIDE, REQUEST
-from rpcbus.provider import Freshness, Held
+from rpcbus.protocol import (
+    ACCEPT,
+    ACCEPT_UPTO,
+    CANCEL,
+    PING,
+    PROVIDE,
+    REJECT,
+    REJECT_BUSY,
+    REJECT_LATE,
+    REQUEST,
+)
+from rpcbus.provider import Freshness, Held, Serving
 
 
 def test_a_call_refused_unrun_then_lost_is_not_sent_a_third_time():
@@ -96,3 +106,61 @@ def test_a_call_ended_while_it_waits_for_a_connection_is_never_sent():
     assert calls.forget(2) is None                     # once
     assert calls.send_queued("a", 0.5) == [[REQUEST, 3, "f", None, 500]]
     assert calls.expire(5.0) != [] and len(calls) == 0
+
+
+def _request(attempt, name="f", sent_ms=None, left_ms=1000, ack_ms=None):
+    """A REQUEST as a node sends it to a provider (clients/protocol.py REQ_*)."""
+    msg = [REQUEST, attempt, name, None, left_ms, "caller", sent_ms, None, None, None]
+    return msg if ack_ms is None else [*msg, ack_ms]
+
+
+def test_a_frame_of_requests_is_accepted_in_one_message_before_any_handler_starts():
+    """The provider core queues what it refuses at once, then at the frame's end one
+    ACCEPT_UPTO for the REQUESTs it took, and only then hands their handlers over; a
+    CANCEL in the same frame keeps one from ever starting."""
+    sent = []
+    serving = Serving(sent.append, {"f": "entry-f"}.get, accept_upto=True)
+    assert serving.request(_request(1), 0.0, open=True)
+    assert serving.request(_request(2, name="gone"), 0.0, open=True)   # not provided
+    assert serving.request(_request(3), 0.0, open=True)
+    assert serving.request(_request(4), 0.0, open=True)
+    assert sent == [[REJECT, 2]] and serving.running == {}  # nothing started yet
+    assert serving.cancel(4) is None                         # in the frame: never starts
+    starting = serving.take_starting()
+    assert [(attempt, entry) for attempt, _, entry, _ in starting] == \
+        [(1, "entry-f"), (3, "entry-f")]
+    assert sent[-1] == [ACCEPT_UPTO, 3]                      # before the handlers run
+    serving.started(1, "task-1")
+    serving.started(3, "task-3")
+    assert serving.cancel(3) == "task-3"                     # the node gave it up
+    assert not serving.finished(3)                           # its answer is dropped
+    assert serving.finished(1) and not serving.finished(1)   # sent once
+    assert serving.take_starting() == [] and sent[-1] == [ACCEPT_UPTO, 3]  # no empty one
+
+
+def test_a_provider_refuses_unrun_what_it_read_late_could_not_start_or_cannot_answer():
+    """REJECT LATE for a REQUEST older than half its ack window (the node moves it on),
+    REJECT BUSY when the workers cannot take it soon, a plain REJECT on a connection
+    that closes; each before any ACCEPT, none of them started. A node that takes no
+    ACCEPT_UPTO gets one ACCEPT per call."""
+    sent = []
+    serving = Serving(sent.append, {"f": "entry-f"}.get, accept_upto=False,
+                      stale_after_ms=500)
+    assert serving.request(_request(1, sent_ms=1000), 1.0, open=True)  # learns the offset
+    assert not serving.request(_request(2, sent_ms=1000), 1.6, open=True)  # 600 ms old
+    assert serving.request(_request(3, sent_ms=1000, ack_ms=2000), 1.6, open=True)  # its own
+    assert serving.request(_request(4, sent_ms=1600), 1.6, open=True,
+                           full=lambda entry, left_ms: left_ms < 5000)
+    assert serving.request(_request(5, sent_ms=1600), 1.6, open=False)
+    assert sent == [[ACCEPT, 1], [REJECT, 2, REJECT_LATE], [ACCEPT, 3],
+                    [REJECT, 4, REJECT_BUSY], [REJECT, 5]]
+    assert (serving.stale_requests, serving.busy_requests) == (1, 1)
+    assert [start[0] for start in serving.take_starting()] == [1, 3]
+    assert sent[-1] == [REJECT, 5]                           # no ACCEPT_UPTO for this node
+    serving.started(1, "task-1")
+    flow = serving.stream(3, window=2)
+    serving.started(3, "task-3")
+    flow.waiter = "wake-3"
+    assert serving.credit(3, 1) == "wake-3" and serving.credit(3, 1) is None
+    assert sorted(serving.lost()) == ["task-1", "task-3"]    # the connection is gone
+    assert serving.running == {} and serving.flows == {} and not serving.finished(1)

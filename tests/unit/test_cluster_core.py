@@ -1,0 +1,145 @@
+"""The cluster core (cluster/core.py ``ClusterCore``) driven with examples: two nodes'
+cores, each over a real router, and a bus the test delivers by hand — each message
+published reaches every core that listens to its topic (the control topic: every node,
+the sender too; a node's own topic: that node) when the test says."""
+
+from rpcbus import errors
+from rpcbus.broker.config import Config
+from rpcbus.broker.router import Router
+from rpcbus.cluster import messages as m
+from rpcbus.cluster.core import ClusterCore
+from rpcbus.protocol import ERROR, RESPONSE
+
+from .test_router import Peer, requests_to
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Bus:
+    """What the cores publish, in order, until ``deliver``."""
+
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.cores: dict[str, ClusterCore] = {}
+        self.queued: list[tuple[str, str, int, list, object]] = []
+        self.silent: set[str] = set()  # nodes whose messages are lost, never ticked
+
+    def node(self, name: str, incarnation: int) -> ClusterCore:
+        config = Config()
+        config.cluster.heartbeat_interval = 0.5
+        router = Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0,
+                        now=self.clock.now, initial_concurrency=1e9)
+        core = ClusterCore(router, config.cluster, name, f"ws://{name}", dict,
+                           outbox=Outbox(self, name), clock=self.clock,
+                           stale=lambda why: None, incarnation=incarnation, started=1.0)
+        self.cores[name] = core
+        return core
+
+    def deliver(self, copies: int = 1) -> None:
+        """Every message published so far, each in a batch of its own (``copies``
+        times: a bus that delivers twice), and what they make the cores publish."""
+        while self.queued:
+            queued, self.queued = self.queued, []
+            for sender, topic, to, msg, then in queued:
+                if sender in self.silent:
+                    continue
+                if then is not None:
+                    then()  # Redis took it
+                batch = m.Batch(sender, self.cores[sender].incarnation, to,
+                                self.clock.now, [msg], 0)
+                for core in self.cores.values():
+                    if core.me not in self.silent and topic in (core.control, core.private):
+                        for _ in range(copies):
+                            core.on_batch(batch, self.clock.now)
+
+    def tick(self, seconds: float) -> None:
+        self.clock.now += seconds
+        for core in self.cores.values():
+            if core.me not in self.silent:
+                core.tick(self.clock.now)
+                core.router.tick(self.clock.now)
+        self.deliver()
+
+
+class Outbox:
+    """The core's ``Publisher``: queues on the test's bus."""
+
+    def __init__(self, bus: Bus, name: str) -> None:
+        self.bus, self.name = bus, name
+        self.unheard: dict[str, object] = {}
+
+    def publish(self, topic, msg, then=None, to=0, hold_until=0.0) -> None:
+        self.bus.queued.append((self.name, topic, to, msg, then))
+
+    def heard(self, topic, to) -> None:
+        pass
+
+    def expire(self) -> None:
+        pass
+
+
+def joined_pair() -> tuple[Bus, ClusterCore, ClusterCore, Peer]:
+    """Nodes a and b have heard each other; a provider of ``f`` is on b."""
+    bus = Bus()
+    a, b = bus.node("a", incarnation=1), bus.node("b", incarnation=2)
+    a.on_up(0.0)
+    b.on_up(0.0)
+    bus.deliver()
+    provider = Peer("p")
+    b.router.provide(provider, ["f"])
+    bus.tick(1.0)  # past a first join's round of heartbeats
+    assert set(a.membership.members) == {"b"} and set(b.membership.members) == {"a"}
+    return bus, a, b, provider
+
+
+def test_a_call_crosses_from_one_core_to_another_and_its_answer_comes_back():
+    bus, a, b, provider = joined_pair()
+    caller = Peer("c")
+    a.router.request(caller, 7, "f", "data", None, bus.clock.now)
+    bus.deliver()
+    [request] = requests_to(provider)
+    assert request[3] == "data" and request[5] == "c"   # the caller's label, from node a
+    b.router.respond(provider, request[1], "answer")
+    bus.deliver()
+    assert caller.take() == [[RESPONSE, 7, "answer"]]
+    assert a.router.pending == 0 and b.router.pending == 0
+    assert b.invoked == {}                               # the INVOKE left b's table
+
+
+def test_an_invoke_the_bus_delivers_twice_reaches_its_provider_once():
+    bus, a, b, provider = joined_pair()
+    caller = Peer("c")
+    a.router.request(caller, 1, "f", "once", None, bus.clock.now)
+    bus.deliver(copies=2)
+    [request] = requests_to(provider)
+    assert b.stats["duplicate_invokes"] == 1
+    b.router.respond(provider, request[1], "ran once")
+    bus.deliver(copies=2)
+    assert caller.take() == [[RESPONSE, 1, "ran once"]]  # and once only
+    assert requests_to(provider) == [] and a.router.pending == 0
+
+
+
+def test_a_node_gone_silent_is_declared_dead_and_its_started_call_fails_not_moves():
+    """b took the call (its ACK reached a), then went silent: after the heartbeat
+    misses a declares b dead, and the call, which may have run there, fails with a code
+    that says so; it is not sent anywhere else."""
+    bus, a, b, provider = joined_pair()
+    caller = Peer("c")
+    a.router.request(caller, 1, "f", "d", None, bus.clock.now)
+    bus.deliver()
+    assert len(requests_to(provider)) == 1             # b acknowledged and started it
+    bus.silent.add("b")                                # from now on
+    heartbeats = a.config.heartbeat_interval * a.config.heartbeat_misses
+    bus.tick(heartbeats - 0.25)
+    assert caller.take() == [] and a.stats["nodes_dead"] == 0  # not yet
+    bus.tick(0.5)
+    assert a.stats["nodes_dead"] == 1
+    assert [msg[:3] for msg in caller.take()] == [[ERROR, 1, errors.PROVIDER_GONE]]
+    assert a.router.pending == 0 and "b" not in a.membership.members

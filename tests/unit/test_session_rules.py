@@ -1,0 +1,146 @@
+"""The session rules (broker/session_rules.py ``SessionRules``) driven with examples: a
+client's frames in, what it is answered out, with a real router and gate (auth mode
+``none``: who the client says it is) and no socket."""
+
+from collections import Counter
+
+from rpcbus import errors
+from rpcbus.broker.config import Config
+from rpcbus.broker.events import Events
+from rpcbus.broker.gate import Gate
+from rpcbus.broker.presence import Presence
+from rpcbus.broker.router import Router
+from rpcbus.broker.session_rules import SessionRules
+from rpcbus.protocol import (
+    ACCEPT_UPTO,
+    AUTH,
+    AUTH_OK,
+    ERROR,
+    OK,
+    PING,
+    PONG,
+    PROVIDE,
+    REQUEST,
+    RESPONSE,
+    STREAM,
+)
+
+
+class Node:
+    """What the rules read of their node (``NodeView``)."""
+
+    def __init__(self) -> None:
+        self.config = Config()
+        self.config.auth.mode = "none"
+        self.name = "n1"
+        self.router = Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0,
+                             now=0.0, initial_concurrency=1e9)
+        self.gate = Gate(self.config)
+        self.events = Events()
+        self.presence = Presence()
+        self.stats: Counter[str] = Counter()
+        self.draining = False
+        self.cut_off = False
+
+    def notice_heard(self, session) -> None:
+        pass
+
+    def discover(self, name, may_call):
+        return []
+
+    def subscribed(self, session, ref, topics) -> None:
+        session.send([OK, ref])
+
+
+class Conn(SessionRules):
+    """The shell's part: what goes out, and whether it was closed (1008) and why."""
+
+    def __init__(self, node: Node, sid: str) -> None:
+        super().__init__(node, sid)
+        self.out: list[list] = []
+        self.closed_for: str | None = None
+
+    def send(self, msg) -> None:
+        self.out.append(msg)
+
+    def flush(self) -> None:
+        pass
+
+    def is_open(self) -> bool:
+        return self.closed_for is None
+
+    def close_for_policy(self, reason: str) -> None:
+        self.closed_for = reason
+
+    def later(self, delay, callback) -> None:
+        raise AssertionError("auth mode none sets no timer")
+
+    def logged_in(self) -> None:
+        pass
+
+    def take(self) -> list[list]:
+        out, self.out = self.out, []
+        return out
+
+
+def logged_in(node: Node, sid: str, name: str) -> Conn:
+    conn = Conn(node, sid)
+    conn.handle([[AUTH, {"name": name}]], 0.0)
+    [[kind, welcome]] = conn.take()
+    assert kind == AUTH_OK and welcome["session"] == sid and welcome["accept_upto"]
+    return conn
+
+
+def test_nothing_but_auth_is_taken_before_login_and_the_label_is_name_at_session():
+    node = Node()
+    conn = Conn(node, "s1")
+    conn.handle([[REQUEST, 1, "f", None, None], [PING, 5]], 0.0)
+    assert [msg[:3] for msg in conn.take()] == [[ERROR, 1, errors.NOT_AUTHENTICATED],
+                                                [ERROR, 5, errors.NOT_AUTHENTICATED]]
+    assert node.router.pending == 0
+    conn.handle([[AUTH, {"name": "worker"}], [PING, 6]], 0.1)
+    out = conn.take()
+    assert out[0][0] == AUTH_OK and out[1:] == [[PONG, 6]]
+    assert conn.label == "worker@s1" and conn.authenticated
+
+
+def test_a_call_goes_from_one_session_through_the_router_to_another_and_back():
+    node = Node()
+    provider, caller = logged_in(node, "s1", "worker"), logged_in(node, "s2", "app")
+    provider.handle([[PROVIDE, 1, ["f"]]], 0.1)
+    assert provider.take() == [[OK, 1]]
+    caller.handle([[REQUEST, 9, "f", "data", 500]], 0.2)
+    [request] = provider.take()
+    assert request[:6] == [REQUEST, request[1], "f", "data", request[4], "app@s2"]
+    assert 0 < request[4] <= 500                       # the time its caller has left
+    provider.handle([[ACCEPT_UPTO, request[1]], [RESPONSE, request[1], "answer"]], 0.3)
+    assert caller.take() == [[RESPONSE, 9, "answer"]]
+    assert node.router.pending == 0 and caller.inflight == 0
+
+
+def test_bad_messages_get_an_error_each_and_too_many_close_the_connection():
+    node = Node()
+    conn = logged_in(node, "s1", "app")
+    most = node.config.limits.max_invalid_messages
+    conn.handle([[REQUEST, 1, "f", None, -5]], 1.0)  # a negative time left
+    [error] = conn.take()
+    assert error[:3] == [ERROR, 1, errors.INVALID_MESSAGE] and conn.is_open()
+    conn.handle([["junk"]] * most, 1.1)               # within the window: one too many
+    assert conn.closed_for is not None
+    assert node.stats["invalid_messages"] == most + 1 and node.stats["closed_for_garbage"] == 1
+
+
+def test_a_draining_node_refuses_new_calls_unrun_but_lets_answers_in():
+    node = Node()
+    provider, caller = logged_in(node, "s1", "worker"), logged_in(node, "s2", "app")
+    provider.handle([[PROVIDE, 1, ["f"]]], 0.1)
+    caller.handle([[REQUEST, 1, "f", "before", None]], 0.2)
+    [request] = [msg for msg in provider.take() if msg[0] == REQUEST]
+    node.draining = True
+    caller.handle([[REQUEST, 2, "f", "after", None],
+                   [STREAM, 3, "f", None, None, {"window": 4}]], 0.3)
+    assert [msg[:3] for msg in caller.take()] == [[ERROR, 2, errors.SHUTTING_DOWN],
+                                                  [ERROR, 3, errors.SHUTTING_DOWN]]
+    provider.handle([[RESPONSE, request[1], "finished"]], 0.4)
+    assert caller.take() == [[RESPONSE, 1, "finished"]]
+    assert provider.take() == [] and node.router.pending == 0

@@ -275,6 +275,7 @@ class SessionRules(SessionPolicy):
             if new and not self._room_for(msg[1], len(new)):
                 return
             router.provide(self, msg[2])
+            assert self.provides.issuperset(msg[2]), "a name provided is not counted"
             if self.user is not None:
                 self.node.gate.provided[self.user.key] += len(new)
             self.send([OK, msg[1]])
@@ -282,8 +283,10 @@ class SessionRules(SessionPolicy):
             if self._limiter is None or self._take(_ref_of(msg), now):
                 gone = len(self.provides)
                 router.unprovide(self, msg[2])
+                assert self.provides.isdisjoint(msg[2]), "a name unprovided is still provided"
                 if self.user is not None:
                     self.node.gate.provided[self.user.key] -= gone - len(self.provides)
+                    assert self.node.gate.provided[self.user.key] >= 0, "provided below 0"
                 self.send([OK, msg[1]])
         elif kind == CANCEL:  # the caller gave a call up (counted as a request: it costs)
             if self.inflight and (self._limiter is None or self._take(msg[1], now)):

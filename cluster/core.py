@@ -343,6 +343,7 @@ class ClusterCore:
             self.refused.add(key)
             caller.node.publish([m.REJECT, caller.id], hold_until=caller.deadline)
         self.starting = 0
+        assert all(c.invoke is None for c in self.invoked.values()), "an unstarted INVOKE kept"
         log.warning("cluster_unavailable", reason=reason)
         self.cache = ProviderCache(self.config.provider_cache_ttl, self.config.negative_ttl,
                                    self.config.query_timeout,
@@ -593,6 +594,7 @@ class ClusterCore:
         for key, caller in [(k, c) for k, c in self.invoked.items() if c.node is old]:
             del self.invoked[key]
             self.router.cancel_from(caller, caller.id)
+        assert old.name not in self.membership.members, "a replaced process still a member"
 
     def on_skew(self, sender: str, offset_s: float, now: float) -> None:
         """The bus refused a genuine batch of ``sender`` for its clock. What that node
@@ -653,6 +655,7 @@ class ClusterCore:
                 f"(cluster.max_skew {self.config.max_skew:g} s): sync the clocks (NTP)")
 
     def _node_dead(self, name: str, now: float) -> None:
+        assert name not in self.membership.members, "a dead node still a member"
         if name in self._terminating:  # it said it was stopping: a planned leave (kept
             self.stats["nodes_left"] += 1  # there until it rejoins or is replaced)
             log.info("node_left", node=name)

@@ -58,6 +58,7 @@ class Membership:
                 self._offset[sender] = now - sent_at  # a (re)started process: a new clock
             self._started[sender] = started
             self.members[sender] = Member(sender, state, url, started, now, info)
+            assert self.me not in self.members, "this node among its peers"
             return True
         member.state, member.url, member.last_seen, member.info = state, url, now, info
         return False
@@ -85,4 +86,5 @@ class Membership:
         dead = [m.name for m in self.members.values() if m.last_seen < limit]
         for name in dead:
             del self.members[name]
+        assert all(m.last_seen >= limit for m in self.members.values()), "a silent peer kept"
         return dead

@@ -163,35 +163,78 @@ async def _closed_loop(target: _Target, inflight: int, seconds: float, timeout: 
 
 async def _open_loop(target: _Target, rate: float, seconds: float, timeout: float,
                      rand: random.Random) -> dict[str, Any]:
-    """Calls at ``rate`` per second (Poisson), whatever comes back; every one awaited."""
+    """Calls at ``rate`` per second (Poisson), whatever comes back; every one awaited.
+    Each call is timed from when it was due, not from when this process got to it: a
+    generator that falls behind shows as latency, not as a lower offered load (as wrk2
+    corrects for coordinated omission). Calls due together start in one loop turn, and
+    finished calls are not kept, so the generator stays cheaper than what it measures
+    (its CPU is printed beside the nodes')."""
     outcomes: Counter[str] = Counter()
     latencies: list[float] = []
-    tasks: list[asyncio.Task[None]] = []
+    lags: list[float] = []  # how late this process made each call (its own load)
+    loop = asyncio.get_running_loop()
+    under_way = 0
+    all_done = loop.create_future()
+    generating = True
 
-    async def one(i: int) -> None:
-        sent = time.monotonic()
-        code, _ = await target.call(WORK, {"id": i, "deadline": sent + timeout}, timeout)
+    async def one(i: int, due: float) -> None:
+        nonlocal under_way
+        lags.append(time.monotonic() - due)
+        code, _ = await target.call(WORK, {"id": i, "deadline": due + timeout},
+                                    max(timeout - (time.monotonic() - due), 0.001))
         outcomes[code] += 1
         if code == "OK":
-            latencies.append(time.monotonic() - sent)
+            latencies.append(time.monotonic() - due)
+        under_way -= 1
+        if not under_way and not generating and not all_done.done():
+            all_done.set_result(None)
 
     start = time.monotonic()
-    due, i = start, 0
+    due, i = start + rand.expovariate(rate), 0
     while due < start + seconds:
-        due += rand.expovariate(rate)
         delay = due - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.get_running_loop().create_task(one(i)))
-        i += 1
-    await asyncio.gather(*tasks)
+        now = time.monotonic()
+        while due <= now and due < start + seconds:  # every call due by now, at once
+            loop.create_task(one(i, due))
+            under_way += 1
+            i += 1
+            due += rand.expovariate(rate)
+    generating = False
+    if under_way:
+        await all_done
     latencies.sort()
+    lags.sort()
 
-    def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 \
-            if latencies else float("nan")
+    def pct(values: list[float], q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))] * 1000 \
+            if values else float("nan")
     return {"offered": i / seconds, "goodput": outcomes["OK"] / seconds,
-            "p50_ms": pct(0.5), "p99_ms": pct(0.99), "outcomes": dict(outcomes)}
+            "p50_ms": pct(latencies, 0.5), "p99_ms": pct(latencies, 0.99),
+            "lag_p50_ms": pct(lags, 0.5), "lag_p99_ms": pct(lags, 0.99),
+            "outcomes": dict(outcomes)}
+
+
+def _cpu() -> dict[str, float]:
+    """CPU seconds so far of this process (the caller) and of the processes it started,
+    by role: nodes, provider (or NATS responder), redis, nats."""
+    import psutil
+
+    me = psutil.Process()
+    out: Counter[str] = Counter()
+    times = me.cpu_times()
+    out["caller"] = times.user + times.system
+    for child in me.children(recursive=True):
+        try:
+            line = " ".join(child.cmdline())
+            times = child.cpu_times()
+        except psutil.Error:
+            continue  # it ended meanwhile
+        role = ("provider" if "--role" in line else "redis" if "redis-server" in line
+                else "nats" if "nats-server" in line else "nodes")
+        out[role] += times.user + times.system
+    return dict(out)
 
 
 async def _measure(kind: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -203,8 +246,12 @@ async def _measure(kind: str, url: str, args: argparse.Namespace) -> dict[str, A
         steps = []
         for factor in args.steps:
             before = await target.call(STATS, None, 5.0)
+            cpu_before, began = _cpu(), time.monotonic()
             step = await _open_loop(target, factor * capacity, args.step_seconds,
                                     args.timeout, rand)
+            cpu_after, took = _cpu(), time.monotonic() - began
+            step["cpu"] = {role: round((cpu_after[role] - cpu_before.get(role, 0.0)) / took, 2)
+                           for role in cpu_after}
             await asyncio.sleep(args.timeout + 0.5)  # handlers of the step finish
             after = await target.call(STATS, None, 5.0)
             step["factor"] = factor
@@ -223,6 +270,10 @@ def _print_step(kind: str, capacity: float, step: dict[str, Any]) -> None:
           f"p50 {step['p50_ms']:7.1f} ms  p99 {step['p99_ms']:7.1f} ms  "
           f"late starts {step.get('started_late', '?')}, late finishes "
           f"{step.get('finished_late', '?')}  [{codes}]", flush=True)
+    print("        CPU, cores: " + ", ".join(f"{role} {cores:.2f}"
+                                            for role, cores in sorted(step["cpu"].items()))
+          + f"; calls made late by the caller's own load: p50 {step['lag_p50_ms']:.1f} ms, "
+          f"p99 {step['lag_p99_ms']:.1f} ms (in the latencies above)", flush=True)
 
 
 def _spawn(role: str, url: str, args: argparse.Namespace) -> subprocess.Popen[str]:

@@ -1008,6 +1008,8 @@ class Router:
         if self._probing and now >= figures.sampled + RATE_SAMPLE:
             self._check_probes()
         if self._waiting:  # slots are handed over as they free; the sweep makes sure
+            if self.cluster is not None:
+                self._pace_new_nodes(now)
             for peer in list(self._paced):
                 if peer.pace is not None and peer.load < peer.pace.limit:
                     self._release(peer, now)
@@ -1362,11 +1364,26 @@ class Router:
         best: Peer | None = None
         fill = 1.0
         for peer in [*local, *(p for p, n in remote if n > 0)]:
+            if peer.closed or (tried is not None and peer in tried):
+                continue
             pace = peer.pace
-            if (pace is not None and not peer.closed and peer.load / pace.limit < fill
-                    and (tried is None or peer not in tried)):
+            if pace is None:  # a node never sent a call (it joined, or came back under
+                pace = self._pace(peer)  # its name): all its room is free
+            if peer.load / pace.limit < fill:
                 best, fill = peer, peer.load / pace.limit
         return best
+
+    def _pace_new_nodes(self, now: float) -> None:
+        """Nodes that came to provide a waiting name (joined, or came back under their
+        names after a restart) get a pace, so the sweep hands them waiting calls: a
+        slot's freeing hands out only the slots of targets that have one, and callers
+        that wait for their answers send nothing new that would find these nodes."""
+        cluster = self.cluster
+        assert cluster is not None
+        for name in self._waiting:
+            for peer, count in cluster.targets(name, now, False) or ():
+                if count > 0 and peer.pace is None and not peer.closed:
+                    self._pace(peer)
 
     def _enqueue(self, call: Call, now: float) -> None:
         """Every target of ``call`` is full: it waits for a slot, earliest deadline first,

@@ -3,6 +3,8 @@ cores, each over a real router, and a bus the test delivers by hand — each mes
 published reaches every core that listens to its topic (the control topic: every node,
 the sender too; a node's own topic: that node) when the test says."""
 
+import pytest
+
 from rpcbus import errors
 from rpcbus.broker.config import Config
 from rpcbus.broker.router import Router
@@ -30,11 +32,11 @@ class Bus:
         self.queued: list[tuple[str, str, int, list, object]] = []
         self.silent: set[str] = set()  # nodes whose messages are lost, never ticked
 
-    def node(self, name: str, incarnation: int) -> ClusterCore:
+    def node(self, name: str, incarnation: int, **router: object) -> ClusterCore:
         config = Config()
         config.cluster.heartbeat_interval = 0.5
-        router = Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0,
-                        now=self.clock.now, initial_concurrency=1e9)
+        router = Router(**{"ack_timeout": 1.0, "response_timeout": 10.0, "max_timeout": 60.0,
+                           "now": self.clock.now, "initial_concurrency": 1e9, **router})
         core = ClusterCore(router, config.cluster, name, f"ws://{name}", dict,
                            outbox=Outbox(self, name), clock=self.clock,
                            stale=lambda why: None, incarnation=incarnation, started=1.0)
@@ -143,3 +145,38 @@ def test_a_node_gone_silent_is_declared_dead_and_its_started_call_fails_not_move
     assert a.stats["nodes_dead"] == 1
     assert [msg[:3] for msg in caller.take()] == [[ERROR, 1, errors.PROVIDER_GONE]]
     assert a.router.pending == 0 and "b" not in a.membership.members
+
+
+
+@pytest.mark.parametrize("first", ["a new call", "the sweep"])
+def test_calls_waiting_beyond_a_full_provider_go_to_a_node_that_came_to_provide(first):
+    """a's own provider holds all it may; calls beyond it wait. When b comes to provide
+    the name (it joined, or came back under its name after a restart: a node a never
+    sent a call), a new call goes there, not behind them, and so do the waiting calls at
+    the next sweep, whichever comes first: a slot freeing at the full provider is what
+    usually hands out waiting calls, and callers that wait for their answers send
+    nothing new meanwhile."""
+    bus = Bus()
+    a = bus.node("a", incarnation=1, policy="local-first", initial_concurrency=2)
+    b = bus.node("b", incarnation=2)
+    a.on_up(0.0)
+    b.on_up(0.0)
+    bus.tick(1.0)
+    mine = Peer("mine")
+    a.router.provide(mine, ["f"])
+    caller = Peer("c")
+    for cid in range(1, 5):
+        a.router.request(caller, cid, "f", cid, None, bus.clock.now)
+    bus.deliver()
+    assert [r[3] for r in requests_to(mine)] == [1, 2]  # its limit; 3 and 4 wait
+    theirs = Peer("theirs")
+    b.router.provide(theirs, ["f"])
+    bus.deliver()                                        # a hears that b provides f
+    steps = [lambda: a.router.request(caller, 5, "f", 5, None, bus.clock.now),
+             lambda: bus.tick(0.1)]
+    for step in steps if first == "a new call" else steps[::-1]:
+        step()
+        bus.deliver()
+        got = [r[3] for r in requests_to(theirs)]
+        assert got == ([5] if step is steps[0] else [3, 4]), got
+    assert requests_to(mine) == [] and caller.take() == []

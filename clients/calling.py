@@ -217,7 +217,8 @@ class Calls(Generic[W]):
     def send_queued(self, wire: W, now: float) -> list[list[Any]]:
         """The REQUESTs to write on ``wire``, a new connection: the calls that waited,
         in order, each with the time its caller has left. One whose time is up stays for
-        ``expire`` to fail; one ended meanwhile is passed over."""
+        ``expire`` to fail; one that ended meanwhile left the queue as it ended
+        (``forget``)."""
         queued, self._queued = self._queued, {}
         out = []
         for cid, call in queued.items():

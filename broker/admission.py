@@ -29,14 +29,13 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
   calls beyond every target's limit wait here, earliest deadline first, and go out
   as slots free (the router's ``_release``). Its delay is judged as CoDel judges a
   queue: each call's wait is measured when it leaves; once waits have stayed above
-  ``target`` for ``interval`` while more calls came than left (by ``GROWTH``), it is
-  *standing*: a call that has waited, or would wait, longer than ``target`` is shed
-  (``OVERLOADED``: not run, safe to retry, with the current wait as a hint), until a
-  wait falls under ``target`` or an interval passes with no call coming; so answered
-  calls wait about the target at most, however far the offered load passes what the
-  targets take. A burst that drains is served, not shed (10,000 calls at once on a
-  machine at load 40 waited up to 13 s and were all served), and so are callers that
-  wait for each answer before their next call: their queue does not grow.
+  ``target`` for ``interval`` while calls kept coming and the queue got no shorter,
+  it is *standing*: a call that has waited, or would wait, longer than its patience
+  (``target``, or half its time left when it came, if longer: a caller that gives a
+  call 30 s means it may wait; 10,000 such calls at once on a machine at load 40
+  waited up to 13 s and were all served) is shed (``OVERLOADED``: not run, safe to
+  retry, with the current wait as a hint), until a wait falls under ``target`` or an
+  interval passes with no call coming. A burst that drains is served, not shed.
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ from typing import Any
 MIN_LIMIT = 2.0          # attempts a target may always hold
 INITIAL_LIMIT = 256.0    # a new target's limit (a node: NODE_LIMIT)
 NODE_LIMIT = 1024.0      # a node stands for all its providers, behind its own admission
-GROWTH = 1.1             # a queue stands only when this many more calls came than left
-SURGE, SURGE_MIN = 1.5, 32  # ... or, after a quarter interval, half as many again and 32
+PATIENCE = 0.5           # of a call's time left when it came: how long it may wait
 TOLERANCE = 1.5          # latency up to this times the long-term one is not queueing
 QUEUE_FLOOR = 0.005      # s: the long-term latency counts as at least this (docstring)
 SMOOTHING = 0.2          # of the way to each new limit
@@ -140,16 +138,15 @@ class Waiting:
     CoDel's judgement of a standing queue (module docstring). Entries of calls that
     ended meanwhile stay until they reach the head (``head`` skips them)."""
 
-    __slots__ = ("heap", "above_since", "arrived", "arrived_then", "left", "left_then",
+    __slots__ = ("heap", "above_since", "length_then", "arrived", "arrived_then",
                  "standing", "stood_until", "waited", "_seq")
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int, Any]] = []  # (deadline, seq, call)
         self.above_since = 0.0  # when waits went over target and stayed (0: they are not)
+        self.length_then = 0    # the queue's length then
         self.arrived = 0        # calls that came to wait, ever
         self.arrived_then = 0   # ... by ``above_since``
-        self.left = 0           # calls that left it (to a slot, or shed), ever
-        self.left_then = 0      # ... by ``above_since``
         self.standing = False   # it stands: long waits and new calls are shed
         self.stood_until = -1e18  # when it last stopped standing
         self.waited = 0.0       # the last wait measured (s): the hint shed calls get
@@ -172,12 +169,10 @@ class Waiting:
             if live(call):
                 return call
             heapq.heappop(heap)
-            self.left += 1
         return None
 
     def pop(self) -> Any:
         """Take the head (``head`` found it live)."""
-        self.left += 1
         return heapq.heappop(self.heap)[2]
 
     def first(self, live: Any, fits: Any) -> Any:
@@ -189,7 +184,6 @@ class Waiting:
             call = heap[0][2]
             if not live(call):
                 heapq.heappop(heap)
-                self.left += 1
             elif fits(call):
                 found = call
                 break
@@ -203,7 +197,6 @@ class Waiting:
         """Take ``call`` (``head`` or ``first`` found it); the calls before it keep
         their places."""
         heap = self.heap
-        self.left += 1
         if heap[0][2] is call:  # the head: as nearly always
             heapq.heappop(heap)
             return
@@ -216,39 +209,29 @@ class Waiting:
 
     def judge(self, waited: float, now: float, target: float, interval: float) -> bool:
         """The head leaves after waiting ``waited`` s: is the queue standing? It starts
-        to when waits stayed over ``target`` for ``interval`` while calls came faster
-        than they left (``GROWTH``: more arrive than the targets take, as from callers
-        that do not wait for their answers), after a quarter of it when half as many
-        again came (``SURGE``), or at once when it stood within the last few intervals;
-        it stops when a wait falls under target, or an interval passes
-        with no call coming. A burst that drains is served, not shed, and so is the
-        queue of callers that each wait for an answer before the next call (a closed
-        loop: as many come as leave, however long they wait)."""
+        to when waits stayed over ``target`` for ``interval`` while calls kept coming and
+        the queue got no shorter, or at once when it stood within the last few
+        intervals; it stops when a wait falls under target, or an interval passes with
+        no call coming (a burst that drains is served, not shed)."""
         self.waited = waited
-        if waited < target or not self.heap:
+        length = len(self.heap)
+        if waited < target or length == 0:
             self._stop(now)
             self.above_since = 0.0
         elif self.above_since == 0.0:
-            self.above_since = now
-            self.arrived_then, self.left_then = self.arrived, self.left
+            self.above_since, self.length_then = now, length
+            self.arrived_then = self.arrived
             if now - self.stood_until < 4 * interval:
                 self.standing = True  # it stood a moment ago: the overload goes on
-        else:
-            elapsed = now - self.above_since
-            came, left = self.arrived - self.arrived_then, self.left - self.left_then
-            if (not self.standing and elapsed >= interval / 4
-                    and came > SURGE * left + SURGE_MIN):
-                self.standing = True  # far more come than leave: an interval would only
-                # let the queue grow (an offered load a few times what the targets take)
-            if elapsed >= interval:
-                if not came:
-                    self._stop(now)
-                elif not self.standing and came > GROWTH * left:
-                    self.standing = True
-                self.above_since = now  # judged again next interval
-                self.arrived_then, self.left_then = self.arrived, self.left
+        elif now - self.above_since >= interval:
+            coming = self.arrived > self.arrived_then
+            if not coming:
+                self._stop(now)
+            elif not self.standing and length >= self.length_then:
+                self.standing = True
+            self.above_since, self.length_then = now, length  # judged again next interval
+            self.arrived_then = self.arrived
         assert not self.standing or waited >= target
-        assert self.left <= self.arrived, "more left the queue than came"
         return self.standing
 
     def _stop(self, now: float) -> None:

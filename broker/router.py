@@ -58,7 +58,7 @@ from bisect import bisect_left
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
 from rpcbus import errors
-from rpcbus.broker.admission import INITIAL_LIMIT, NODE_LIMIT, Pace, Waiting
+from rpcbus.broker.admission import INITIAL_LIMIT, NODE_LIMIT, PATIENCE, Pace, Waiting
 from rpcbus.broker.choice import LAT_FLOOR, POLICIES, QUIET, SLOWER, Draws, local_first
 from rpcbus.broker.discovery import HALF, LAT_STEP, MinuteStats
 from rpcbus.broker.fanout import Gather
@@ -1393,7 +1393,7 @@ class Router:
         if queue is None:
             queue = self._waiting[call.name] = Waiting()
         call.queued = now
-        if (queue.standing and queue.waited > self.queue_target
+        if (queue.standing and queue.waited > self._patience(call)
                 and queue.head(self._is_waiting) is not None):
             self._shed(call, queue)  # it would wait longer than it may
             return
@@ -1443,15 +1443,21 @@ class Router:
             if best is None:
                 return
             call, queue = best
-            waited = now - call.queued
+            waited, patience = now - call.queued, self._patience(call)
             queue.take(call)
             del self._calls[call.id]
             call.queued = -1.0
             if (queue.judge(waited, now, self.queue_target, self.queue_interval)
-                    and waited > self.queue_target):
+                    and waited > patience):
                 self._shed(call, queue)  # as CoDel drops: the queue stands, this waited
                 continue
             self._dispatch(call, (), (), now, peer)
+
+    def _patience(self, call: Call) -> float:
+        """How long ``call`` may wait for a slot while its queue stands: the target, or a
+        share of the time it had left when it began to wait, if longer."""
+        patience = PATIENCE * (call.deadline - call.queued)
+        return patience if patience > self.queue_target else self.queue_target
 
     def _shed(self, call: Call, queue: Waiting) -> None:
         """``call`` (out of every table) is refused OVERLOADED: its name's queue stands."""

@@ -19,7 +19,12 @@ dropped.
 What it promises (docs/events.md): at most once; in order per publishing
 connection and topic (one node hands them on in the order read, one Redis
 channel carries them in the order published); nothing lost while the nodes and
-Redis are healthy and subscribers read.
+Redis are healthy and subscribers read. Across a subscriber's move too: each
+event is numbered at its origin (``origin``, this node's process; ``seq``
+counting up) and carries both to every node and to each subscriber that takes
+them (``Subscriber.origins``), which drops one it had already
+(clients/events.py ``Seen``): a subscriber that moved from the origin node to
+another would otherwise get there, off the bus, what the origin gave it first.
 
 A node that cannot keep up sheds instead of falling behind or stalling: an
 event heard more than ``max_age`` seconds after it was published, and any event
@@ -43,12 +48,17 @@ from typing import Any, Callable, Hashable, Iterable, Protocol
 from rpcbus.cluster import messages as m
 from rpcbus.protocol import EVENT, GAP
 
+#: An origin as the SDKs get it: an incarnation's low 53 bits (its random bits and 100 days
+#: of its start time), which JavaScript's numbers hold exactly
+EXACT_IN_JS = (1 << 53) - 1
+
 
 class Subscriber(Protocol, Hashable):
     """A connection that subscribes (broker/session_rules.py ``SessionRules``)."""
 
     topics: set[str]     # what it subscribes to (kept by ``Events``)
     echoes: bool         # it hears its own events (an rpcbus SDK; deepstream's does not)
+    origins: bool        # it takes EVENTs with origin and number (an rpcbus SDK that said so)
 
     def event(self, msg: list[Any]) -> None:
         """Queue the EVENT ``msg`` for the client (one list, shared by every subscriber: it
@@ -59,14 +69,17 @@ class Subscriber(Protocol, Hashable):
 
 
 class Events:
-    """See the module docstring. ``namespace`` and ``publish(channel, message)`` are the
+    """See the module docstring. ``origin`` is this node's process (its incarnation: no
+    two processes share one); ``namespace`` and ``publish(channel, message)`` are the
     cluster's (None: a node alone); ``listen(channel, on)`` as above."""
 
-    def __init__(self, namespace: str | None = None,
+    def __init__(self, origin: int, namespace: str | None = None,
                  publish: Callable[[str, list[Any]], None] | None = None,
                  listen: Callable[[str, bool], None] | None = None,
                  max_age: float = 1.0, slice_s: float = 0.05,
                  clock: Callable[[], float] = time.perf_counter) -> None:
+        self.origin = origin
+        self._seq = 0                     # the number of this node's latest emit
         self.subscribers: dict[str, dict[Subscriber, None]] = {}
         self.max_age = max_age
         self._slice = slice_s
@@ -118,24 +131,23 @@ class Events:
         """An event a client of this node emitted: to the subscribers here (``sender``
         too if it subscribes and ``echoes``), and once to the cluster."""
         self.stats["emitted"] += 1
+        self._seq += 1
+        seq = self._seq
         subs = self.subscribers.get(topic)
         if subs and self._spent():  # busy: shed here, told at the tick (still published)
             self._late[topic] = self._late.get(topic, 0) + 1
         elif subs:
-            msg = [EVENT, topic, data]  # the client protocol's, one for all of them
-            delivered = 0
-            for sub in subs:
-                if sub is not sender or sub.echoes:
-                    sub.event(msg)
-                    delivered += 1
-            self.stats["delivered"] += delivered
+            self._hand_on(subs, sender, topic, data, self.origin, seq)
         if self._publish is not None:
             assert self._namespace is not None
-            self._publish(m.event_channel(self._namespace, topic), [m.EVENT, topic, data])
+            self._publish(m.event_channel(self._namespace, topic),
+                          [m.EVENT, topic, data, seq])
 
-    def heard(self, topic: str, data: Any, age: float = 0.0) -> None:
+    def heard(self, topic: str, data: Any, age: float = 0.0, origin: int | None = None,
+              seq: int | None = None) -> None:
         """An event another node's client emitted (an EVENT off the bus), ``age`` seconds
-        under way."""
+        under way, numbered ``seq`` by its node's process ``origin`` (None: a node that
+        does not number them)."""
         subs = self.subscribers.get(topic)
         if not subs:
             self.stats["unheard"] += 1
@@ -144,10 +156,22 @@ class Events:
             self._late[topic] = self._late.get(topic, 0) + 1
             return
         self.stats["heard"] += 1
-        msg = [EVENT, topic, data]
+        self._hand_on(subs, None, topic, data, origin, seq)
+
+    def _hand_on(self, subs: dict[Subscriber, None], sender: Subscriber | None, topic: str,
+                 data: Any, origin: int | None, seq: int | None) -> None:
+        """The event to each subscriber here (but ``sender`` unless it echoes): the client
+        protocol's EVENT, one list for all of them, with its origin and number to those
+        that take them."""
+        plain = [EVENT, topic, data]
+        numbered = plain if seq is None or origin is None else \
+            [EVENT, topic, data, origin & EXACT_IN_JS, seq]
+        delivered = 0
         for sub in subs:
-            sub.event(msg)
-        self.stats["delivered"] += len(subs)
+            if sub is not sender or sub.echoes:
+                sub.event(numbered if sub.origins else plain)
+                delivered += 1
+        self.stats["delivered"] += delivered
 
     def _spent(self) -> bool:
         """This slice of handing events on is used up (the first event after a tick

@@ -59,7 +59,7 @@ from rpcbus.broker.presence import Presence
 from rpcbus.broker.router import Router
 from rpcbus.broker.session import CUT_OFF_NOTICE, Session
 from rpcbus.broker.weights import WeightsError, WeightsFile
-from rpcbus.cluster.messages import event_channel
+from rpcbus.cluster.messages import event_channel, new_incarnation
 from rpcbus.cluster.warnings import SparseWarnings
 from rpcbus.handshake import HttpRequest
 from rpcbus.protocol import DRAIN_PING, ERROR, GAP, OK, PING
@@ -109,7 +109,7 @@ class Node:
                 raise ConfigError(f"rpc.weights_file: {e}") from None
             self.router.draws.set_weights(self.weights_file.weights)
         self.gate = Gate(config)
-        self.events = Events()  # with the cluster's bus once run() has one
+        self.events = Events(new_incarnation())  # with the cluster's bus once run() has one
         self.presence = Presence()  # the same
         # SUBSCRIBEs answered once Redis hears their channels: (session, ref, channels)
         self._unconfirmed: list[tuple[Session, int, list[str]]] = []
@@ -166,7 +166,8 @@ class Node:
             self.link = ClusterLink(self.router, cfg.cluster, self.name, self.url,
                                     partial(readouts.heartbeat, self))
             link_bus = self.link.bus
-            self.events = Events(cfg.cluster.namespace, link_bus.outbox.publish,
+            self.events = Events(self.link.core.incarnation, cfg.cluster.namespace,
+                                 link_bus.outbox.publish,
                                  link_bus.listen, cfg.cluster.event_max_age)
             self.link.core.on_event = self.events.heard
             control = self.link.core.control

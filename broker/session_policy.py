@@ -51,6 +51,7 @@ class SessionPolicy:
     authenticated: bool
     provides: set[str]
     topics: set[str]
+    origins: bool
     present_as: str | None
     address: str
     user: User | None
@@ -181,6 +182,8 @@ class SessionPolicy:
         if name is not None and (type(name) is not str or not 0 < len(name) <= 128):
             self.invalid(None, "AUTH name must be a string of 1-128 characters", now)
             return
+        if params.get("event_origins") is True:
+            self.origins = True
         gate = self.node.gate
         if gate.mode == "none":  # who it says it is: its presence (docs/events.md)
             claimed = params.get("user")

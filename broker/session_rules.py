@@ -110,6 +110,7 @@ class SessionRules(SessionPolicy):
     runs_before_accept = False
     moves_on_drain = True
     echoes = True  # hears its own events (deepstream's clients hand them on themselves)
+    origins = False  # takes EVENTs with origin and number (its AUTH said event_origins)
 
     def __init__(self, node: NodeView, sid: str) -> None:
         limits = node.config.limits

@@ -326,7 +326,10 @@ class Client:
                 except Exception as exc:  # the application's token function failed
                     raise errors.NotAuthenticatedError(
                         None, f"the token function raised {exc!r}") from exc
-                params: dict[str, Any] = {"protocol": PROTOCOL_VERSION, **creds}
+                # event_origins: it takes EVENTs with their origin and number (and drops
+                # one it had already: clients/events.py ``Seen``)
+                params: dict[str, Any] = {"protocol": PROTOCOL_VERSION, **creds,
+                                          "event_origins": True}
                 if self.name:
                     params["name"] = self.name
                 busy = Backoff(0.05, 1.0)
@@ -691,6 +694,12 @@ class Client:
         """Events the nodes said they dropped for this client (it read too slowly)."""
         return self._events.lost
 
+    @property
+    def events_repeated(self) -> int:
+        """Events dropped here as had already (this client moved to another node, and it
+        gave again what the first one had: clients/events.py ``Seen``)."""
+        return self._events.repeats
+
     async def ping(self) -> None:
         """A protocol-level round trip to the node."""
         await self._control(PING, None)
@@ -783,7 +792,10 @@ class Client:
                     log.info("stale_requests_refused url=%s total=%d", wire.url,
                              self.stale_requests)
         elif kind == EVENT:  # after the kinds every call carries
-            self._events.deliver(msg[1], msg[2])
+            if len(msg) == 5 and type(msg[3]) is int and type(msg[4]) is int:
+                self._events.deliver(msg[1], msg[2], msg[3], msg[4])
+            else:
+                self._events.deliver(msg[1], msg[2])
         elif kind == GAP:
             self._events.gap(msg[1], msg[2])
         elif kind == PRESENCE:

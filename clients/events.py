@@ -14,6 +14,13 @@ and the node dropped ``count`` events of a topic; or ``count`` None: its node lo
 the cluster bus) and a lost connection (events emitted until the subscriptions
 are made again on the next connection are lost) call each ``on_gap(topic,
 count)`` of the topics concerned, and add to ``lost`` (known counts only).
+
+An event comes once, in order, also across moves: each EVENT from a node that
+stamps them carries its origin (the process of the node its publisher was on)
+and a number counting up there, and ``Seen`` drops one no newer than the last of
+its topic and origin (a subscriber that moved from the origin node to another
+would otherwise get again, off the cluster bus, what the origin gave it first).
+Dropped repeats are counted in ``repeats``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,40 @@ GapHandler = Callable[[str, Union[int, None]], None]
 PresenceHandler = Callable[[str, bool], None]
 
 
+class Seen:
+    """The newest event number had of each topic and origin: ``fresh`` says whether an
+    event is new here (and remembers it), ``forget`` drops a topic's. Pure.
+
+    An origin's events of one topic reach any node in the order it numbered them (one
+    node hands them on in the order read; one Redis channel carries a topic's), so an
+    event no newer than the last one had of its topic and origin was had already. At
+    most ``MAX_ORIGINS`` origins are kept per topic (nodes restart under new
+    origins): the longest unheard goes first."""
+
+    MAX_ORIGINS = 64
+
+    def __init__(self) -> None:
+        self._last: dict[str, dict[int, int]] = {}   # topic -> origin -> newest number
+        self.repeats = 0
+
+    def fresh(self, topic: str, origin: int, seq: int) -> bool:
+        last = self._last.get(topic)
+        if last is None:
+            last = self._last[topic] = {}
+        had = last.pop(origin, None)
+        if had is not None and seq <= had:
+            last[origin] = had
+            self.repeats += 1
+            return False
+        if had is None and len(last) >= self.MAX_ORIGINS:
+            del last[next(iter(last))]
+        last[origin] = seq   # last in the dict: the most recently heard
+        return True
+
+    def forget(self, topic: str) -> None:
+        self._last.pop(topic, None)
+
+
 class Subscriptions:
     """See the module docstring."""
 
@@ -38,7 +79,13 @@ class Subscriptions:
         self.lost = 0            # events the node said it dropped for this client
         self.gaps = 0            # gap notices, of known count or not
         self.handler_errors = 0
+        self.seen = Seen()
         self._tasks: set[asyncio.Future[Any]] = set()
+
+    @property
+    def repeats(self) -> int:
+        """Events dropped as had already (see ``Seen``)."""
+        return self.seen.repeats
 
     @property
     def topics(self) -> list[str]:
@@ -63,11 +110,16 @@ class Subscriptions:
             entries[:] = [e for e in entries if e[0] != handler]
         if handler is None or not entries:
             del self.handlers[topic]
+            self.seen.forget(topic)
             return True
         return False
 
-    def deliver(self, topic: str, data: Any) -> None:
-        """An EVENT: to each handler of ``topic`` (none: it came after an unsubscribe)."""
+    def deliver(self, topic: str, data: Any, origin: int | None = None,
+                seq: int | None = None) -> None:
+        """An EVENT: to each handler of ``topic`` (none: it came after an unsubscribe),
+        unless it was had already (``origin`` and ``seq``: see ``Seen``)."""
+        if origin is not None and seq is not None and not self.seen.fresh(topic, origin, seq):
+            return
         for handler, _ in self.handlers.get(topic, ()):
             try:
                 result = handler(data)

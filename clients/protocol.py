@@ -57,7 +57,9 @@ FOUND = 29
 PING = 30
 PONG = 31
 # events (docs/events.md): SUBSCRIBE and UNSUBSCRIBE a connection to topics (answered OK),
-# EMIT to a topic (no answer: at most once), EVENT to each subscriber of it, on any node;
+# EMIT to a topic (no answer: at most once), EVENT to each subscriber of it, on any node
+# (with the process it was emitted on and its number there, to a client whose AUTH said
+# event_origins: it drops one it had already, after a move);
 # GAP tells a subscriber how many events of a topic it lost (it read too slowly), or with
 # topic and count nil that its node lost the cluster bus (events from elsewhere are lost)
 SUBSCRIBE = 32
@@ -89,7 +91,8 @@ ACK_CHECK = -27
 #: table writes them (``?``: may be left out at the end; ``{...}``: a map; ``[...]``: an
 #: array).
 SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
-    (AUTH, "client → node"): ("{user?, password?, token?, name?, protocol: 1}",),
+    (AUTH, "client → node"): (
+        "{user?, password?, token?, name?, protocol: 1, event_origins?}",),
     (AUTH_OK, "node → client"): (
         "{node, session, user, protocol, max_frame, max_frame_messages, max_inflight, "
         "ack_timeout_ms, response_timeout_ms, max_timeout_ms, accept_upto, sent}",),
@@ -126,7 +129,7 @@ SHAPES: dict[tuple[int, str], tuple[str, ...]] = {
     (SUBSCRIBE, "client → node"): ("ref", "[topic, ...]"),
     (UNSUBSCRIBE, "client → node"): ("ref", "[topic, ...]"),
     (EMIT, "client → node"): ("topic", "data"),
-    (EVENT, "node → client"): ("topic", "data"),
+    (EVENT, "node → client"): ("topic", "data", "origin?", "seq?"),
     (GAP, "node → client"): ("topic or nil", "count or nil"),
     (PRESENCE_GET, "client → node"): ("ref", "[user, ...] or nil"),
     (PRESENCE_SUBSCRIBE, "client → node"): ("ref", "[user, ...] or nil"),

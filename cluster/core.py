@@ -161,9 +161,11 @@ class ClusterCore:
         self._skewed: dict[str, tuple[float, float]] = {}  # peer -> (when, offset s)
         self._announce_after = 0.0
         self._settled_at = 0.0          # until then membership may miss peers (just joined)
-        # an event another node's client emitted, and how long it was under way (the
-        # node's broker/events.py ``heard``)
-        self.on_event: Callable[[str, Any, float], None] = lambda topic, data, age: None
+        # an event another node's client emitted (an EVENT off the bus): its topic, data,
+        # how long it was under way, its node's process and its number there (None: a
+        # node that does not number them); the node's broker/events.py ``heard``
+        self.on_event: Callable[[str, Any, float, int, int | None], None] = \
+            lambda topic, data, age, origin, seq: None
         self.presence: PresenceView | None = None   # the node's (broker/presence.py)
         router.cluster = self
         router.count_changed = self._count_changed
@@ -398,7 +400,8 @@ class ClusterCore:
                 elif kind == m.INVOKE_ALL:
                     self._invoke(node, msg, age, now, taken)
                 elif kind == m.EVENT:  # on an event channel: for this node's subscribers
-                    self.on_event(msg[1], msg[2], age)
+                    self.on_event(msg[1], msg[2], age, node.incarnation,
+                                  msg[3] if len(msg) > 3 else None)
                 else:
                     self._on_message(node, msg, batch.sent_at, now)
             except Exception:  # a bug must cost one message, never the bus

@@ -50,9 +50,11 @@ where they are made, never rewritten in place::
                                       [code, message, detail?]
     DONE             [134, id]        to a CHECK: it ran here and its answer was sent
                                       (before this: one that does not come was lost)
-    EVENT            [140, topic, data]                        event channel
+    EVENT            [140, topic, data, seq?]                  event channel
                                       an event a client of the sender emitted, for the
-                                      subscribers of ``topic`` here (docs/events.md)
+                                      subscribers of ``topic`` here (docs/events.md);
+                                      ``seq`` numbers the sender's emits (its subscribers
+                                      drop one they had already, after a move)
     PRESENCE         [141, user, online]                       control topic
                                       the first connection of ``user`` on the sender came
                                       (true) or its last one left (false)
@@ -119,7 +121,7 @@ FIELDS: dict[int, tuple[str, tuple[str, ...]]] = {
                                 "traceparent?", "user?")),
     REPLY: ("REPLY", ("id", "provider", "data", "error?")),
     DONE: ("DONE", ("id",)),
-    EVENT: ("EVENT", ("topic", "data")),
+    EVENT: ("EVENT", ("topic", "data", "seq?")),
     PRESENCE: ("PRESENCE", ("user", "online")),
     PRESENCE_ALL: ("PRESENCE_ALL", ("users",)),
     PRESENCE_QUERY: ("PRESENCE_QUERY", ()),
@@ -136,12 +138,13 @@ STARTING = "starting"
 READY = "ready"
 TERMINATING = "terminating"
 
-# kind -> number of fields after the kind (RESPONSE, INVOKE and ACK: _well_formed checks
-# those three in branches of their own, first, as every call carries them)
+# kind -> number of fields after the kind, for the kinds of one length (_well_formed checks
+# the others in branches of their own: RESPONSE, INVOKE and ACK first, as every call
+# carries them)
 _SHAPES: dict[int, int] = {
     STATE: 4, RPC_QUERY: 1, PROVIDER_UPDATE: 2, INVOKE: 6, ACK: 1,
     RESPONSE: 2, ERROR: 3, REJECT: 1, CANCEL: 1, CHECK: 1, ECHO: 0, ANNOUNCE: 0,
-    PART: 3, CREDIT: 2, REPLY: 3, DONE: 1, EVENT: 2, PRESENCE: 2, PRESENCE_ALL: 1,
+    PART: 3, CREDIT: 2, REPLY: 3, DONE: 1, PRESENCE: 2, PRESENCE_ALL: 1,
     PRESENCE_QUERY: 0,
 }
 
@@ -249,6 +252,8 @@ def _well_formed(msg: Any) -> bool:
     if kind == CHECK:  # [127, id, age_ms?]
         return (2 <= n <= 3 and type(msg[1]) is int and msg[1] >= 0
                 and (n == 2 or type(msg[2]) is int))
+    if kind == EVENT:  # [140, topic, data, seq?]
+        return (n == 3 or (n == 4 and type(msg[3]) is int)) and type(msg[1]) is str
     fields = _SHAPES.get(kind)
     if fields is None or n != fields + 1:
         return False
@@ -266,8 +271,6 @@ def _well_formed(msg: Any) -> bool:
                 and 0 <= count < float("inf"))
     if kind == STATE:
         return type(msg[1]) is str and type(msg[2]) is str and type(msg[4]) is dict
-    if kind == EVENT:
-        return type(msg[1]) is str
     if kind == PRESENCE:
         return type(msg[1]) is str and type(msg[2]) is bool
     if kind == PRESENCE_ALL:

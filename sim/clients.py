@@ -64,6 +64,8 @@ class Client:
     it only while no handler holds the process, each with the connection it
     concerns."""
 
+    event_origins = False   # its AUTH asks for EVENTs with origin and number
+
     def __init__(self, sim: "Simulation", name: str) -> None:
         self.sim = sim
         self.world = sim.world
@@ -95,7 +97,10 @@ class Client:
         session, pipe = node.connect(read)
         conn = self.conn = Conn(node, session, pipe)
         session.on_close = partial(self._when_running, self._lost, conn)
-        pipe.send([AUTH, {"protocol": PROTOCOL_VERSION, "name": self.name}])
+        params: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "name": self.name}
+        if self.event_origins:
+            params["event_origins"] = True
+        pipe.send([AUTH, params])
 
     def _when_running(self, fn: Callable[..., None], *args: Any) -> None:
         if not self.alive:

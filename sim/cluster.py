@@ -268,7 +268,8 @@ class SimNode:
                                 started=float(generation))
         # events and presence, as broker/node.py wires them
         cluster = self.config.cluster
-        self.events = Events(cluster.namespace, self.end.outbox.publish, self.end.listen,
+        self.events = Events(self.core.incarnation, cluster.namespace,
+                             self.end.outbox.publish, self.end.listen,
                              cluster.event_max_age, clock=self.clock)
         self.core.on_event = self.events.heard
         self.presence = Presence(partial(self.end.outbox.publish, self.core.control))

@@ -36,7 +36,7 @@ class Node:
         self.router = Router(ack_timeout=1.0, response_timeout=10.0, max_timeout=60.0,
                              now=0.0, initial_concurrency=1e9)
         self.gate = Gate(self.config)
-        self.events = Events()
+        self.events = Events(1)
         self.presence = Presence()
         self.stats: Counter[str] = Counter()
         self.draining = False

@@ -26,6 +26,7 @@
 import { Backoff } from './backoff.js'
 import { fetchToken, renewIn, RETRY_MS } from './credentials.js'
 import { Deadlines } from './deadlines.js'
+import { Seen } from './seen.js'
 import { Held } from './staleness.js'
 import * as errors from './errors.js'
 import * as p from './protocol.js'
@@ -105,6 +106,7 @@ export class Client {
     this._topics = new Map() // event topic -> [[handler, onGap], ...] in the order added
     this._watchers = [] // presence: [handler, Set of users or null (everyone)]
     this.eventsLost = 0 // events the nodes said they dropped for this client (read too slowly)
+    this._seen = new Seen() // the newest event number had, by topic and origin
     this._starting = [] // [wire, id, handler, data, ctx] ACCEPTed in the frame being read
     this._draining = new Set() // wires of nodes shutting down (or cut off), until they close
     this._moving = false // moving off a node cut off from the cluster
@@ -119,6 +121,10 @@ export class Client {
   }
 
   /** The URL of the current (or last) connection. */
+  /** Events dropped as had already (this client moved to another node, which gave again
+   * what the first one had: seen.js). */
+  get eventsRepeated () { return this._seen.repeats }
+
   get url () { return this._wire ? this._wire.url : this.urls[(this._nextUrl + this.urls.length - 1) % this.urls.length] }
 
   // -- life ------------------------------------------------------------------------------
@@ -196,7 +202,8 @@ export class Client {
     ws.onmessage = (ev) => this._onFrame(wire, ev.data)
     try {
       await Promise.race([new Promise((resolve) => { ws.onopen = resolve }), failed])
-      const params = { protocol: p.PROTOCOL_VERSION, ...this.credentials }
+      // event_origins: it takes EVENTs with their origin and number (seen.js)
+      const params = { protocol: p.PROTOCOL_VERSION, ...this.credentials, event_origins: true }
       if (this._tokenSource !== null) {
         try {
           params.token = this._token = await fetchToken(this._tokenSource)
@@ -589,6 +596,7 @@ export class Client {
       return
     }
     this._topics.delete(topic)
+    this._seen.forget(topic)
     if (this._wire !== null) await this._control(p.UNSUBSCRIBE, [topic])
   }
 
@@ -783,7 +791,8 @@ export class Client {
       this._take(wire, msg[1], msg[2], msg[3], msg[4], msg[5], msg[7] ?? null, msg[8] ?? null,
         kind === p.STREAM ? msg[9] : 0)
     } else if (kind === p.EVENT) {
-      if (msg.length !== 3 || typeof msg[1] !== 'string') throw new Error('EVENT with the wrong fields')
+      if ((msg.length !== 3 && msg.length !== 5) || typeof msg[1] !== 'string') throw new Error('EVENT with the wrong fields')
+      if (msg.length === 5 && !this._seen.fresh(msg[1], msg[3], msg[4])) return // had already
       this._deliver(msg[1], msg[2])
     } else if (kind === p.GAP) {
       this._gap(msg[1] ?? null, msg[2] ?? null)

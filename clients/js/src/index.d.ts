@@ -150,6 +150,9 @@ export declare class Client {
   unprovide(name: string): Promise<void>
   /** Events lost for this client that its nodes counted (it read too slowly). */
   eventsLost: number
+  /** Events dropped as had already: a node this client moved to gave again what the node
+   * it left had handed it (docs/events.md, "At most once"). */
+  readonly eventsRepeated: number
   /** Every event emitted to `topic` from now on, on any node, to `handler(data)`;
    * resolves once the cluster hears the topic for this client (docs/events.md). */
   subscribe<T = any>(topic: string, handler: (data: T) => void | Promise<void>,

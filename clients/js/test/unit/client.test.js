@@ -108,6 +108,30 @@ test('a lost connection: sent calls fail, idempotent ones go again, names are pr
     ['client_connected url=ws://a', 'client_reconnecting url=ws://a', 'client_connected url=ws://b', 'client_closed url=ws://b'])
 })
 
+test('a client that moved gets no event twice: one no newer than its origin gave it already is dropped', async () => {
+  const net = network()
+  const got = []
+  const c = await net.client(['ws://a', 'ws://b'], { logger: { info: () => {}, warn: () => {} } })
+  const [a] = net.sockets
+  assert.equal(a.sent(1)[0][1].event_origins, true) // it asks for the numbers
+  const subscribed = c.subscribe('t', (d) => got.push(d))
+  await tick()
+  a.deliver([6, a.sent(32)[0][1]])
+  await subscribed
+  a.deliver([35, 't', 'a', 3, 1], [35, 't', 'b', 3, 2]) // from n3 (origin 3) itself
+  await tick()
+  a.drop(1006)
+  const b = await net.authenticate()
+  await tick()
+  b.deliver([6, b.sent(32)[0][1]])
+  // on b, off the bus, late: n3's first two again, then its next; b's own; an old node's
+  b.deliver([35, 't', 'a', 3, 1], [35, 't', 'b', 3, 2], [35, 't', 'c', 3, 3], [35, 't', 'own', 2, 1], [35, 't', 'plain'])
+  await tick()
+  assert.deepEqual(got, ['a', 'b', 'c', 'own', 'plain'])
+  assert.equal(c.eventsRepeated, 2)
+  await c.close()
+})
+
 test('a node shutting down: new calls go to another node, refused ones are sent again, the rest finish there', async () => {
   const net = network()
   const c = await net.client(['ws://a', 'ws://b'])

@@ -175,6 +175,38 @@ class Waiting:
         """Take the head (``head`` found it live)."""
         return heapq.heappop(self.heap)[2]
 
+    def first(self, live: Any, fits: Any) -> Any:
+        """The live waiting call with the earliest deadline that ``fits(call)``, or None
+        (the head did not fit: a call that tried a target does not hold back those
+        behind it from that target's slots). The calls passed over keep their places."""
+        heap, passed, found = self.heap, [], None
+        while heap:
+            call = heap[0][2]
+            if not live(call):
+                heapq.heappop(heap)
+            elif fits(call):
+                found = call
+                break
+            else:
+                passed.append(heapq.heappop(heap))
+        for entry in passed:
+            heapq.heappush(heap, entry)
+        return found
+
+    def take(self, call: Any) -> None:
+        """Take ``call`` (``head`` or ``first`` found it); the calls before it keep
+        their places."""
+        heap = self.heap
+        if heap[0][2] is call:  # the head: as nearly always
+            heapq.heappop(heap)
+            return
+        passed = []
+        while heap[0][2] is not call:
+            passed.append(heapq.heappop(heap))
+        heapq.heappop(heap)
+        for entry in passed:
+            heapq.heappush(heap, entry)
+
     def judge(self, waited: float, now: float, target: float, interval: float) -> bool:
         """The head leaves after waiting ``waited`` s: is the queue standing? It starts
         to when waits stayed over ``target`` for ``interval`` while calls kept coming and

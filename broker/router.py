@@ -1414,7 +1414,8 @@ class Router:
 
     def _release(self, peer: Peer, now: float) -> None:
         """A slot at ``peer`` may have freed: it takes the waiting call of a name it serves
-        with the earliest deadline, while it has room."""
+        with the earliest deadline, while it has room; a call that tried it before (and
+        waits for another target) is passed over, not in the way of those behind it."""
         pace = peer.pace
         if pace is None or peer.closed:
             return
@@ -1429,14 +1430,21 @@ class Router:
                     if not queue.standing and now - queue.stood_until > 4 * self.queue_interval:
                         del self._waiting[name]
                 elif ((best is None or head.deadline < best[0].deadline)
-                      and head.deadline > now and self._serves(peer, name)
-                      and (head.tried is None or peer not in head.tried)):
+                      and self._serves(peer, name)):
+                    if head.deadline <= now or (head.tried is not None and peer in head.tried):
+                        # it will not go there (it tried it, or its time is up: the
+                        # tick ends it); the next that would, if any
+                        head = queue.first(live, lambda c: c.deadline > now and (
+                            c.tried is None or peer not in c.tried))
+                        if head is None or (best is not None
+                                            and head.deadline >= best[0].deadline):
+                            continue
                     best = (head, queue)
             if best is None:
                 return
             call, queue = best
             waited, patience = now - call.queued, self._patience(call)
-            queue.pop()
+            queue.take(call)
             del self._calls[call.id]
             call.queued = -1.0
             if (queue.judge(waited, now, self.queue_target, self.queue_interval)

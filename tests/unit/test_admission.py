@@ -290,3 +290,35 @@ def test_a_draining_node_hands_waiting_calls_back_unrun():
     r.respond(prov, req[1], "ok")
     assert caller.take() == [[RESPONSE, 1, "ok"]]
     assert_empty(r, caller)
+
+
+def test_a_call_that_tried_a_provider_does_not_hold_back_the_calls_behind_it():
+    """A call waits after a provider refused it (read LATE: it goes to another, and
+    both are full); calls behind it in the queue take that provider's freed slots, as
+    it never will, while it waits for the other's."""
+    r, caller = make(initial_concurrency=2), Peer("c")
+    a, b = Peer("a"), Peer("b")
+    r.provide(a, ["x"])
+    r.provide(b, ["x"])
+    for cid in range(1, 5):
+        r.request(caller, cid, "x", cid, 10_000, now=0.0)
+    at_a, at_b = requests_to(a), requests_to(b)
+    assert len(at_a) == len(at_b) == 2
+    r.reject(a, at_a[0][1], 0.1, "LATE")    # b is full: it waits, a tried
+    r.request(caller, 5, "x", 5, 10_000, now=0.2)  # a has room: it goes there
+    r.request(caller, 6, "x", 6, 10_000, now=0.3)  # both full: it waits
+    [five] = requests_to(a)
+    assert five[3] == 5 and requests_to(b) == []
+    r.respond(a, at_a[1][1], "ok")           # a frees a slot
+    [req] = requests_to(a)
+    assert req[3] == 6                       # the refused call waits for b
+    for m in at_b:
+        r.respond(b, m[1], "ok")
+    [again] = requests_to(b)                 # the refused call, at b
+    assert again[3] == at_a[0][3]
+    r.respond(b, again[1], "ok")
+    for m in (five, req):
+        r.respond(a, m[1], "ok")
+    out = caller.take()
+    assert sorted(m[1] for m in out if m[0] == RESPONSE) == [1, 2, 3, 4, 5, 6]
+    assert_empty(r, caller)

@@ -125,7 +125,7 @@ class Events:
     def gone(self, sub: Subscriber) -> None:
         """The connection closed: it leaves every topic at once."""
         if sub.topics:
-            self.unsubscribe(sub, list(sub.topics))
+            self.unsubscribe(sub, sorted(sub.topics))  # in an order the same every run
 
     def emit(self, sender: Subscriber | None, topic: str, data: Any) -> None:
         """An event a client of this node emitted: to the subscribers here (``sender``

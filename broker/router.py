@@ -468,7 +468,9 @@ class Router:
         self._probing.pop(peer, None)
         self._paced.pop(peer, None)
         if peer.provides:  # one that provides keeps a set of its own (a Provider)
-            self.unprovide(cast(Provider, peer), list(peer.provides))
+            # in name order: a set's order follows the process's string hashing, and
+            # what this sends (PROVIDER_UPDATEs) would differ between runs of a seed
+            self.unprovide(cast(Provider, peer), sorted(peer.provides))
         if self.history is not None and not peer.is_node:
             self.history.forget(peer)
         for call in [c for c in self._calls.values() if c.provider is peer]:

@@ -31,11 +31,21 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
   queue: each call's wait is measured when it leaves; once waits have stayed above
   ``target`` for ``interval`` while calls kept coming and the queue got no shorter,
   it is *standing*: a call that has waited, or would wait, longer than its patience
-  (``target``, or half its time left when it came, if longer: a caller that gives a
-  call 30 s means it may wait; 10,000 such calls at once on a machine at load 40
-  waited up to 13 s and were all served) is shed (``OVERLOADED``: not run, safe to
-  retry, with the current wait as a hint), until a wait falls under ``target`` or an
-  interval passes with no call coming. A burst that drains is served, not shed.
+  is shed (``OVERLOADED``: not run, safe to retry, with the current wait as a hint),
+  until a wait falls under ``target`` or an interval passes with no call coming.
+  The patience tells sustained overload from a burst being worked off:
+  * *outpaced*: over the last interval this node's callers made ``OUTPACE`` times
+    more calls of the name than left for a target (each counted from when its caller
+    made it, its frame's SENT: ``fresh``). More is asked than can be served, and a
+    longer wait only makes every answer later: the patience is ``target``, and it
+    stays so while calls keep coming that fast (waits then stay under ``target``:
+    the longer ones are shed);
+  * otherwise the calls were made before the queue stood (a client's 10,000 calls
+    at once, read over seconds on a busy machine, or sent again as slots free) or
+    come from other nodes (their origin judges them): the patience is half the time
+    a call had left when it came, or ``target`` if longer. A caller that gives a call
+    30 s means it may wait; 10,000 such calls at once on a machine at load 40 waited
+    up to 13 s and were all served. A burst that drains is served, not shed.
 """
 
 from __future__ import annotations
@@ -46,8 +56,9 @@ from typing import Any
 
 MIN_LIMIT = 2.0          # attempts a target may always hold
 INITIAL_LIMIT = 256.0    # a new target's limit (a node: NODE_LIMIT)
-NODE_LIMIT = 1024.0      # a node stands for all its providers, behind its own admission
+NODE_LIMIT = 256.0       # a node's, at least: what is beyond it waits here, not at that node
 PATIENCE = 0.5           # of a call's time left when it came: how long it may wait
+OUTPACE = 1.25           # calls coming this many times faster than served: overloaded
 TOLERANCE = 1.5          # latency up to this times the long-term one is not queueing
 QUEUE_FLOOR = 0.005      # s: the long-term latency counts as at least this (docstring)
 SMOOTHING = 0.2          # of the way to each new limit
@@ -138,17 +149,24 @@ class Waiting:
     CoDel's judgement of a standing queue (module docstring). Entries of calls that
     ended meanwhile stay until they reach the head (``head`` skips them)."""
 
-    __slots__ = ("heap", "above_since", "length_then", "arrived", "arrived_then",
-                 "standing", "stood_until", "waited", "_seq")
+    __slots__ = ("heap", "above_since", "length_then", "arrived", "arrived_then", "fresh",
+                 "fresh_then", "served", "served_then", "standing", "outpaced",
+                 "stood_until", "stood_outpaced", "waited", "_seq")
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int, Any]] = []  # (deadline, seq, call)
         self.above_since = 0.0  # when waits went over target and stayed (0: they are not)
         self.length_then = 0    # the queue's length then
-        self.arrived = 0        # calls that came to wait, ever
+        self.arrived = 0        # calls that came to wait (or were shed coming), ever
         self.arrived_then = 0   # ... by ``above_since``
+        self.fresh = 0          # of those, this node's callers' made since ``above_since``
+        self.fresh_then = 0     # ... by ``above_since``
+        self.served = 0         # calls that left it for a target, ever
+        self.served_then = 0    # ... by ``above_since``
         self.standing = False   # it stands: long waits and new calls are shed
+        self.outpaced = False   # ... and calls come faster than they are served
         self.stood_until = -1e18  # when it last stopped standing
+        self.stood_outpaced = False  # ... outpaced then
         self.waited = 0.0       # the last wait measured (s): the hint shed calls get
         self._seq = 0
 
@@ -210,30 +228,49 @@ class Waiting:
     def judge(self, waited: float, now: float, target: float, interval: float) -> bool:
         """The head leaves after waiting ``waited`` s: is the queue standing? It starts
         to when waits stayed over ``target`` for ``interval`` while calls kept coming and
-        the queue got no shorter, or at once when it stood within the last few
-        intervals; it stops when a wait falls under target, or an interval passes with
-        no call coming (a burst that drains is served, not shed)."""
+        the queue got no shorter, or at once (outpaced as it was) when it stood within
+        the last few intervals; it stops when a wait falls under target (outpaced: when
+        the queue empties, or an interval's calls no longer come faster than served),
+        or an interval passes with no call coming (a burst that drains is served, not
+        shed). ``outpaced`` is judged each interval while it stands (module docstring).
+        """
         self.waited = waited
         length = len(self.heap)
-        if waited < target or length == 0:
+        if length == 0 or (waited < target and not self.outpaced):
+            # (outpaced, waits stay under target as the longer ones are shed: it stands
+            # until the queue empties or calls no longer come faster than served)
             self._stop(now)
             self.above_since = 0.0
         elif self.above_since == 0.0:
             self.above_since, self.length_then = now, length
-            self.arrived_then = self.arrived
+            self.arrived_then, self.served_then = self.arrived, self.served
+            self.fresh_then = self.fresh
             if now - self.stood_until < 4 * interval:
-                self.standing = True  # it stood a moment ago: the overload goes on
+                # it stood a moment ago (its calls all shed, or served): the overload
+                # goes on, as it was
+                self.standing, self.outpaced = True, self.stood_outpaced
         elif now - self.above_since >= interval:
-            coming = self.arrived > self.arrived_then
-            if not coming:
+            came = self.arrived - self.arrived_then
+            if not came:
                 self._stop(now)
-            elif not self.standing and length >= self.length_then:
-                self.standing = True
+            else:
+                if not self.standing and length >= self.length_then:
+                    self.standing = True
+                # calls come faster than they leave for a target: more callers than
+                # capacity, not one burst being worked off (its calls come as others end)
+                self.outpaced = self.standing and self.fresh - self.fresh_then > OUTPACE * (
+                    self.served - self.served_then)
+                if waited < target and not self.outpaced:
+                    self._stop(now)  # calls come no faster than served now
             self.above_since, self.length_then = now, length  # judged again next interval
-            self.arrived_then = self.arrived
-        assert not self.standing or waited >= target
+            self.arrived_then, self.served_then = self.arrived, self.served
+            self.fresh_then = self.fresh
+        assert not self.standing or waited >= target or self.outpaced
+        assert self.standing or not self.outpaced
         return self.standing
 
     def _stop(self, now: float) -> None:
         if self.standing:
             self.standing, self.stood_until = False, now
+            self.stood_outpaced = self.outpaced
+        self.outpaced = False

@@ -37,7 +37,7 @@ class RpcSection:
     ack_timeout: float = 1.0        # the floor of each target's ack timeout
     ack_timeout_max: float = 10.0   # its ceiling (broker/admission.py)
     queue_target: float = 0.1       # s a call may wait for a slot before the queue stands
-    queue_interval: float = 1.0     # s waits stay over the target before arrivals are shed
+    queue_interval: float = 0.1     # s waits stay over the target before arrivals are shed
     max_concurrency: int = 10000    # attempts one target may hold at most
     response_timeout: float = 10.0
     max_timeout: float = 300.0

@@ -108,7 +108,7 @@ class Call:
     __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
                  "accepted", "acked", "checked", "tried", "local_only", "started",
                  "traceparent", "hrow", "hstart", "unsure", "sent", "probe", "window",
-                 "queued", "slow", "begun")
+                 "queued", "slow", "begun", "made")
     # set by each dispatch (see the end of __init__)
     id: int
     provider: Peer | None
@@ -134,6 +134,7 @@ class Call:
         self.probe = False                   # its attempt tries an idle provider again
         self.queued = -1.0                   # ``_now`` when it began waiting for a slot
         self.slow = False                    # a provider was too slow or full to take it
+        self.made = 0.0                      # when its caller made it, as far as known
         # a stream's credit window (StreamCall); -1: a call_all's child sent to a node,
         # which runs it on each of its providers (broker/fanout.py); 0: a call
         self.window = 0
@@ -257,7 +258,7 @@ class Router:
                  cluster: ClusterView | None = None, prefer_local: bool = False,
                  affinity: int = 1, policy: str = "cluster",
                  clock: Callable[[], float] | None = None, ack_timeout_max: float = 0.0,
-                 queue_target: float = 0.1, queue_interval: float = 1.0,
+                 queue_target: float = 0.1, queue_interval: float = 0.1,
                  max_concurrency: int = 10_000,
                  initial_concurrency: float = INITIAL_LIMIT, max_fanout: int = 0) -> None:
         if policy not in POLICIES:
@@ -380,7 +381,7 @@ class Router:
                                   "no_load_ms": round(p.pace.long * 1000, 2)}
                         for p in paced if p.pace is not None},
             "waiting": {name: {"calls": len(q), "standing": q.standing,
-                               "waited_ms": int(q.waited * 1000)}
+                               "outpaced": q.outpaced, "waited_ms": int(q.waited * 1000)}
                         for name, q in self._waiting.items() if len(q)},
         }
 
@@ -615,6 +616,7 @@ class Router:
         call = (Call(caller, cid, name, data, now + timeout) if not window else
                 StreamCall(caller, cid, name, data, now + timeout, window))
         calls[cid] = call
+        call.made = now - age
         if self._clock is not None:
             call.started = self.read_at
         if traceparent is not None:
@@ -1395,10 +1397,14 @@ class Router:
         if queue is None:
             queue = self._waiting[call.name] = Waiting()
         call.queued = now
-        if (queue.standing and queue.waited > self._patience(call)
-                and queue.head(self._is_waiting) is not None):
-            self._shed(call, queue)  # it would wait longer than it may
-            return
+        if not call.local_only and call.made >= queue.above_since:
+            queue.fresh += 1  # made by its caller since the queue's waits went over target
+        if queue.standing:
+            head = queue.head(self._is_waiting)
+            if head is not None and now - head.queued > self._patience(call, queue):
+                queue.arrived += 1
+                self._shed(call, queue)  # it would wait longer than it may
+                return
         self.stats.waited += 1
         self._seq = attempt = self._seq + 1
         call.id = attempt
@@ -1445,19 +1451,26 @@ class Router:
             if best is None:
                 return
             call, queue = best
-            waited, patience = now - call.queued, self._patience(call)
+            waited = now - call.queued
             queue.take(call)
             del self._calls[call.id]
-            call.queued = -1.0
             if (queue.judge(waited, now, self.queue_target, self.queue_interval)
-                    and waited > patience):
+                    and waited > self._patience(call, queue)):
+                call.queued = -1.0
                 self._shed(call, queue)  # as CoDel drops: the queue stands, this waited
                 continue
+            call.queued = -1.0
+            queue.served += 1
             self._dispatch(call, (), (), now, peer)
 
-    def _patience(self, call: Call) -> float:
-        """How long ``call`` may wait for a slot while its queue stands: the target, or a
-        share of the time it had left when it began to wait, if longer."""
+    def _patience(self, call: Call, queue: Waiting) -> float:
+        """How long ``call`` may wait for a slot while its queue stands: the target while
+        calls come faster than they are served (``Waiting.outpaced``: more is offered than
+        the providers serve, and a longer wait would only make every answer later); else
+        the target, or a share of the time it had left when it began to wait, if longer
+        (a burst being worked off: its callers gave it that time)."""
+        if queue.outpaced:
+            return self.queue_target
         patience = PATIENCE * (call.deadline - call.queued)
         return patience if patience > self.queue_target else self.queue_target
 

@@ -50,12 +50,26 @@ async def test_weighted_choice_follows_provider_counts(cluster3):
     for n in cluster3.nodes:
         n.node.router.local_first = False
         n.node.router.draws.affinity = 1
+        # room for every call the draw sends a target: admission would move calls past a
+        # node's starting limit (256) to the other node, which is not the draw measured
+        n.node.router.initial_concurrency = 4000
+        for peer in n.node.router._paced:   # the nodes, paced as they joined
+            peer.pace.limit = 4000.0
     provs = [await rpcbus.connect(n1.url) for _ in range(3)] + [await rpcbus.connect(n2.url)]
     try:
         for i, p in enumerate(provs):
             await p.provide("weighted", served_by("n1" if i < 3 else "n2"))
         for caller_node in (n3, n1):               # from a node without providers, and from A
             async with rpcbus.connect(caller_node.url) as c:
+                # the counts the draw weighs, as this node knows them: a discovery may be
+                # answered before the last of n1's PROVIDEs is heard (the first 500 calls
+                # then went 241 to n1, not 375)
+                await c.call("weighted", -1, timeout=5)
+                cache = caller_node.node.link.core.cache
+                remote = {"n1": 3, "n2": 1} if caller_node is n3 else {"n2": 1}
+                async with asyncio.timeout(wait(5)):
+                    while {n: cache.entries["weighted"].counts.get(n) for n in remote} != remote:
+                        await asyncio.sleep(0.01)
                 # 500 at a time: 4,000 at once can hold this one process's loop past half
                 # the ack timeout, and providers refuse REQUESTs read that late (stale),
                 # which moves them to the other node and skews the shares measured here
@@ -67,7 +81,8 @@ async def test_weighted_choice_follows_provider_counts(cluster3):
                 share = Counter(g["served_by"] for g in got)["n1"] / 4000
                 # Binomial(4000, 0.75): sd = sqrt(.75 * .25 / 4000) = 0.00685; 4.9 sd is a
                 # two-sided false-failure chance below one in a million.
-                assert abs(share - 0.75) < 4.9 * math.sqrt(0.75 * 0.25 / 4000), share
+                assert abs(share - 0.75) < 4.9 * math.sqrt(0.75 * 0.25 / 4000), (
+                    caller_node.name, share)
     finally:
         for p in provs:
             await p.close()

@@ -81,10 +81,11 @@ def sync_call_all(url):
 
 
 async def test_cancelling_a_call_all_stops_every_handler(cluster3):
-    stopped = asyncio.Queue()
+    started, stopped = asyncio.Queue(), asyncio.Queue()
 
     def hanging(tag):
         async def handler(data):
+            started.put_nowait(tag)
             try:
                 await asyncio.sleep(30)
             except asyncio.CancelledError:
@@ -101,7 +102,8 @@ async def test_cancelling_a_call_all_stops_every_handler(cluster3):
         caller = await rpcbus.connect(cluster3.nodes[2].url)
         clients.append(caller)
         task = asyncio.create_task(caller.call_all("hang", None, timeout=20))
-        await asyncio.sleep(0.5)
+        async with asyncio.timeout(wait(5)):                 # every provider runs it
+            assert {await started.get() for _ in range(3)} == {"p0", "p1", "p2"}
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -146,12 +146,16 @@ async def test_clients_with_one_url_wait_out_a_draining_node_without_a_loop(js):
         agent = await js()
         await agent.ok("connect", urls=[node.url])
         async with rpcbus.connect(node.url) as keeper, rpcbus.connect(node.url) as one:
+            running = asyncio.Event()
+
             async def slow(d):
+                running.set()
                 await asyncio.sleep(2.5)   # keeps the node draining
                 return d
             await keeper.provide("slow", slow)
             call = asyncio.ensure_future(keeper.call("slow", 1, timeout=10))
-            await asyncio.sleep(0.2)
+            async with asyncio.timeout(wait(5)):
+                await running.wait()
             node.signal(signal.SIGTERM)
             await agent.event(lambda e: e.get("state") == "reconnecting")
             await asyncio.sleep(1.5)                           # a loop would show by now

@@ -173,10 +173,17 @@ class Waiting:
     def __len__(self) -> int:
         return len(self.heap)
 
-    def push(self, call: Any) -> None:
+    def push(self, call: Any, fresh: bool = False) -> None:
+        """``call`` waits; ``fresh``: its caller made it since waits went over target."""
         self._seq += 1
-        self.arrived += 1
+        self.came(fresh)
         heapq.heappush(self.heap, (call.deadline, self._seq, call))
+
+    def came(self, fresh: bool) -> None:
+        """A call came, to wait (``push``) or shed at once: counted for ``judge``."""
+        self.arrived += 1
+        if fresh:
+            self.fresh += 1
 
     def head(self, live: Any) -> Any:
         """The waiting call with the earliest deadline that ``live(call)`` still says
@@ -250,8 +257,8 @@ class Waiting:
                 # goes on, as it was
                 self.standing, self.outpaced = True, self.stood_outpaced
         elif now - self.above_since >= interval:
-            came = self.arrived - self.arrived_then
-            if not came:
+            coming = self.arrived - self.arrived_then
+            if not coming:
                 self._stop(now)
             else:
                 if not self.standing and length >= self.length_then:

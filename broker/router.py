@@ -1397,12 +1397,13 @@ class Router:
         if queue is None:
             queue = self._waiting[call.name] = Waiting()
         call.queued = now
-        if not call.local_only and call.made >= queue.above_since:
-            queue.fresh += 1  # made by its caller since the queue's waits went over target
+        # made by one of this node's callers since the queue's waits went over target
+        fresh = not call.local_only and call.made >= queue.above_since
         if queue.standing:
             head = queue.head(self._is_waiting)
-            if head is not None and now - head.queued > self._patience(call, queue):
-                queue.arrived += 1
+            if head is not None and now - head.queued > self._patience(call.deadline - now,
+                                                                       queue):
+                queue.came(fresh)
                 self._shed(call, queue)  # it would wait longer than it may
                 return
         self.stats.waited += 1
@@ -1413,7 +1414,7 @@ class Router:
         call.checked = 0.0
         self._calls[attempt] = call
         self._deadlines.add(attempt, call.deadline)
-        queue.push(call)
+        queue.push(call, fresh)
 
     def _is_waiting(self, call: Call) -> bool:
         """``call`` still waits for a slot (its caller gone, it waits for nothing: the
@@ -1451,27 +1452,26 @@ class Router:
             if best is None:
                 return
             call, queue = best
-            waited = now - call.queued
+            waited, left = now - call.queued, call.deadline - call.queued
             queue.take(call)
             del self._calls[call.id]
+            call.queued = -1.0
             if (queue.judge(waited, now, self.queue_target, self.queue_interval)
-                    and waited > self._patience(call, queue)):
-                call.queued = -1.0
+                    and waited > self._patience(left, queue)):
                 self._shed(call, queue)  # as CoDel drops: the queue stands, this waited
                 continue
-            call.queued = -1.0
             queue.served += 1
             self._dispatch(call, (), (), now, peer)
 
-    def _patience(self, call: Call, queue: Waiting) -> float:
-        """How long ``call`` may wait for a slot while its queue stands: the target while
-        calls come faster than they are served (``Waiting.outpaced``: more is offered than
-        the providers serve, and a longer wait would only make every answer later); else
-        the target, or a share of the time it had left when it began to wait, if longer
-        (a burst being worked off: its callers gave it that time)."""
+    def _patience(self, left: float, queue: Waiting) -> float:
+        """How long a call that had ``left`` s when it began to wait may wait for a slot
+        while its queue stands: the target while calls come faster than they are served
+        (``Waiting.outpaced``: more is offered than the providers serve, and a longer
+        wait would only make every answer later); else the target, or a share of
+        ``left``, if longer (a burst being worked off: its callers gave it that time)."""
         if queue.outpaced:
             return self.queue_target
-        patience = PATIENCE * (call.deadline - call.queued)
+        patience = PATIENCE * left
         return patience if patience > self.queue_target else self.queue_target
 
     def _shed(self, call: Call, queue: Waiting) -> None:

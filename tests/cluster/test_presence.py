@@ -23,10 +23,13 @@ class Changes:
         self._more.set()
 
     async def until(self, *expected, timeout=WAIT):
-        async with asyncio.timeout(timeout):
-            while self.seen[:len(expected)] != list(expected):
-                self._more.clear()
-                await self._more.wait()
+        try:
+            async with asyncio.timeout(timeout):
+                while self.seen[:len(expected)] != list(expected):
+                    self._more.clear()
+                    await self._more.wait()
+        except TimeoutError:
+            raise AssertionError(f"waited for {expected}, saw {self.seen}") from None
         assert self.seen == list(expected), self.seen
 
 
@@ -74,8 +77,10 @@ async def test_a_node_killed_takes_its_users_and_a_new_node_learns_everyone(make
     async with rpcbus.connect(n1.url, name="watcher") as watcher, \
             rpcbus.connect(n2.url, name="ann", reconnect=False) as ann, \
             rpcbus.connect(n3.url, name="eve", reconnect=False):
-        await watcher.watch_presence(changes, ["eve", "ann"])
+        # watched once n1 knows both: else n1 may learn of one after the watch began,
+        # and tell it (a login it had not heard of), before the kill's news
         await until_present(watcher, ["ann", "eve", "watcher"])
+        await watcher.watch_presence(changes, ["eve", "ann"])
         n3.kill()                                  # eve's node: she is gone with it
         await changes.until(("eve", False))        # once it is declared dead (0.75 s)
         # a node started now hears of everyone from their nodes' heartbeats

@@ -66,6 +66,7 @@ class Entry:
     ended: float
     data: list[Any]
     result: Any            # the answer, or the error code
+    message: str = ""      # the error's message
 
 
 @dataclass
@@ -92,7 +93,8 @@ class Load:
             try:
                 result = await client.call(self.rpc, data, timeout=TIMEOUT)
             except rpcbus.RpcError as exc:
-                result = exc.code
+                self.ledger.append(Entry(t0, time.monotonic(), data, exc.code, str(exc)))
+                continue
             self.ledger.append(Entry(t0, time.monotonic(), data, result))
 
     async def finish(self) -> None:
@@ -188,10 +190,13 @@ class Scenario:
         ledger = load.ledger
         assert ledger, "no call was made"
         outcomes: Counter[str] = Counter()
+        said: dict[str, str] = {}  # each error code's first message: why, in a failure
         worst_late = 0.0
         for e in ledger:
             assert e.result == e.data or e.result in CODES, e
             outcomes["ok" if e.result == e.data else e.result] += 1
+            if e.message:
+                said.setdefault(e.result, e.message)
             worst_late = max(worst_late, e.ended - e.started - TIMEOUT)
         assert worst_late <= GRACE, f"an outcome came {worst_late:.2f} s after its deadline"
         runs = Counter(self.runs)
@@ -215,6 +220,7 @@ class Scenario:
             if node.name not in self.killed:
                 assert node.proc.poll() is None, f"{node.name} exited with {node.proc.poll()}"
         return {"scenario": self.name, "calls": len(ledger), "outcomes": dict(outcomes),
+                "said": said,
                 "ran_twice": len(twice), "in_flight_at_crash": len(in_flight_at_crash),
                 "worst_late_s": round(max(worst_late, 0.0), 3),
                 "recovery_s": round(recovery, 3), "recovery_bound_s": recover_within}
@@ -229,7 +235,8 @@ class Scenario:
             f.write(f"cleared {self.clear_at - t0:.3f}\n")
             for e in sorted(ledger, key=lambda e: e.started):
                 if e.result != e.data:
-                    f.write(f"{e.started - t0:.3f} {e.ended - t0:.3f} {e.data} {e.result}\n")
+                    f.write(f"{e.started - t0:.3f} {e.ended - t0:.3f} {e.data} {e.result} "
+                            f"{e.message}\n")
 
     async def check_no_leaks(self) -> None:
         for node in self.nodes:

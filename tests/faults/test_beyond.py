@@ -182,7 +182,7 @@ async def test_latency_on_a_nodes_redis_link_never_makes_a_live_provider_absent(
         sc.cleared()
 
     figures = await run(sc, fault, recover_within=2.0, in_process_provider_on=(0,))
-    assert "NO_PROVIDER" not in figures["outcomes"], figures["outcomes"]
+    assert "NO_PROVIDER" not in figures["outcomes"], (figures["outcomes"], figures["said"])
 
 
 async def test_answers_of_calls_that_ran_outlive_resets_of_the_serving_nodes_link(scenario):
@@ -196,4 +196,4 @@ async def test_answers_of_calls_that_ran_outlive_resets_of_the_serving_nodes_lin
 
     figures = await run(sc, fault, recover_within=2.5, in_process_provider_on=(0,),
                         handler=counting(sc, 0.2))
-    assert "RESPONSE_TIMEOUT" not in figures["outcomes"], figures["outcomes"]
+    assert "RESPONSE_TIMEOUT" not in figures["outcomes"], (figures["outcomes"], figures["said"])

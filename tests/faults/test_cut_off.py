@@ -64,4 +64,4 @@ async def test_a_two_second_redis_link_never_makes_a_live_provider_absent(scenar
         sc.cleared()
 
     figures = await run(sc, fault, recover_within=6.0, in_process_provider_on=(0,))
-    assert "NO_PROVIDER" not in figures["outcomes"], figures["outcomes"]
+    assert "NO_PROVIDER" not in figures["outcomes"], (figures["outcomes"], figures["said"])

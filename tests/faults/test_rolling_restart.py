@@ -31,7 +31,8 @@ async def test_a_rolling_restart_of_every_node_fails_no_call(scenario, spinners)
     with spinning(spinners):  # per core
         figures = await run(sc, fault, recover_within=0.5, in_process_provider_on=(0,))
     failed = set(figures["outcomes"]) - {"ok"}
-    assert failed <= ({"OVERLOADED"} if spinners else set()), figures["outcomes"]
+    assert failed <= ({"OVERLOADED"} if spinners else set()), (figures["outcomes"],
+                                                                figures["said"])
     processes += sc.cluster.nodes
     assert [p.name for p in processes if p.events("node_dead")] == []
     assert sum(len(p.events("node_left")) + len(p.events("node_rejoined"))

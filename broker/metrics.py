@@ -56,6 +56,8 @@ _ROUTER = {
     "bus_waits": "Attempts at other nodes that waited through a reset of this node's bus.",
     "answers_lost": "Calls that ended CLUSTER_UNAVAILABLE: a node ran them, their answer "
                     "was lost on the bus.",
+    "handed_back": "Calls a draining node refused SHUTTING_DOWN (not run): their callers "
+                   "send them to another node.",
 }
 # node I/O counters: name -> help
 _IO = {

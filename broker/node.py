@@ -262,7 +262,7 @@ class Node:
     async def _shutdown(self, server: Any) -> None:
         """The drain, in broker/lifecycle.py ``Drain``'s order, a step per sweep."""
         self.ready = False
-        self.draining = True
+        self.draining = self.router.draining = True
         loop = asyncio.get_running_loop()
         drain = self._drain = Drain(self.config.server.drain_timeout)
         interval = self.config.rpc.timer_granularity

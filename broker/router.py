@@ -180,7 +180,7 @@ class RouterStats:
                  "ack_checks", "calls_ok", "calls_failed", "duplicate_ids", "local_calls",
                  "remote_calls", "parts", "stream_overruns", "parts_lost",
                  "accept_timeouts", "overloaded", "waited", "shed", "busy", "fanout_refused",
-                 "bus_waits", "answers_lost")
+                 "bus_waits", "answers_lost", "handed_back")
     ok: int
     provider_errors: int
     no_provider: int
@@ -218,6 +218,8 @@ class RouterStats:
     fanout_refused: int   # call_alls that would reach more than limits.max_fanout (not run)
     bus_waits: int        # attempts at other nodes that waited through a bus reset
     answers_lost: int     # of the CLUSTER_UNAVAILABLE: ran at a node, the answer lost
+    handed_back: int      # calls a draining node refused SHUTTING_DOWN (not run): their
+    #                       callers send them to another node
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -245,8 +247,8 @@ class Router:
                  "_parked", "_probing", "_provider_peers",
                  "_providers", "_seq",
                  "_waiting",
-                 "ack_timeout", "ack_timeout_max", "cluster", "count_changed", "draws", "figures",
-                 "history", "initial_concurrency", "local_first",
+                 "ack_timeout", "ack_timeout_max", "cluster", "count_changed", "draining",
+                 "draws", "figures", "history", "initial_concurrency", "local_first",
                  "max_concurrency", "max_fanout", "max_name", "max_timeout", "name",
                  "new_batch",
                  "prefer_local", "queue_interval", "queue_target", "read_at",
@@ -291,6 +293,9 @@ class Router:
         self.max_name = max_name
         self.cluster = cluster
         self.prefer_local = prefer_local
+        # the node drains: a client's call it cannot place is refused SHUTTING_DOWN (not
+        # run: its SDK sends it to another node, where its provider may have moved)
+        self.draining = False
         self.draws = Draws(rand, affinity)  # the ``cluster`` policy's choice, and weights
         # broker/choice.py, which weighs each provider's ``load`` and ``rate`` (kept only
         # under this policy); else weighted draws. Set at start, never changed after.
@@ -584,6 +589,7 @@ class Router:
                 if self._calls.get(call.id) is call:
                     self._end_attempt(call)
                     handed += 1
+                    self.stats.handed_back += 1
                     self._conclude(call, [ERROR, call.cid, errors.SHUTTING_DOWN,
                                           "the node is shutting down: not run, call again "
                                           "on another node"])
@@ -1508,6 +1514,13 @@ class Router:
                 self._route(call, self._now, discover=False)
 
     def _no_target(self, call: Call) -> None:
+        if self.draining and not call.local_only and type(call.caller) is not Gather:
+            self.stats.handed_back += 1
+            self._conclude(call, [ERROR, call.cid, errors.SHUTTING_DOWN,
+                                  f"the node is shutting down and no provider of "
+                                  f"{call.name!r} took the call here: not run, call again "
+                                  "on another node"])
+            return
         if call.slow:  # its providers live, but each was too slow or full to take it
             self.stats.overloaded += 1
             hint = int(self.ack_timeout * 1000)

@@ -270,12 +270,16 @@ class ClusterCore:
             # above fails what it cannot settle).
             for name in self.membership.expire(min(now, heard + interval)):
                 self._node_dead(name, now)
-        finished, again = self.cache.expire(now, self.router.waiting)
+        finished, again = self.cache.expire(now, self.router.waiting, self._draining)
         for name in again:  # unknown, not "nobody": ask again while calls wait
             self.stats["query_retries"] += 1
             self._query(name)
         for name in finished:
             self._found(name, now)
+
+    def _draining(self, node: str) -> bool:
+        """``node`` said it stops, and still drains (its heartbeats come)."""
+        return node in self._terminating and node in self.membership.members
 
     def _found(self, name: str, now: float) -> None:
         """Discovery of ``name`` ended: its waiting calls go on. Found nobody while a node
@@ -575,6 +579,7 @@ class ClusterCore:
             if not old.closed:  # not yet counted as left (restarted within its misses)
                 self.stats["nodes_left"] += 1
             log.info("node_rejoined", node=old.name)
+            self.cache.released(old.name, now)
             # restarted at once (a deploy): its providers may still be on their way
             self._handover_until = max(self._handover_until, now + self.handover.wait)
         else:
@@ -662,6 +667,8 @@ class ClusterCore:
         if name in self._terminating:  # it said it was stopping: a planned leave (kept
             self.stats["nodes_left"] += 1  # there until it rejoins or is replaced)
             log.info("node_left", node=name)
+            self.cache.released(name, now)  # its clients were let go: they move now
+            self._handover_until = max(self._handover_until, now + self.handover.wait)
         else:
             self.stats["nodes_dead"] += 1
             log.warning("node_dead", node=name, silent_s=self.config.heartbeat_interval *

@@ -22,7 +22,10 @@ node and provide there a moment later. Names it leaves with no provider anywhere
 are ``moving`` until a provider reappears (``on_update``, or the owner's own
 provider) or the handover bound passes (``expire``); calls wait for them meanwhile
 instead of failing NO_PROVIDER in that gap. The bound follows how long names really
-took to reappear (``HandoverWait``): on a slow host providers take longer to move.
+took to reappear (``HandoverWait``): on a slow host providers take longer to move. It
+runs from when the stopping node let its clients go: while it still drains (its
+providers may not have been told yet), its names do not stop moving, and when it
+leaves (``released``) their bound starts again.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ class ProviderCache:
         self.queries_sent = 0
         self.moving: dict[str, float] = {}    # name -> until when its providers may reappear
         self._moved_at: dict[str, float] = {}  # name -> when it started moving
+        self._moved_from: dict[str, str] = {}  # name -> the stopping node it left
         self.handover = handover if handover is not None else HandoverWait(0.0, 0.0)
 
     def _clock(self) -> float:
@@ -175,7 +179,7 @@ class ProviderCache:
             if node in entry.counts:
                 entry.set(node, 0)
                 if handover and not entry.counts:
-                    self.hold(name, now)
+                    self.hold(name, now, node)
         done = []
         for name, query in list(self.queries.items()):
             query.answers.pop(node, None)
@@ -186,12 +190,24 @@ class ProviderCache:
                 done.append(name)
         return done
 
-    def hold(self, name: str, now: float) -> None:
+    def hold(self, name: str, now: float, origin: str = "") -> None:
         """``name`` has no provider now, but one may be on its way: it is ``moving`` for
-        the handover wait (``HandoverWait``)."""
+        the handover wait (``HandoverWait``); ``origin``, the node it leaves, if known."""
         if self.handover.wait > 0:
             self.moving[name] = now + self.handover.wait
             self._moved_at.setdefault(name, now)
+            if origin:
+                self._moved_from[name] = origin
+
+    def released(self, node: str, now: float) -> None:
+        """``node``, stopping as planned, has gone: it let its clients go by now, so the
+        names moving off it wait a whole handover wait from now."""
+        if not self._moved_from:
+            return
+        until = now + self.handover.wait
+        for name, origin in self._moved_from.items():
+            if origin == node and name in self.moving and self.moving[name] < until:
+                self.moving[name] = until
 
     def reappeared(self, name: str, now: float) -> bool:
         """A provider of ``name`` appeared: True when it was moving (it no longer is).
@@ -200,6 +216,7 @@ class ProviderCache:
         since = self._moved_at.pop(name, None)
         if since is not None and now - since <= self.handover.ceiling:
             self.handover.took(now - since)  # late ones too: the wait was too short
+        self._moved_from.pop(name, None)
         return self.moving.pop(name, None) is not None
 
     def forget_node_for(self, name: str, node: str) -> None:
@@ -216,9 +233,11 @@ class ProviderCache:
         else:
             del self.entries[name]
 
-    def expire(self, now: float, waiting: Callable[[str], bool] = lambda name: False
+    def expire(self, now: float, waiting: Callable[[str], bool] = lambda name: False,
+               draining: Callable[[str], bool] = lambda node: False
                ) -> tuple[list[str], list[str]]:
-        """Drop entries past their TTL; deal with timed-out queries.
+        """Drop entries past their TTL; deal with timed-out queries and moving names
+        past their bound (not those moving off a node ``draining`` says still drains).
 
         Returns (finished, again): names whose query finished (their waiting calls
         go on), and names to ask again — no answer named a provider, some node did
@@ -231,7 +250,11 @@ class ProviderCache:
                     del self.entries[name]
         finished, again = [], []
         for name in [n for n, until in self.moving.items() if until <= now]:
+            origin = self._moved_from.get(name)
+            if origin is not None and draining(origin):
+                continue  # its providers may not have been told to move yet
             del self.moving[name]  # no provider came back: its calls go on (NO_PROVIDER)
+            self._moved_from.pop(name, None)
             finished.append(name)
         if self._moved_at:  # kept past the wait, up to the ceiling: a late one is learnt
             ceiling = self.handover.ceiling

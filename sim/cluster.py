@@ -363,7 +363,7 @@ class SimNode:
         """SIGTERM, in broker/lifecycle.py ``Drain``'s order, a step per sweep as the
         node's shell takes them; then the connections close and the process exits;
         ``then`` runs after."""
-        self.draining = True
+        self.draining = self.router.draining = True
         drain = Drain(DRAIN_TIMEOUT)
 
         def step() -> None:

@@ -319,6 +319,26 @@ def test_a_draining_node_hands_waiting_calls_back_unrun():
     assert_empty(r, caller)
 
 
+def test_a_draining_node_refuses_unrun_what_it_cannot_place_not_no_provider():
+    """Its provider moved to another node (or closed): a client's call it held is sent
+    elsewhere by its SDK (SHUTTING_DOWN), where that provider may be; another node's
+    INVOKE is refused NO_PROVIDER, which tells that node to choose again."""
+    r, caller, prov = make(), Peer("c"), Peer("p")
+    origin = Peer("n2")
+    origin.is_node = True
+    r.provide(prov, ["x"])
+    r.request(caller, 1, "x", None, 10_000, now=0.0)
+    r.request(origin, 2, "x", None, 10_000, now=0.0)
+    assert len(requests_to(prov)) == 2           # sent, not accepted yet
+    r.draining = True
+    prov.closed = True
+    r.drop_peer(prov, now=0.1)
+    assert [m[:3] for m in caller.take()] == [[ERROR, 1, errors.SHUTTING_DOWN]]
+    assert [m[:3] for m in origin.take()] == [[ERROR, 2, errors.NO_PROVIDER]]
+    assert r.stats.handed_back == 1 and r.stats.no_provider == 1
+    assert_empty(r, caller, origin)
+
+
 def test_a_call_that_tried_a_provider_does_not_hold_back_the_calls_behind_it():
     """A call waits after a provider refused it (read LATE: it goes to another, and
     both are full); calls behind it in the queue take that provider's freed slots, as

@@ -523,3 +523,26 @@ def test_names_of_a_node_stopping_as_planned_wait_for_their_providers_to_reappea
     assert cache.on_update("a", "x", 1, now=9.0)         # and is caught
     cache.node_gone("a", now=10.0)                       # without handover: no wait
     assert not cache.moving
+
+
+def test_names_wait_while_their_stopping_node_drains_and_a_whole_wait_after_it_left():
+    """A slow drain (its clients told late, a slow host): the handover wait runs from
+    when the stopping node let its clients go, not from its first notice."""
+    cache = ProviderCache(ttl=60.0, negative_ttl=1.0, query_timeout=0.25,
+                          handover=HandoverWait(2.0, 10.0))
+    for name, node in (("x", "a"), ("y", "b")):
+        cache.begin_query(name, [node], now=0.0)
+        cache.on_update(node, name, 1, now=0.0)
+    cache.node_gone("a", now=1.0, handover=True)          # a and b say they stop
+    cache.node_gone("b", now=1.0, handover=True)
+    draining = {"a", "b"}
+    assert cache.expire(5.0, draining=draining.__contains__) == ([], [])  # still draining
+    draining.discard("b")                                 # b went quietly (no release):
+    assert cache.expire(5.0, draining=draining.__contains__) == (["y"], [])  # its bound
+    cache.released("a", now=6.0)                          # a let its clients go now
+    draining.discard("a")
+    assert cache.expire(7.9, draining=draining.__contains__) == ([], [])
+    assert cache.on_update("c", "x", 1, now=7.5)          # its provider, 6.5 s on
+    assert cache.entries["x"].targets == [("c", 1)] and not cache.moving
+    cache.released("a", now=8.0)                          # nothing moves off it now
+    assert not cache.moving

@@ -46,12 +46,25 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
     a call had left when it came, or ``target`` if longer. A caller that gives a call
     30 s means it may wait; 10,000 such calls at once on a machine at load 40 waited
     up to 13 s and were all served. A burst that drains is served, not shed.
+
+  Counts cannot tell callers that make more calls than are served (an open loop: the
+  shed ones do not come back) from a few callers that call again at once whenever a
+  call is shed (a closed loop: each shed call comes back within a round trip, so the
+  sheds themselves look like calls outpacing the providers, and shedding goes on after
+  what began it has passed). So an outpaced queue is *probed* every ``PROBE_EVERY``
+  intervals (``probe``): for two intervals its sheds' replies are held back (each
+  goes out two intervals late, so none during the probe; calls are shed as before,
+  and answered calls wait no longer), and the second interval's count decides. An
+  open loop's calls keep coming; a closed loop's come only as calls are answered: it
+  is no longer outpaced, and the calls that come back as the held replies go out are
+  not counted as new (``owed``).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from typing import Any
 
 MIN_LIMIT = 2.0          # attempts a target may always hold
@@ -59,6 +72,7 @@ INITIAL_LIMIT = 256.0    # a new target's limit (a node: NODE_LIMIT)
 NODE_LIMIT = 256.0       # a node's, at least: what is beyond it waits here, not at that node
 PATIENCE = 0.5           # of a call's time left when it came: how long it may wait
 OUTPACE = 1.25           # calls coming this many times faster than served: overloaded
+PROBE_EVERY = 4          # intervals an outpaced queue sheds between probes (docstring)
 TOLERANCE = 1.5          # latency up to this times the long-term one is not queueing
 QUEUE_FLOOR = 0.005      # s: the long-term latency counts as at least this (docstring)
 SMOOTHING = 0.2          # of the way to each new limit
@@ -151,7 +165,8 @@ class Waiting:
 
     __slots__ = ("heap", "above_since", "length_then", "arrived", "arrived_then", "fresh",
                  "fresh_then", "served", "served_then", "standing", "outpaced",
-                 "stood_until", "stood_outpaced", "waited", "_seq")
+                 "stood_until", "stood_outpaced", "waited", "_seq", "probing", "probe_at",
+                 "probe_start", "probe_fresh", "probe_served", "held", "owed")
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int, Any]] = []  # (deadline, seq, call)
@@ -169,6 +184,14 @@ class Waiting:
         self.stood_outpaced = False  # ... outpaced then
         self.waited = 0.0       # the last wait measured (s): the hint shed calls get
         self._seq = 0
+        self.probing = False    # a probe holds the sheds' replies back (``probe``)
+        self.probe_at = 0.0     # when the next probe begins (0: none due)
+        self.probe_start = 0.0  # when this one began
+        self.probe_fresh = -1   # ``fresh`` as its second interval began (-1: not yet)
+        self.probe_served = 0   # ``served`` then
+        # (when due, caller, reply) of calls shed in it, in the order they were shed
+        self.held: deque[tuple[float, Any, Any]] = deque()
+        self.owed = 0           # fresh calls not counted: callers calling again (``probe``)
 
     def __len__(self) -> int:
         return len(self.heap)
@@ -183,7 +206,10 @@ class Waiting:
         """A call came, to wait (``push``) or shed at once: counted for ``judge``."""
         self.arrived += 1
         if fresh:
-            self.fresh += 1
+            if self.owed:  # a caller whose held shed just went out, calling again
+                self.owed -= 1
+            else:
+                self.fresh += 1
 
     def head(self, live: Any) -> Any:
         """The waiting call with the earliest deadline that ``live(call)`` still says
@@ -275,6 +301,40 @@ class Waiting:
         assert not self.standing or waited >= target or self.outpaced
         assert self.standing or not self.outpaced
         return self.standing
+
+    def probe(self, now: float, interval: float) -> list[tuple[Any, Any]]:
+        """The router's tick: start, measure or end a probe of an outpaced queue (module
+        docstring; it ends after two intervals, whatever else happens). Returns the
+        held (caller, reply) pairs due to go out, each two intervals after its shed."""
+        if self.probing:
+            if now < self.probe_start + 2 * interval:
+                if self.probe_fresh < 0 and now >= self.probe_start + interval:
+                    # the calls whose sheds went out before it have come back: count now
+                    self.probe_fresh, self.probe_served = self.fresh, self.served
+                return []
+            self.probing = False
+            fresh = self.fresh - self.probe_fresh if self.probe_fresh >= 0 else 0
+            served = self.served - self.probe_served
+            if fresh > OUTPACE * served:  # calls kept coming while none were told
+                self.probe_at = now + PROBE_EVERY * interval
+            else:  # they came as others were answered: a closed loop, not outpaced
+                self.outpaced = self.stood_outpaced = False
+                self.probe_at = 0.0
+                self.owed = len(self.held)
+        elif self.outpaced or (self.stood_outpaced
+                               and now - self.stood_until < 4 * interval):
+            if self.probe_at == 0.0:
+                self.probe_at = now + PROBE_EVERY * interval
+            elif now >= self.probe_at and not self.held:
+                self.probing, self.probe_start, self.probe_fresh = True, now, -1
+                return []
+        else:
+            self.probe_at = 0.0
+        held, due = self.held, []
+        while held and held[0][0] <= now:
+            _, caller, reply = held.popleft()
+            due.append((caller, reply))
+        return due
 
     def _stop(self, now: float) -> None:
         if self.standing:

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_left
+from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
 from rpcbus import errors
@@ -579,6 +580,9 @@ class Router:
         callers to send them to another node. Returns how many.
         """
         handed = 0
+        for queue in self._waiting.values():
+            self._send_held((caller, msg) for _, caller, msg in queue.held)
+            queue.held.clear()
         waiting: dict[str, list[Call]] = {name: [entry[2] for entry in queue.heap]
                                           for name, queue in self._waiting.items()}
         self._waiting.clear()
@@ -1018,6 +1022,10 @@ class Router:
         if self._probing and now >= figures.sampled + RATE_SAMPLE:
             self._check_probes()
         if self._waiting:  # slots are handed over as they free; the sweep makes sure
+            interval = self.queue_interval
+            for queue in self._waiting.values():
+                if queue.outpaced or queue.probing or queue.stood_outpaced or queue.held:
+                    self._send_held(queue.probe(now, interval))
             if self.cluster is not None:
                 self._pace_new_nodes(now)
             for peer in list(self._paced):
@@ -1442,7 +1450,8 @@ class Router:
                 if head is None:
                     # empty: forgotten once it has not stood for a while (an overload
                     # that goes on comes back to a queue that remembers it stood)
-                    if not queue.standing and now - queue.stood_until > 4 * self.queue_interval:
+                    if (not queue.standing and not queue.probing and not queue.held
+                            and now - queue.stood_until > 4 * self.queue_interval):
                         del self._waiting[name]
                 elif ((best is None or head.deadline < best[0].deadline)
                       and self._serves(peer, name)):
@@ -1481,13 +1490,29 @@ class Router:
         return patience if patience > self.queue_target else self.queue_target
 
     def _shed(self, call: Call, queue: Waiting) -> None:
-        """``call`` (out of every table) is refused OVERLOADED: its name's queue stands."""
+        """``call`` (out of every table) is refused OVERLOADED: its name's queue stands.
+        While the queue is probed (``Waiting.probe``), the reply to one of this node's
+        callers goes out two intervals late, unless its deadline comes first."""
         self.stats.overloaded += 1
         self.stats.shed += 1
         hint = max(int(queue.waited * 1000), 1)
-        self._conclude(call, [ERROR, call.cid, errors.OVERLOADED,
-                              f"every provider of {call.name!r} is busy and calls have "
-                              f"waited {hint} ms for one: shed (not run); retry later", hint])
+        msg = [ERROR, call.cid, errors.OVERLOADED,
+               f"every provider of {call.name!r} is busy and calls have waited {hint} ms "
+               "for one: shed (not run); retry later", hint]
+        due = self._now + 2 * self.queue_interval
+        if (queue.probing and not call.local_only and type(call.caller) is not Gather
+                and call.deadline > due + self.queue_interval):
+            self._conclude(call, msg, queue.held, due)
+        else:
+            self._conclude(call, msg)
+
+    def _send_held(self, held: Iterable[tuple[Any, list[Any]]]) -> None:
+        """Send the replies a probe held back (``_shed``) to callers still connected."""
+        for caller, msg in held:
+            if caller.closed:
+                self.stats.discarded += 1
+            else:
+                caller.send(msg)
 
     def _serves(self, peer: Peer, name: str) -> bool:
         """``peer`` is a target of ``name`` here: a provider of it on this node, or a node
@@ -1506,6 +1531,7 @@ class Router:
         queue = self._waiting.pop(name, None)
         if queue is None:
             return
+        self._send_held((caller, msg) for _, caller, msg in queue.held)
         calls: list[Call] = [entry[2] for entry in sorted(queue.heap)]
         for call in calls:
             if self._calls.get(call.id) is call:
@@ -1609,8 +1635,11 @@ class Router:
         return (msg[0] == RESPONSE or name in self._providers
                 or (cluster is not None and cluster.provided(name)))
 
-    def _conclude(self, call: Call, msg: list[Any]) -> None:
-        """The call's one outcome; the call must already be out of every table."""
+    def _conclude(self, call: Call, msg: list[Any],
+                  held: deque[tuple[float, Any, list[Any]]] | None = None,
+                  due: float = 0.0) -> None:
+        """The call's one outcome; the call must already be out of every table. With
+        ``held``, its reply goes there, to be sent at ``due`` (``_send_held``)."""
         if not call.local_only:  # a call of this node's own caller (an INVOKE is the origin's)
             answered = msg[0] == RESPONSE
             if answered:
@@ -1634,6 +1663,8 @@ class Router:
         del caller.calls[call.cid]
         if caller.closed:
             self.stats.discarded += 1
+        elif held is not None:
+            held.append((due, caller, msg))
         else:
             caller.send(msg)
 

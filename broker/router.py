@@ -952,9 +952,10 @@ class Router:
     def reject(self, peer: Peer, attempt: int, now: float, reason: str = "") -> None:
         """The provider (or node) declined, unrun: the call goes to another target not
         yet tried. ``reason`` BUSY (full now, or a node's OVERLOADED) halves the target's
-        limit and the call may come back to it later (it waits for a slot); LATE (read
-        after its ack window) also backs its ack timeout off, and the call goes elsewhere.
-        Either way a call no target then takes ends OVERLOADED, not NO_PROVIDER."""
+        limit, LATE (read after half its ack window) also backs its ack timeout off; a
+        provider's call may then come back to it (it waits for a slot, and is sent with
+        the longer window), a node's goes elsewhere. Either way a call no target then
+        takes ends OVERLOADED, not NO_PROVIDER."""
         call = self._attempt_of(peer, attempt)
         if call is None:
             return
@@ -972,13 +973,13 @@ class Router:
                 pace.timed_out(now)
             else:
                 pace.refused(now)
-                if not peer.is_node and type(call.caller) is not Gather:
-                    # a provider full now: the call may come back to it (a call_all's
-                    # child is that provider's alone: it ends, as for any REJECT)
-                    self.stats.retries += 1
-                    self._route(call, now, discover=False)
-                    return
-                # a node whose providers were all too busy for it: another node, or none
+            if not peer.is_node and type(call.caller) is not Gather:
+                # a provider full or slow now: the call may come back to it (a
+                # call_all's child is that provider's alone: it ends, as for any REJECT)
+                self.stats.retries += 1
+                self._route(call, now, discover=False)
+                return
+            # a node whose providers were all too busy for it: another node, or none
         self._retry(call, now)
 
     def cancel_from(self, caller: Caller, cid: int) -> None:

@@ -292,6 +292,25 @@ def test_a_provider_slow_to_accept_is_given_longer_and_told_so_in_its_requests()
     assert_empty(r, caller)
 
 
+def test_a_call_its_only_provider_read_late_goes_back_to_it_with_a_longer_window():
+    """The provider's process was held and it read the REQUEST after half its window:
+    it refused it unrun (REJECT LATE). With time left, the call goes to it again, and
+    the REQUEST carries the longer window that provider now gets (before: with no other
+    provider, the call ended OVERLOADED, though it had 9 s left)."""
+    r, caller, prov = make(ack_timeout=1.0, ack_timeout_max=8.0), Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    r.request(caller, 1, "x", None, 10_000, now=0.0)
+    [req] = requests_to(prov)
+    r.reject(prov, req[1], 0.6, "LATE")
+    [again] = requests_to(prov)
+    assert again[1] != req[1] and len(again) == REQ_ACK_MS + 1 and again[REQ_ACK_MS] >= 2000
+    assert caller.take() == []
+    r.accept(prov, again[1], now=0.7)
+    r.respond(prov, again[1], "ok")
+    assert caller.take() == [[RESPONSE, 1, "ok"]]
+    assert_empty(r, caller)
+
+
 def test_slow_providers_give_overloaded_and_nobody_gives_no_provider():
     r = make(ack_timeout=0.5, ack_timeout_max=0.5, rand=lambda: 0.0)
     caller, p1, p2 = Peer("c"), Peer("p1"), Peer("p2")
@@ -376,9 +395,9 @@ def test_a_draining_node_refuses_unrun_what_it_cannot_place_not_no_provider():
 
 
 def test_a_call_that_tried_a_provider_does_not_hold_back_the_calls_behind_it():
-    """A call waits after a provider refused it (read LATE: it goes to another, and
-    both are full); calls behind it in the queue take that provider's freed slots, as
-    it never will, while it waits for the other's."""
+    """A call waits after a provider refused it (a REJECT with no reason: it goes to
+    another, and both are full); calls behind it in the queue take that provider's
+    freed slots, as it never will, while it waits for the other's."""
     r, caller = make(initial_concurrency=2), Peer("c")
     a, b = Peer("a"), Peer("b")
     r.provide(a, ["x"])
@@ -387,7 +406,7 @@ def test_a_call_that_tried_a_provider_does_not_hold_back_the_calls_behind_it():
         r.request(caller, cid, "x", cid, 10_000, now=0.0)
     at_a, at_b = requests_to(a), requests_to(b)
     assert len(at_a) == len(at_b) == 2
-    r.reject(a, at_a[0][1], 0.1, "LATE")    # b is full: it waits, a tried
+    r.reject(a, at_a[0][1], 0.1)            # b is full: it waits, a tried
     r.request(caller, 5, "x", 5, 10_000, now=0.2)  # a has room: it goes there
     r.request(caller, 6, "x", 6, 10_000, now=0.3)  # both full: it waits
     [five] = requests_to(a)

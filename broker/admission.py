@@ -336,6 +336,13 @@ class Waiting:
             due.append((caller, reply))
         return due
 
+    def release(self) -> list[tuple[Any, Any]]:
+        """Every held (caller, reply) pair, now: the queue is going away (its name's
+        targets changed, or the node stops), so nothing will send them at their time."""
+        released = [(caller, reply) for _, caller, reply in self.held]
+        self.held.clear()
+        return released
+
     def _stop(self, now: float) -> None:
         if self.standing:
             self.standing, self.stood_until = False, now

@@ -581,8 +581,7 @@ class Router:
         """
         handed = 0
         for queue in self._waiting.values():
-            self._send_held((caller, msg) for _, caller, msg in queue.held)
-            queue.held.clear()
+            self._send_held(queue.release())
         waiting: dict[str, list[Call]] = {name: [entry[2] for entry in queue.heap]
                                           for name, queue in self._waiting.items()}
         self._waiting.clear()
@@ -1532,7 +1531,7 @@ class Router:
         queue = self._waiting.pop(name, None)
         if queue is None:
             return
-        self._send_held((caller, msg) for _, caller, msg in queue.held)
+        self._send_held(queue.release())
         calls: list[Call] = [entry[2] for entry in sorted(queue.heap)]
         for call in calls:
             if self._calls.get(call.id) is call:

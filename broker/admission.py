@@ -19,6 +19,10 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
     limit halved, once per ``rto`` (one congestion event).
     The long-term latency is the quickest seen, drifting up slowly (as Vegas's no-load
     latency is): a mean would count the queue a busy target already has as its own.
+    It drifts by time (``LONG_TIME``), not by sample: drifting a fixed share per sample,
+    a busy target's long-term latency followed its own queue within a second (samples
+    come hundreds a second), the limit grew with it, and so did every call's latency
+    for as long as the overload lasted.
     It counts as at least ``QUEUE_FLOOR``: an attempt that takes a few ms at a quick
     target spends them in the node's and the client's own loop turns, which grow with
     the calls under way as each turn carries more of them (and costs less per call),
@@ -37,9 +41,13 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
   * *outpaced*: over the last interval this node's callers made ``OUTPACE`` times
     more calls of the name than left for a target (each counted from when its caller
     made it, its frame's SENT: ``fresh``). More is asked than can be served, and a
-    longer wait only makes every answer later: the patience is ``target``, and it
-    stays so while calls keep coming that fast (waits then stay under ``target``:
-    the longer ones are shed);
+    longer wait only makes every answer later: the patience is three quarters of
+    ``target`` (``OUTPACED_PATIENCE``: the rest is the margin for the time a call takes
+    once it left and for the judging's own lag, so that an answered call's wait stays
+    within ``target``), and it stays so while calls keep coming that fast. It is judged
+    as soon as the calls made since waits went over target outnumber those served
+    ``EARLY`` times and more, an eighth of an interval on (each call served before
+    the judgement waits past the patience), else after the interval;
   * otherwise the calls were made before the queue stood (a client's 10,000 calls
     at once, read over seconds on a busy machine, or sent again as slots free) or
     come from other nodes (their origin judges them): the patience is half the time
@@ -71,12 +79,14 @@ MIN_LIMIT = 2.0          # attempts a target may always hold
 INITIAL_LIMIT = 256.0    # a new target's limit (a node: NODE_LIMIT)
 NODE_LIMIT = 256.0       # a node's, at least: what is beyond it waits here, not at that node
 PATIENCE = 0.5           # of a call's time left when it came: how long it may wait
+OUTPACED_PATIENCE = 0.75  # of the target: how long a call may wait while outpaced
 OUTPACE = 1.25           # calls coming this many times faster than served: overloaded
+EARLY, EARLY_MIN = 1.5, 16  # ... this many times faster, and more: at once (``judge``)
 PROBE_EVERY = 4          # intervals an outpaced queue sheds between probes (docstring)
 TOLERANCE = 1.5          # latency up to this times the long-term one is not queueing
 QUEUE_FLOOR = 0.005      # s: the long-term latency counts as at least this (docstring)
 SMOOTHING = 0.2          # of the way to each new limit
-LONG_STEP = 1 / 600      # of the way to each sample for the long-term latency (Gradient2: 600)
+LONG_TIME = 30.0         # s: the long-term latency drifts up to a slower target's in about this
 ALPHA, BETA, K = 0.125, 0.25, 4.0  # RFC 6298's gains and deviation factor
 
 
@@ -84,7 +94,7 @@ class Pace:
     """One target's ack timeout and concurrency limit (module docstring)."""
 
     __slots__ = ("floor", "ceiling", "srtt", "rttvar", "rto", "ack_ms", "limit", "max_limit",
-                 "long", "probe", "probe_at", "cut_until")
+                 "long", "drifted", "probe", "probe_at", "cut_until")
 
     def __init__(self, floor: float, ceiling: float, limit: float = INITIAL_LIMIT,
                  max_limit: float = 10_000.0) -> None:
@@ -98,6 +108,7 @@ class Pace:
         self.limit = min(limit, max_limit)
         self.max_limit = max_limit
         self.long = 0.0          # long-term latency of an attempt (0: none yet)
+        self.drifted = 0.0       # when it last moved (``sample``)
         self.probe = 0           # the attempt being timed to its accept (0: none)
         self.probe_at = 0.0      # when it was sent (the router's fine clock)
         self.cut_until = -1e18   # until when refusals belong to the last cut's event
@@ -138,16 +149,19 @@ class Pace:
         self.limit = max(MIN_LIMIT, self.limit / 2)
         self.cut_until = now + self.rto
 
-    def sample(self, took: float, load: int) -> None:
-        """An attempt ended ``took`` s after it was sent, with ``load`` attempts held there:
-        the limit moves toward what that latency says (module docstring)."""
+    def sample(self, took: float, load: int, now: float) -> None:
+        """An attempt ended ``took`` s after it was sent, with ``load`` attempts held there,
+        at ``now``: the limit moves toward what that latency says (module docstring)."""
         if took <= 0:
             return
         long = self.long
         if long == 0.0 or took < long:  # the quickest seen: the target without a queue
             self.long = long = took
         else:  # drifting up slowly, so a target that got slower for good is re-learnt
-            self.long = long = long + LONG_STEP * (took - long)
+            share = (now - self.drifted) / LONG_TIME  # (one sample after a quiet while
+            self.long = long = long + (took - long) * (share if share < 0.05 else 0.05)
+            # moves it a twentieth at most: it may have met the queue of a burst)
+        self.drifted = now
         limit = self.limit
         if load < limit / 2:
             return  # it is not what holds the calls back: nothing learnt of its limit
@@ -282,6 +296,13 @@ class Waiting:
                 # it stood a moment ago (its calls all shed, or served): the overload
                 # goes on, as it was
                 self.standing, self.outpaced = True, self.stood_outpaced
+        elif (not self.standing and now - self.above_since >= interval / 8
+              and self.fresh - self.fresh_then
+              > EARLY * (self.served - self.served_then) + EARLY_MIN):
+            # calls made since the waits went over target come so much faster than they
+            # are served that no burst being worked off explains them: it stands now,
+            # outpaced, not an interval later (each call served meanwhile waits longer)
+            self.standing = self.outpaced = True
         elif now - self.above_since >= interval:
             coming = self.arrived - self.arrived_then
             if not coming:

@@ -59,7 +59,14 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
 from rpcbus import errors
-from rpcbus.broker.admission import INITIAL_LIMIT, NODE_LIMIT, PATIENCE, Pace, Waiting
+from rpcbus.broker.admission import (
+    INITIAL_LIMIT,
+    NODE_LIMIT,
+    OUTPACED_PATIENCE,
+    PATIENCE,
+    Pace,
+    Waiting,
+)
 from rpcbus.broker.choice import LAT_FLOOR, POLICIES, QUIET, SLOWER, Draws, local_first
 from rpcbus.broker.discovery import HALF, LAT_STEP, MinuteStats
 from rpcbus.broker.fanout import Gather
@@ -733,7 +740,7 @@ class Router:
             pace = peer.pace
             assert pace is not None  # every target has one (``_dispatch``)
             if not attempt & _LAT_MASK:  # its limit learns from 1 attempt in LAT_SAMPLE
-                pace.sample(took, peer.load + 1)
+                pace.sample(took, peer.load + 1, self.read_at)
             if attempt == pace.probe:  # an answer is an accept too
                 pace.accepted(took)
                 self._probing.pop(peer, None)
@@ -1480,12 +1487,12 @@ class Router:
 
     def _patience(self, left: float, queue: Waiting) -> float:
         """How long a call that had ``left`` s when it began to wait may wait for a slot
-        while its queue stands: the target while calls come faster than they are served
-        (``Waiting.outpaced``: more is offered than the providers serve, and a longer
-        wait would only make every answer later); else the target, or a share of
+        while its queue stands: three quarters of the target while calls come faster
+        than they are served (``Waiting.outpaced``: more is offered than the providers
+        serve, and a longer wait would only make every answer later); else the target, or a share of
         ``left``, if longer (a burst being worked off: its callers gave it that time)."""
         if queue.outpaced:
-            return self.queue_target
+            return self.queue_target * OUTPACED_PATIENCE
         patience = PATIENCE * left
         return patience if patience > self.queue_target else self.queue_target
 
@@ -1624,7 +1631,7 @@ class Router:
                 lat = stat.seen
                 stat.seen = took if took > lat else lat + LAT_STEP * (took - lat)
             if peer.pace is not None and not call.id & _LAT_MASK:
-                peer.pace.sample(took, peer.load + 1)
+                peer.pace.sample(took, peer.load + 1, self.read_at)
         if self._waiting:
             self._release(peer, self._now)
 

@@ -39,15 +39,15 @@ def test_the_ack_timeout_follows_accept_times_between_floor_and_ceiling():
 def test_the_limit_grows_while_latency_is_flat_and_shrinks_when_it_rises():
     pace = Pace(1.0, 10.0, limit=16.0)
     for _ in range(200):
-        pace.sample(0.010, load=int(pace.limit))  # full, latency flat: more room
+        pace.sample(0.010, load=int(pace.limit), now=0.0)  # full, flat: more room
     grown = pace.limit
     assert grown > 64, grown
     for _ in range(200):
-        pace.sample(0.100, load=int(pace.limit))  # latency 10x: queueing there
+        pace.sample(0.100, load=int(pace.limit), now=0.0)  # 10x: queueing there
     assert pace.limit < grown / 4, (grown, pace.limit)
     idle = pace.limit
     for _ in range(50):
-        pace.sample(0.010, load=0)               # far below its limit: nothing learnt
+        pace.sample(0.010, load=0, now=0.0)      # far below its limit: nothing learnt
     assert pace.limit == idle
     pace.refused(5.0)
     assert pace.limit == max(2.0, idle / 2)
@@ -63,13 +63,65 @@ def test_a_quick_target_keeps_its_limit_while_its_attempts_take_a_few_ms():
     to about 40, and the rest waited at the node, a third of the calls per second lost).
     Past TOLERANCE times QUEUE_FLOOR it is a queue at the target, and the limit falls."""
     pace = Pace(1.0, 10.0, limit=256.0)
-    pace.sample(0.0009, load=1)                  # alone: its no-load time
+    pace.sample(0.0009, load=1, now=0.0)         # alone: its no-load time
     for took in (0.0014, 0.003, 0.0068, 0.0021) * 100:
-        pace.sample(took, load=200)
+        pace.sample(took, load=200, now=0.0)
     assert pace.limit >= 256.0, pace.limit
     for _ in range(100):
-        pace.sample(0.030, load=int(pace.limit))  # 30 ms: queueing there
+        pace.sample(0.030, load=int(pace.limit), now=0.0)  # 30 ms: queueing
     assert pace.limit < 64, pace.limit
+
+
+def test_a_target_held_full_does_not_learn_its_own_queue_as_its_speed():
+    """A target answers 6 ms alone; held full, its answers take what its queue adds.
+    Its no-load latency drifts up by time, not by sample: 200 samples a second for 5 s
+    move it a sixth of the way (by sample it followed the queue within a second, the
+    limit grew with it, and so did every call's latency). A target that got slower for
+    good is re-learnt, in about LONG_TIME."""
+    pace = Pace(1.0, 10.0, limit=16.0)
+    now = 0.0
+    pace.sample(0.006, load=1, now=now)
+    for _ in range(1000):                        # 5 s at 200 samples a second
+        now += 0.005
+        took = 0.006 * pace.limit / 8            # 8 threads: the rest queue there
+        pace.sample(max(took, 0.006), load=int(pace.limit), now=now)
+    assert pace.long < 0.006 * 1.2, pace.long
+    assert pace.limit < 20, pace.limit           # about what 8 threads and TOLERANCE allow
+    for _ in range(600):                         # 60 s of 60 ms answers, 10 a second
+        now += 0.1
+        pace.sample(0.060, load=int(pace.limit), now=now)
+    assert pace.long > 0.040, pace.long
+
+
+def test_calls_made_far_faster_than_served_stand_the_queue_an_eighth_of_an_interval_on():
+    """Waits went over target and the calls made since come three per one served: no
+    burst being worked off explains them, so the queue stands, outpaced, an eighth of
+    an interval on (before: a whole interval on, and each call served meanwhile waited
+    past the patience). As many calls made before (a burst) do not stand it early."""
+    class C:
+        def __init__(self, deadline):
+            self.deadline = deadline
+
+    for fresh in (True, False):
+        q = Waiting()
+        for i in range(50):
+            q.push(C(float(i)))
+        t = 10.0
+        q.judge(0.2, t, 0.1, 1.0)                    # over target: judging begins
+        stood_at = None
+        while t < 10.3 and stood_at is None:
+            t += 0.01
+            for _ in range(3):
+                q.push(C(100.0 + t), fresh=fresh)
+            q.pop()
+            q.served += 1
+            if q.judge(0.2, t, 0.1, 1.0):
+                stood_at = t
+        if fresh:
+            assert stood_at is not None and 10.125 <= stood_at < 10.14, stood_at
+            assert q.outpaced
+        else:
+            assert stood_at is None and not q.outpaced
 
 
 def test_a_queue_stands_when_waits_stay_over_target_and_it_does_not_drain():
@@ -208,7 +260,7 @@ def test_calls_coming_faster_than_served_wait_at_most_the_target(timeout_ms):
     shed += [m for m in out if m[0] == ERROR and m[2] == errors.OVERLOADED]
     # (a call taken before the queue stood may still time out at the provider)
     assert len(failed) - len(shed) <= 2, failed
-    assert shed and all("not run" in m[3] and type(m[4]) is int and m[4] >= 100
+    assert shed and all("not run" in m[3] and type(m[4]) is int and m[4] >= 75
                         for m in shed)  # a hint, in ms
     assert r.stats.overloaded == len(shed) and 0 < r.stats.shed <= len(shed)
     assert_empty(r, caller)

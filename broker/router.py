@@ -1489,8 +1489,9 @@ class Router:
         """How long a call that had ``left`` s when it began to wait may wait for a slot
         while its queue stands: three quarters of the target while calls come faster
         than they are served (``Waiting.outpaced``: more is offered than the providers
-        serve, and a longer wait would only make every answer later); else the target, or a share of
-        ``left``, if longer (a burst being worked off: its callers gave it that time)."""
+        serve, and a longer wait would only make every answer later); else the target,
+        or a share of ``left``, if longer (a burst being worked off: its callers gave it
+        that time)."""
         if queue.outpaced:
             return self.queue_target * OUTPACED_PATIENCE
         patience = PATIENCE * left

@@ -41,13 +41,9 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
   * *outpaced*: over the last interval this node's callers made ``OUTPACE`` times
     more calls of the name than left for a target (each counted from when its caller
     made it, its frame's SENT: ``fresh``). More is asked than can be served, and a
-    longer wait only makes every answer later: the patience is three quarters of
-    ``target`` (``OUTPACED_PATIENCE``: the rest is the margin for the time a call takes
-    once it left and for the judging's own lag, so that an answered call's wait stays
-    within ``target``), and it stays so while calls keep coming that fast. It is judged
-    as soon as the calls made since waits went over target outnumber those served
-    ``EARLY`` times and more, an eighth of an interval on (each call served before
-    the judgement waits past the patience), else after the interval;
+    longer wait only makes every answer later: the patience is ``target``, and it
+    stays so while calls keep coming that fast (waits then stay under ``target``:
+    the longer ones are shed);
   * otherwise the calls were made before the queue stood (a client's 10,000 calls
     at once, read over seconds on a busy machine, or sent again as slots free) or
     come from other nodes (their origin judges them): the patience is half the time
@@ -79,9 +75,7 @@ MIN_LIMIT = 2.0          # attempts a target may always hold
 INITIAL_LIMIT = 256.0    # a new target's limit (a node: NODE_LIMIT)
 NODE_LIMIT = 256.0       # a node's, at least: what is beyond it waits here, not at that node
 PATIENCE = 0.5           # of a call's time left when it came: how long it may wait
-OUTPACED_PATIENCE = 0.75  # of the target: how long a call may wait while outpaced
 OUTPACE = 1.25           # calls coming this many times faster than served: overloaded
-EARLY, EARLY_MIN = 1.5, 16  # ... this many times faster, and more: at once (``judge``)
 PROBE_EVERY = 4          # intervals an outpaced queue sheds between probes (docstring)
 TOLERANCE = 1.5          # latency up to this times the long-term one is not queueing
 QUEUE_FLOOR = 0.005      # s: the long-term latency counts as at least this (docstring)
@@ -296,13 +290,6 @@ class Waiting:
                 # it stood a moment ago (its calls all shed, or served): the overload
                 # goes on, as it was
                 self.standing, self.outpaced = True, self.stood_outpaced
-        elif (not self.standing and now - self.above_since >= interval / 8
-              and self.fresh - self.fresh_then
-              > EARLY * (self.served - self.served_then) + EARLY_MIN):
-            # calls made since the waits went over target come so much faster than they
-            # are served that no burst being worked off explains them: it stands now,
-            # outpaced, not an interval later (each call served meanwhile waits longer)
-            self.standing = self.outpaced = True
         elif now - self.above_since >= interval:
             coming = self.arrived - self.arrived_then
             if not coming:

@@ -59,14 +59,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
 from rpcbus import errors
-from rpcbus.broker.admission import (
-    INITIAL_LIMIT,
-    NODE_LIMIT,
-    OUTPACED_PATIENCE,
-    PATIENCE,
-    Pace,
-    Waiting,
-)
+from rpcbus.broker.admission import INITIAL_LIMIT, NODE_LIMIT, PATIENCE, Pace, Waiting
 from rpcbus.broker.choice import LAT_FLOOR, POLICIES, QUIET, SLOWER, Draws, local_first
 from rpcbus.broker.discovery import HALF, LAT_STEP, MinuteStats
 from rpcbus.broker.fanout import Gather
@@ -1487,13 +1480,12 @@ class Router:
 
     def _patience(self, left: float, queue: Waiting) -> float:
         """How long a call that had ``left`` s when it began to wait may wait for a slot
-        while its queue stands: three quarters of the target while calls come faster
-        than they are served (``Waiting.outpaced``: more is offered than the providers
-        serve, and a longer wait would only make every answer later); else the target,
-        or a share of ``left``, if longer (a burst being worked off: its callers gave it
-        that time)."""
+        while its queue stands: the target while calls come faster than they are served
+        (``Waiting.outpaced``: more is offered than the providers serve, and a longer
+        wait would only make every answer later); else the target, or a share of
+        ``left``, if longer (a burst being worked off: its callers gave it that time)."""
         if queue.outpaced:
-            return self.queue_target * OUTPACED_PATIENCE
+            return self.queue_target
         patience = PATIENCE * left
         return patience if patience > self.queue_target else self.queue_target
 

@@ -93,37 +93,6 @@ def test_a_target_held_full_does_not_learn_its_own_queue_as_its_speed():
     assert pace.long > 0.040, pace.long
 
 
-def test_calls_made_far_faster_than_served_stand_the_queue_an_eighth_of_an_interval_on():
-    """Waits went over target and the calls made since come three per one served: no
-    burst being worked off explains them, so the queue stands, outpaced, an eighth of
-    an interval on (before: a whole interval on, and each call served meanwhile waited
-    past the patience). As many calls made before (a burst) do not stand it early."""
-    class C:
-        def __init__(self, deadline):
-            self.deadline = deadline
-
-    for fresh in (True, False):
-        q = Waiting()
-        for i in range(50):
-            q.push(C(float(i)))
-        t = 10.0
-        q.judge(0.2, t, 0.1, 1.0)                    # over target: judging begins
-        stood_at = None
-        while t < 10.3 and stood_at is None:
-            t += 0.01
-            for _ in range(3):
-                q.push(C(100.0 + t), fresh=fresh)
-            q.pop()
-            q.served += 1
-            if q.judge(0.2, t, 0.1, 1.0):
-                stood_at = t
-        if fresh:
-            assert stood_at is not None and 10.125 <= stood_at < 10.14, stood_at
-            assert q.outpaced
-        else:
-            assert stood_at is None and not q.outpaced
-
-
 def test_a_queue_stands_when_waits_stay_over_target_and_it_does_not_drain():
     class C:
         def __init__(self, deadline):
@@ -260,7 +229,7 @@ def test_calls_coming_faster_than_served_wait_at_most_the_target(timeout_ms):
     shed += [m for m in out if m[0] == ERROR and m[2] == errors.OVERLOADED]
     # (a call taken before the queue stood may still time out at the provider)
     assert len(failed) - len(shed) <= 2, failed
-    assert shed and all("not run" in m[3] and type(m[4]) is int and m[4] >= 75
+    assert shed and all("not run" in m[3] and type(m[4]) is int and m[4] >= 100
                         for m in shed)  # a hint, in ms
     assert r.stats.overloaded == len(shed) and 0 < r.stats.shed <= len(shed)
     assert_empty(r, caller)

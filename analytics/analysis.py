@@ -44,10 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from rpcbus.analytics import findings, series, skew
+from rpcbus.analytics import files, findings, series, skew
 from rpcbus.analytics.rollup import COUNTS, KEYS, moved_back, per_period, rollup
 
-WRITERS = 4   # tables Spark writes at once
 PART_BYTES = 64 << 20   # the rollup comes to the driver in parts of about this (_part_bytes)
 PERIODS = {"per_minute": 60, "per_hour": 3600}
 SERIAL_GC_CPUS = 2   # machines this small: the local JVM collects with one thread (session)
@@ -191,8 +190,8 @@ def hour_folders(spark: Any, history: str, since: float | None, until: float | N
 def _has_parquet(path: str) -> bool:
     if "://" in path and not path.startswith("file://"):
         return False
-    for _, _, files in os.walk(path.removeprefix("file://")):
-        if any(f.endswith(".parquet") for f in files):
+    for _, _, names in os.walk(path.removeprefix("file://")):
+        if any(f.endswith(".parquet") for f in names):
             return True
     return False
 
@@ -254,17 +253,13 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
     def write_period(name: str, seconds: int) -> None:
         write(name, per_period(minutes.drop("recorded"), seconds, span))
 
-    def write_rows(name: str, rows: list[dict[str, Any]]) -> None:
-        write(name, spark.createDataFrame([tuple(r.values()) for r in rows],
-                                          findings.SCHEMAS[name]))
-
-    # The driver takes the rollup once, one rpc at a time, and computes the small tables
-    # from it (analytics/series.py says why), then draws the report. Meanwhile Spark
-    # writes the per-minute and per-hour tables, as big as the rollup, then the small
-    # ones (other threads, in the scheduler pool "writes"). The session schedules FAIR:
-    # the driver's query, one partition at a time, keeps a core beside the writes
-    # instead of waiting for them, and the report waits on it only.
-    with ThreadPoolExecutor(WRITERS) as pool:
+    # The driver takes the rollup once, one rpc at a time, computes the small tables
+    # from it (analytics/series.py says why) and writes them itself (analytics/files.py),
+    # then draws the report. Meanwhile Spark writes the per-minute and per-hour tables,
+    # as big as the rollup (other threads, in the scheduler pool "writes"). The session
+    # schedules FAIR: the driver's query, one partition at a time, keeps a core beside
+    # the writes instead of waiting for them, and the report waits on it only.
+    with ThreadPoolExecutor(len(PERIODS)) as pool:
         arranged: list[findings.Rpc] = []
         nodes: dict[str, series.Merged] = {}
         recording: set[str] = set()
@@ -278,18 +273,19 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
             recording |= series.presence(rpc)
             arranged.append(findings.arrange(rpc))
         found = findings.tables(arranged, nodes, recording, half_life, newest, span, leaps)
-        small = [pool.submit(write_rows, name, rows) for name, rows in found.items()]
-        written.update((name, len(rows)) for name, rows in found.items())
+        for name, rows in found.items():
+            files.write_table(spark, f"{out}/{name}", rows, findings.SCHEMAS[name])
+            written[name] = len(rows)
         doc = findings.weights_doc(found["weights"], {
             "history": history, "since": since, "until": until, "half_life_s": half_life})
-        write_text(spark, f"{out}/weights.json", json.dumps(doc, indent=1) + "\n")
+        files.write_text(spark, f"{out}/weights.json", json.dumps(doc, indent=1) + "\n")
         if report:
             from rpcbus.analytics import report as report_mod
 
             report_mod.write(out, report_dir, found, findings.throughput(nodes, span),
                              history={k: written[k] for k in
                                       ("rows_read", "rows_skipped", "rows_duplicate")})
-        for future in [*big, *small]:
+        for future in big:
             future.result()
     every.unpersist()
     return written
@@ -441,25 +437,6 @@ def _part_bytes(spark: Any) -> int:
     limit = spark.sparkContext._jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(
         spark.sparkContext.getConf().get("spark.driver.maxResultSize", "1g"))
     return min(PART_BYTES, limit // 4) if limit > 0 else PART_BYTES
-
-
-def write_text(spark: Any, path: str, text: str) -> None:
-    """One small file, written by the driver: local paths directly, others (``hdfs://``,
-    ``s3a://``) through Hadoop's FileSystem, as Spark writes them."""
-    if "://" not in path or path.startswith("file://"):
-        local = path.removeprefix("file://")
-        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-        with open(local, "w", encoding="utf-8") as f:
-            f.write(text)
-        return
-    jvm = spark.sparkContext._jvm
-    target = jvm.org.apache.hadoop.fs.Path(path)
-    fs = target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    stream = fs.create(target, True)
-    try:
-        stream.write(bytearray(text.encode()))
-    finally:
-        stream.close()
 
 
 class _Progress:

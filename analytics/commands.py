@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -64,11 +65,10 @@ def analyze(history: str, out: str, since: str | None, until: str | None, master
     cannot be read, an output that cannot be written); 3 no usable row in the
     history or span.
     """
-    try:
-        import pyspark  # noqa: F401  (only to say what is missing, in one line)
-    except ImportError:
+    missing = [name for name in ("pyspark", "pyarrow") if importlib.util.find_spec(name) is None]
+    if missing:   # said in one line, before anything imports them
         raise click.ClickException(
-            "rpcbus analyze needs PySpark: pip install 'rpcbus[spark]'") from None
+            f"rpcbus analyze needs {' and '.join(missing)}: pip install 'rpcbus[spark]'")
     if "://" in out and not out.startswith("file://") and not report_dir and not no_report:
         raise click.UsageError("--out is not a local path: give --report-dir (local) "
                                "or --no-report")

@@ -120,6 +120,7 @@ def _one_line_error(result, code=1):
 def test_a_missing_part_or_a_bad_value_is_one_line_saying_what_to_do(tmp_path):
     history = ("analyze", "--history", str(tmp_path), "--out", str(tmp_path / "out"))
     assert "pip install 'rpcbus[spark]'" in _one_line_error(_without("pyspark", *history))
+    assert "needs pyarrow: pip install" in _one_line_error(_without("pyarrow", *history))
     assert "pip install 'rpcbus[bench]'" in _one_line_error(_without("psutil", "bench"))
     no_java = {"PATH": str(tmp_path), "JAVA_HOME": ""}          # no java anywhere
     assert "needs Java" in _one_line_error(run_cli(*history, env=no_java))

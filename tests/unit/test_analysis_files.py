@@ -1,0 +1,36 @@
+"""The small tables the analysis driver writes itself (analytics/files.py), read back as
+Spark would find them: a directory of one Parquet file, replaced on every run."""
+
+import os
+
+import pyarrow.parquet as pq
+import pytest
+
+from rpcbus.analytics import files
+
+DDL = "rpc STRING, calls BIGINT, rank INT, share DOUBLE, hot BOOLEAN"
+
+
+def test_a_table_is_replaced_whole_and_keeps_the_ddl_types(tmp_path):
+    out = str(tmp_path / "hot_rpcs")
+    files.write_table(None, out, [{"rpc": "a", "calls": 3, "rank": 1, "share": 0.5,
+                                   "hot": True}] * 3, DDL)
+    files.write_table(None, out, [{"rpc": "b", "calls": None, "rank": 2, "share": None,
+                                   "hot": False}], DDL)
+    assert sorted(os.listdir(out)) == ["_SUCCESS", files.PART]
+    table = pq.read_table(out)
+    assert table.to_pylist() == [{"rpc": "b", "calls": None, "rank": 2, "share": None,
+                                  "hot": False}]
+    assert [str(t) for t in table.schema.types] == ["string", "int64", "int32", "double",
+                                                    "bool"]
+    files.write_table(None, out, [], DDL)      # an empty table still says its columns
+    assert pq.read_table(out).num_rows == 0 and pq.read_table(out).schema.names[0] == "rpc"
+
+
+def test_a_value_of_another_type_or_a_row_of_other_columns_is_refused():
+    with pytest.raises(TypeError, match="calls"):   # pyarrow alone would cut it to 1
+        files.parquet([{"rpc": "a", "calls": 1.5, "rank": 1, "share": 0.0, "hot": True}], DDL)
+    with pytest.raises(TypeError):
+        files.parquet([{"rpc": 7, "calls": 1, "rank": 1, "share": 0.0, "hot": True}], DDL)
+    with pytest.raises(ValueError, match="columns"):
+        files.parquet([{"calls": 1, "rpc": "a", "rank": 1, "share": 0.0, "hot": True}], DDL)

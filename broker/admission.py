@@ -81,6 +81,7 @@ TOLERANCE = 1.5          # latency up to this times the long-term one is not que
 QUEUE_FLOOR = 0.005      # s: the long-term latency counts as at least this (docstring)
 SMOOTHING = 0.2          # of the way to each new limit
 LONG_TIME = 30.0         # s: the long-term latency drifts up to a slower target's in about this
+LONG_SHARE = 0.05        # of the way one sample moves it at most (it may have met a burst's queue)
 ALPHA, BETA, K = 0.125, 0.25, 4.0  # RFC 6298's gains and deviation factor
 
 
@@ -152,9 +153,9 @@ class Pace:
         if long == 0.0 or took < long:  # the quickest seen: the target without a queue
             self.long = long = took
         else:  # drifting up slowly, so a target that got slower for good is re-learnt
-            share = (now - self.drifted) / LONG_TIME  # (one sample after a quiet while
-            self.long = long = long + (took - long) * (share if share < 0.05 else 0.05)
-            # moves it a twentieth at most: it may have met the queue of a burst)
+            share = (now - self.drifted) / LONG_TIME
+            share = share if share < LONG_SHARE else LONG_SHARE
+            self.long = long = long + (took - long) * share
         self.drifted = now
         limit = self.limit
         if load < limit / 2:

@@ -179,9 +179,10 @@ async def _open_loop(target: _Target, rate: float, seconds: float, timeout: floa
 
     async def one(i: int, due: float) -> None:
         nonlocal under_way
-        lags.append(time.monotonic() - due)
-        code, _ = await target.call(WORK, {"id": i, "deadline": due + timeout},
-                                    max(timeout - (time.monotonic() - due), 0.001))
+        now = time.monotonic()
+        lags.append(now - due)
+        left = max(timeout - (now - due), 0.001)
+        code, _ = await target.call(WORK, {"id": i, "deadline": now + left}, left)
         outcomes[code] += 1
         if code == "OK":
             latencies.append(time.monotonic() - due)

@@ -132,26 +132,35 @@ def ws_header(length: int, mask_bit: int) -> bytes:
 
 
 def pack_in_frames(parts: list[bytes], max_frame: int,
-                   max_messages: int = MAX_FRAME_MESSAGES) -> list[bytes]:
+                   max_messages: int = MAX_FRAME_MESSAGES, head: bytes = b"") -> list[bytes]:
     """Group already-packed messages into frames of at most ``max_frame`` bytes and
-    ``max_messages`` messages.
+    ``max_messages`` messages; ``head``, when given, begins every frame (a SENT: the
+    node times the calls of each frame from its own).
 
     A frame of one message is that message; several make a msgpack array. A
-    single message larger than ``max_frame`` still goes out alone.
+    single message larger than ``max_frame`` still goes out alone (with ``head``).
     """
+    if head and max_messages < 2:   # no room for it beside a message: once, as one
+        parts, head = [head, *parts], b""
     frames: list[bytes] = []
-    group: list[bytes] = []
-    size = 0
+    first = [head] if head else []
+    group = first.copy()
+    size = len(head)
     for part in parts:
-        if group and (size + len(part) + 5 > max_frame or len(group) >= max_messages):
-            frames.append(group[0] if len(group) == 1
-                          else _array_header(len(group)) + b"".join(group))
-            group, size = [], 0
+        if len(group) > len(first) and (size + len(part) + 5 > max_frame
+                                         or len(group) >= max_messages):
+            frames.append(_joined(group))
+            group, size = first.copy(), len(head)
         group.append(part)
         size += len(part)
-    if group:
-        frames.append(group[0] if len(group) == 1 else _array_header(len(group)) + b"".join(group))
+    if len(group) > len(first):
+        frames.append(_joined(group))
     return frames
+
+
+def _joined(group: list[bytes]) -> bytes:
+    """One frame of packed messages: the message itself, or a msgpack array of them."""
+    return group[0] if len(group) == 1 else _array_header(len(group)) + b"".join(group)
 
 
 def frame(opcode: int, payload: bytes, masked: bool) -> bytes:
@@ -519,10 +528,10 @@ class FrameIO(asyncio.Protocol):
         try:
             data = encode(out)
         except (TypeError, ValueError, OverflowError):
-            frames = self._encode_each(out)
+            frames = self._encode_each(out, bool(stamp))
         else:
             frames = [data] if len(data) <= self.max_out_frame and \
-                len(out) <= self.max_out_messages else self._encode_each(out)
+                len(out) <= self.max_out_messages else self._encode_each(out, bool(stamp))
         write = self.transport.write
         if self.is_server:
             for data in frames:
@@ -536,12 +545,15 @@ class FrameIO(asyncio.Protocol):
         if self.transport.get_write_buffer_size() > self.max_write_buffer:
             self.on_slow_consumer()
 
-    def _encode_each(self, out: list[list[Any]]) -> list[bytes]:
+    def _encode_each(self, out: list[list[Any]], stamped: bool = False) -> list[bytes]:
         """Each message packed alone (what msgpack refuses goes to ``unencodable``, one
-        over ``max_out_frame`` to ``oversized``), then grouped into bounded frames."""
+        over ``max_out_frame`` to ``oversized``), then grouped into bounded frames.
+        ``stamped``: ``out`` begins with a SENT, which then begins every frame (the node
+        takes a frame without one as not having waited)."""
         parts = []
         limit = self.max_out_frame
-        for msg in out:
+        head = _packb(out[0]) if stamped else b""
+        for msg in out[1:] if stamped else out:
             try:
                 part = _packb(msg)
             except (TypeError, ValueError, OverflowError) as exc:
@@ -556,7 +568,7 @@ class FrameIO(asyncio.Protocol):
                 if replacement is not msg:
                     part = _packb(replacement)
             parts.append(part)
-        return pack_in_frames(parts, limit, self.max_out_messages) if parts else []
+        return pack_in_frames(parts, limit, self.max_out_messages, head) if parts else []
 
     def oversized(self, msg: list[Any], size: int) -> list[Any] | None:
         """A message of ``size`` bytes, over ``max_out_frame``: return it to send it alone

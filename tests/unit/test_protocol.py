@@ -21,14 +21,21 @@ def test_frames_round_trip_one_or_many_messages(msgs):
 
 
 @given(st.lists(st.lists(messages, min_size=1, max_size=3).map(p.encode), min_size=1, max_size=30),
-       st.integers(8, 200))
-def test_prepacked_messages_group_into_bounded_frames(frames, max_frame):
+       st.integers(8, 200), st.integers(2, 6), st.booleans())
+def test_prepacked_messages_group_into_bounded_frames(frames, max_frame, most, stamped):
     parts = [msgpack.packb(m) for f in frames for m in p.decode(f)]
     expected = [m for f in frames for m in p.decode(f)]
-    out = pack_in_frames(parts, max_frame)
-    assert [m for frame in out for m in p.decode(frame)] == expected
-    for frame in out:  # only a frame of one oversized message may exceed the bound
-        assert len(frame) <= max_frame or len(p.decode(frame)) == 1
+    sent = [p.SENT, 1234]
+    out = pack_in_frames(parts, max_frame, most, msgpack.packb(sent) if stamped else b"")
+    decoded = [p.decode(frame) for frame in out]
+    if stamped:   # every frame's calls are timed from its own SENT, not only the first's
+        assert all(msgs[0] == sent for msgs in decoded)
+        decoded = [msgs[1:] for msgs in decoded]
+    assert [m for msgs in decoded for m in msgs] == expected
+    for frame, msgs in zip(out, decoded, strict=True):
+        assert len(msgs) + stamped <= most
+        # only a frame of one oversized message may exceed the bound
+        assert len(frame) <= max_frame or len(msgs) == 1
 
 
 @settings(max_examples=500)

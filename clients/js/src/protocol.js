@@ -86,21 +86,29 @@ function join (group, size) {
  * Group packed messages into frames of at most `maxFrame` bytes and `maxMessages`
  * messages: a frame of one message is that message, several make a msgpack array. A
  * single message over `maxFrame` still goes alone (the caller decides whether to send it).
+ * `head`, when given, begins every frame (a SENT: the node times each frame's calls from
+ * its own, and takes a frame without one as not having waited).
  */
-export function packInFrames (parts, maxFrame, maxMessages = MAX_FRAME_MESSAGES) {
+export function packInFrames (parts, maxFrame, maxMessages = MAX_FRAME_MESSAGES, head = null) {
+  if (head && maxMessages < 2) { // no room for it beside a message: once, as one
+    parts = [head, ...parts]
+    head = null
+  }
+  const first = head ? [head] : []
   const frames = []
-  let group = []
-  let size = 0
+  let group = [...first]
+  let size = head ? head.length : 0
   for (const part of parts) {
-    if (group.length && (size + part.length + 5 > maxFrame || group.length >= maxMessages)) {
+    if (group.length > first.length &&
+        (size + part.length + 5 > maxFrame || group.length >= maxMessages)) {
       frames.push(join(group, size))
-      group = []
-      size = 0
+      group = [...first]
+      size = head ? head.length : 0
     }
     group.push(part)
     size += part.length
   }
-  if (group.length) frames.push(join(group, size))
+  if (group.length > first.length) frames.push(join(group, size))
   return frames
 }
 

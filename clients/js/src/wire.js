@@ -72,16 +72,18 @@ export class Wire {
         if (data.length <= this.maxFrame) frames = [data]
       } catch { /* one of them cannot be encoded: find it below */ }
     }
-    if (frames === null) frames = this.encodeEach(out)
+    if (frames === null) frames = this.encodeEach(out, stamp !== 0)
     for (const frame of frames) this.ws.send(frame)
     this.framesOut += frames.length
   }
 
   /** Each message packed alone: what msgpack refuses or what is over max_frame goes to the
-   * client, which fails the call or replaces the answer; the rest in bounded frames. */
-  encodeEach (out) {
+   * client, which fails the call or replaces the answer; the rest in bounded frames.
+   * `stamped`: `out` begins with a SENT, which then begins every frame. */
+  encodeEach (out, stamped = false) {
     const parts = []
-    for (const msg of out) {
+    const head = stamped ? encodeMessage(out[0]) : null
+    for (const msg of stamped ? out.slice(1) : out) {
       let part
       try {
         part = encodeMessage(msg)
@@ -97,7 +99,7 @@ export class Wire {
       }
       parts.push(part)
     }
-    return parts.length ? packInFrames(parts, this.maxFrame, this.maxMessages) : []
+    return parts.length ? packInFrames(parts, this.maxFrame, this.maxMessages, head) : []
   }
 
   close (code = 1000) {

@@ -29,6 +29,11 @@ test('batches split at the frame size and message count, and decode back in orde
   assert.deepEqual(all, [...Array(25).keys()])
   const big = p.encodeMessage([18, 1, 'y'.repeat(500)]) // over the limit: alone, whole
   assert.deepEqual(p.packInFrames([parts[0], big, parts[1]], 100).map((f) => p.decodeFrame(f).length), [1, 1, 1])
+  const sent = p.encodeMessage([p.SENT, 1234]) // begins every frame: each is timed by it
+  const stamped = p.packInFrames(parts, 1 << 20, 10, sent).map((f) => p.decodeFrame(f))
+  assert.deepEqual(stamped.map((msgs) => msgs.length), [10, 10, 8])
+  for (const msgs of stamped) assert.deepEqual(msgs[0], [p.SENT, 1234])
+  assert.deepEqual(stamped.flatMap((msgs) => msgs.slice(1)).map((m) => m[1]), [...Array(25).keys()])
   const many = Array.from({ length: 70000 }, () => p.encodeMessage([30]))
   const [frame] = p.packInFrames(many, 1 << 20, 100000) // a 32-bit array header
   assert.equal(frame[0], 0xdd)

@@ -316,10 +316,12 @@ class LocalCluster:
     def _log_of(self, name: str) -> str | None:
         return os.path.join(self.log_dir, f"{name}.log") if self.log_dir else None
 
-    def restart(self, i: int, graceful: bool = False) -> NodeProcess:
+    def restart(self, i: int, graceful: bool = False,
+                start_timeout: float = 30.0) -> NodeProcess:
         """SIGKILL node ``i`` (``graceful``: SIGTERM, and wait for it to drain and exit) and
         start a new process under its name, port and options at once (as a process
-        supervisor would); returns the new node once it serves."""
+        supervisor would); returns the new node once it serves (NodeStartError if not
+        within ``start_timeout`` s)."""
         old = self.nodes[i]
         args = list(old.args)
         args[args.index("--port") + 1] = old.url.rsplit(":", 1)[1]
@@ -329,7 +331,7 @@ class LocalCluster:
             old.kill()
         new = NodeProcess(*args, env=old.env, echo=self.echo, log_file=old.log_file)
         self.nodes[i] = new
-        return new.start()
+        return new.start(start_timeout)
 
     def stop(self) -> dict[str, Any]:
         codes = {}

@@ -12,18 +12,22 @@ import asyncio
 import pytest
 
 from ..busy import spinning
+from ..timing import wait
 from .harness import run
 
 
+@pytest.mark.timeout(360)   # busy: a node's start alone took 30 s and more on a slow day
 @pytest.mark.parametrize("spinners", [0, 12], ids=["quiet", "busy machine"])
 async def test_a_rolling_restart_of_every_node_fails_no_call(scenario, spinners):
     sc = scenario(nodes=3)
     processes = []
+    starting = wait(90.0 if spinners else 30.0)   # its imports get a 13th of a core
 
     async def fault(sc):
         for i in range(3):
             processes.append(sc.cluster.nodes[i])
-            await asyncio.to_thread(sc.cluster.restart, i, True)  # drains, exits, restarts
+            # drains, exits, restarts
+            await asyncio.to_thread(sc.cluster.restart, i, True, starting)
             await asyncio.sleep(0.5)                               # steady load between
         sc.cleared()
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import rpcbus
 from rpcbus.broker.local import LocalCluster
-from rpcbus.errors import CODES
+from rpcbus.errors import CODES, OVERLOADED
 
 from ..quiet import no_gc_pauses
 from .proxy import Proxy
@@ -186,7 +186,12 @@ class Scenario:
 
     # -- checks ----------------------------------------------------------------------
 
-    def check(self, load: Load, recover_within: float) -> dict[str, Any]:
+    def check(self, load: Load, recover_within: float,
+              shed_ok: bool = False) -> dict[str, Any]:
+        """Every check on ``load``'s ledger (module docstring). ``shed_ok``: the machine
+        itself is overloaded (spinning processes beside the test), so OVERLOADED (not run,
+        and why) may come at any time, the fault's or not, and does not count against
+        recovery; every other failure does, and calls must still be served after it."""
         ledger = load.ledger
         assert ledger, "no call was made"
         outcomes: Counter[str] = Counter()
@@ -208,14 +213,18 @@ class Scenario:
                               and e.started <= self.crash_at <= e.ended}
         assert twice <= in_flight_at_crash, \
             f"calls run more than once: {sorted(twice - in_flight_at_crash)[:5]}"
-        failures = [e for e in ledger if e.result != e.data and e.started >= self.clear_at]
+        def failed(e: Entry) -> bool:
+            return e.result != e.data and not (shed_ok and e.result == OVERLOADED)
+
+        failures = [e for e in ledger if failed(e) and e.started >= self.clear_at]
         self.write_failures(ledger)
         recovery = max((e.started - self.clear_at for e in failures), default=0.0)
         assert recovery <= recover_within, (
             f"calls still failed {recovery:.2f} s after the fault cleared: "
             f"{Counter(e.result for e in failures)}")
         after = [e for e in ledger if e.started >= self.clear_at + recover_within]
-        assert after and all(e.result == e.data for e in after)
+        assert any(e.result == e.data for e in after), "no call was served after recovery"
+        assert not any(failed(e) for e in after)
         for node in self.nodes:
             if node.name not in self.killed:
                 assert node.proc.poll() is None, f"{node.name} exited with {node.proc.poll()}"
@@ -268,9 +277,11 @@ class Scenario:
 
 async def run(sc: Scenario, fault: Any, recover_within: float,
               in_process_provider_on: tuple[int, ...] = (0, 1), handler: Any = None,
-              rpc: str = "echo", pinned: bool = False) -> dict[str, Any]:
+              rpc: str = "echo", pinned: bool = False,
+              shed_ok: bool = False) -> dict[str, Any]:
     """Providers and callers, a steady load, ``fault(sc)``, then every check; the figures.
-    ``pinned``: every client only ever (re)connects to its own node."""
+    ``pinned``: every client only ever (re)connects to its own node; ``shed_ok``: see
+    ``Scenario.check``."""
     providers = [await sc.provider(i, handler, rpc, pinned) for i in in_process_provider_on]
     callers = await sc.callers(pinned)
     sc.snapshot_tasks()
@@ -283,7 +294,7 @@ async def run(sc: Scenario, fault: Any, recover_within: float,
             await asyncio.sleep(recover_within + 1.5)   # and after it
         finally:
             await load.finish()
-    figures = sc.check(load, recover_within)
+    figures = sc.check(load, recover_within, shed_ok)
     await sc.check_no_leaks()
     sc.report(figures)
     for c in providers + callers:

@@ -5,7 +5,11 @@ leaves, never deaths (before: 2-11 calls failed NO_PROVIDER per run, and every s
 logged and counted as a dead node). On a machine busy with other work (twelve
 processes spinning per core) a call may be shed OVERLOADED, which says it did not run
 and why, but none ends with a code that says its live, moving provider is gone
-(before: NO_PROVIDER, 300-400 calls a run here; 65-82 of ~14,000 in the issue's)."""
+(before: NO_PROVIDER, 300-400 calls a run here; 65-82 of ~14,000 in the issue's).
+There OVERLOADED is the machine's state, not the fault's: in a slow hour (the test 7x
+its usual time) the callers' own load was shed from the first seconds, before any
+node stopped, and went on after the last came back, so it does not count against
+recovery; every other code does."""
 
 import asyncio
 
@@ -33,7 +37,8 @@ async def test_a_rolling_restart_of_every_node_fails_no_call(scenario, spinners)
 
     # one provider, on n1 first (it holds every URL and moves as each node stops)
     with spinning(spinners):  # per core
-        figures = await run(sc, fault, recover_within=0.5, in_process_provider_on=(0,))
+        figures = await run(sc, fault, recover_within=0.5, in_process_provider_on=(0,),
+                            shed_ok=bool(spinners))
     failed = set(figures["outcomes"]) - {"ok"}
     assert failed <= ({"OVERLOADED"} if spinners else set()), (figures["outcomes"],
                                                                 figures["said"])

@@ -17,6 +17,12 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
     sample, 0.5, 1) + sqrt(limit)``, smoothed. A target that refuses an attempt because
     it is full or read it too late (``refused``), or times out (``timed_out``), has its
     limit halved, once per ``rto`` (one congestion event).
+    While the target holds under half its limit the limit is not what holds calls back,
+    and nothing is learnt of it; it then decays, as TCP's window does while its sender
+    has less to send (RFC 7661): its part above twice the most attempts held lately
+    halves every ``IDLE_DECAY`` s. Kept whole, the limit of a quiet spell (256 at
+    first) met the next jump in calls: at three times capacity a provider of 8 threads
+    was handed 256 calls at once, and its queue, not the node's, made them wait 190 ms.
     The long-term latency is the quickest seen, drifting up slowly (as Vegas's no-load
     latency is): a mean would count the queue a busy target already has as its own.
     It drifts by time (``LONG_TIME``), not by sample: drifting a fixed share per sample,
@@ -51,6 +57,15 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
     30 s means it may wait; 10,000 such calls at once on a machine at load 40 waited
     up to 13 s and were all served. A burst that drains is served, not shed.
 
+  Waiting an interval before judging keeps a burst from being shed, but the calls that
+  come meanwhile wait up to ``target`` plus ``interval``: at three times capacity they
+  were the slowest 5 % of the calls answered. So when the first wait passes ``target``
+  the queue is judged at once, outpaced, if its callers made calls in the last half
+  ``target`` ``EARLY_OUTPACE`` times faster than the queue served them since it began
+  (when the calls were made, from their SENT: a burst made at once, however slowly
+  read, counts at its one moment), and enough were served to tell (``EARLY_COUNT`` per
+  half target; a slower name, or one whose provider is moving, waits the interval).
+
   Counts cannot tell callers that make more calls than are served (an open loop: the
   shed ones do not come back) from a few callers that call again at once whenever a
   call is shed (a closed loop: each shed call comes back within a round trip, so the
@@ -77,11 +92,15 @@ NODE_LIMIT = 256.0       # a node's, at least: what is beyond it waits here, not
 PATIENCE = 0.5           # of a call's time left when it came: how long it may wait
 OUTPACE = 1.25           # calls coming this many times faster than served: overloaded
 PROBE_EVERY = 4          # intervals an outpaced queue sheds between probes (docstring)
+EARLY_OUTPACE = 2.0      # calls made this many times faster than served: outpaced at once
+EARLY_COUNT = 16         # ... when at least this many were served per half target (docstring)
+RECENT = 4096            # made times kept for that judgement (more: it counts fewer)
 TOLERANCE = 1.5          # latency up to this times the long-term one is not queueing
 QUEUE_FLOOR = 0.005      # s: the long-term latency counts as at least this (docstring)
 SMOOTHING = 0.2          # of the way to each new limit
 LONG_TIME = 30.0         # s: the long-term latency drifts up to a slower target's in about this
 LONG_SHARE = 0.05        # of the way one sample moves it at most (it may have met a burst's queue)
+IDLE_DECAY = 1.0         # s: an unused limit's excess over twice the load halves in this
 ALPHA, BETA, K = 0.125, 0.25, 4.0  # RFC 6298's gains and deviation factor
 
 
@@ -89,7 +108,7 @@ class Pace:
     """One target's ack timeout and concurrency limit (module docstring)."""
 
     __slots__ = ("floor", "ceiling", "srtt", "rttvar", "rto", "ack_ms", "limit", "max_limit",
-                 "long", "drifted", "probe", "probe_at", "cut_until")
+                 "long", "drifted", "probe", "probe_at", "cut_until", "peak", "decayed")
 
     def __init__(self, floor: float, ceiling: float, limit: float = INITIAL_LIMIT,
                  max_limit: float = 10_000.0) -> None:
@@ -107,6 +126,8 @@ class Pace:
         self.probe = 0           # the attempt being timed to its accept (0: none)
         self.probe_at = 0.0      # when it was sent (the router's fine clock)
         self.cut_until = -1e18   # until when refusals belong to the last cut's event
+        self.peak = 0            # the most attempts held since ``decayed`` (limit unused)
+        self.decayed = 0.0       # when the limit last decayed, or was last in use
 
     def accepted(self, took: float) -> None:
         """The timed attempt was accepted ``took`` s after it was sent (RFC 6298 2.2-2.3)."""
@@ -158,13 +179,31 @@ class Pace:
             self.long = long = long + (took - long) * share
         self.drifted = now
         limit = self.limit
-        if load < limit / 2:
-            return  # it is not what holds the calls back: nothing learnt of its limit
+        if load < limit / 2:  # it is not what holds the calls back: nothing learnt of it
+            self._unused(load, now)
+            return
+        self.peak, self.decayed = 0, now
         gradient = TOLERANCE * (long if long > QUEUE_FLOOR else QUEUE_FLOOR) / took
         gradient = 0.5 if gradient < 0.5 else 1.0 if gradient > 1.0 else gradient
         new = limit * gradient + math.sqrt(limit)
         limit += SMOOTHING * (new - limit)
         self.limit = MIN_LIMIT if limit < MIN_LIMIT else min(limit, self.max_limit)
+
+    def _unused(self, load: int, now: float) -> None:
+        """A sample with ``load`` held, under half the limit: once per ``IDLE_DECAY``, the
+        limit's part above twice the most held since then halves (per ``IDLE_DECAY``
+        elapsed; module docstring)."""
+        peak = self.peak if self.peak > load else load
+        if self.decayed == 0.0:  # its first sample: the time is counted from now
+            self.decayed = now
+        elapsed = now - self.decayed
+        if elapsed >= IDLE_DECAY:
+            keep = 2.0 * peak if peak > MIN_LIMIT else MIN_LIMIT
+            if self.limit > keep:
+                self.limit = keep + (self.limit - keep) * 0.5 ** (elapsed / IDLE_DECAY)
+            peak, self.decayed = load, now
+        self.peak = peak
+        assert self.limit >= MIN_LIMIT
 
 
 class Waiting:
@@ -175,7 +214,8 @@ class Waiting:
     __slots__ = ("heap", "above_since", "length_then", "arrived", "arrived_then", "fresh",
                  "fresh_then", "served", "served_then", "standing", "outpaced",
                  "stood_until", "stood_outpaced", "waited", "_seq", "probing", "probe_at",
-                 "probe_start", "probe_fresh", "probe_served", "held", "owed")
+                 "probe_start", "probe_fresh", "probe_served", "held", "owed", "began",
+                 "served_began", "recent")
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int, Any]] = []  # (deadline, seq, call)
@@ -201,14 +241,23 @@ class Waiting:
         # (when due, caller, reply) of calls shed in it, in the order they were shed
         self.held: deque[tuple[float, Any, Any]] = deque()
         self.owed = 0           # fresh calls not counted: callers calling again (``probe``)
+        self.began = 0.0        # when calls last began to wait in it (it was empty)
+        self.served_began = 0   # ``served`` then
+        self.recent: deque[float] = deque(maxlen=RECENT)  # when this node's calls were made
 
     def __len__(self) -> int:
         return len(self.heap)
 
-    def push(self, call: Any, fresh: bool = False) -> None:
-        """``call`` waits; ``fresh``: its caller made it since waits went over target."""
+    def push(self, call: Any, fresh: bool = False, now: float = 0.0,
+             made: float | None = None) -> None:
+        """``call`` waits from ``now``; ``fresh``: its caller made it since waits went over
+        target; ``made``: when one of this node's callers made it (None: another node's)."""
+        if not self.heap:
+            self.began, self.served_began = now, self.served
         self._seq += 1
         self.came(fresh)
+        if made is not None:
+            self.recent.append(made)
         heapq.heappush(self.heap, (call.deadline, self._seq, call))
 
     def came(self, fresh: bool) -> None:
@@ -291,6 +340,8 @@ class Waiting:
                 # it stood a moment ago (its calls all shed, or served): the overload
                 # goes on, as it was
                 self.standing, self.outpaced = True, self.stood_outpaced
+            elif self._outpacing(now, target):
+                self.standing = self.outpaced = True
         elif now - self.above_since >= interval:
             coming = self.arrived - self.arrived_then
             if not coming:
@@ -310,6 +361,22 @@ class Waiting:
         assert not self.standing or waited >= target or self.outpaced
         assert self.standing or not self.outpaced
         return self.standing
+
+    def _outpacing(self, now: float, target: float) -> bool:
+        """Calls made in the last half ``target`` came ``EARLY_OUTPACE`` times faster than
+        the queue has served them since it began, with ``EARLY_COUNT`` served per half
+        target at least (module docstring): it is outpaced, no need to wait and see."""
+        span, served = now - self.began, self.served - self.served_began
+        half = target / 2
+        if span < target or served * half < EARLY_COUNT * span:
+            return False
+        since, made = now - half, 0
+        for at in reversed(self.recent):  # made in about the order they came
+            if at >= since:
+                made += 1
+            elif at < since - target:
+                break
+        return made * span > EARLY_OUTPACE * served * half
 
     def probe(self, now: float, interval: float) -> list[tuple[Any, Any]]:
         """The router's tick: start, measure or end a probe of an outpaced queue (module

@@ -1428,7 +1428,7 @@ class Router:
         call.checked = 0.0
         self._calls[attempt] = call
         self._deadlines.add(attempt, call.deadline)
-        queue.push(call, fresh)
+        queue.push(call, fresh, now, None if call.local_only else call.made)
 
     def _is_waiting(self, call: Call) -> bool:
         """``call`` still waits for a slot (its caller gone, it waits for nothing: the

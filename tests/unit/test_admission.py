@@ -187,14 +187,14 @@ def test_a_burst_that_drains_is_served_in_deadline_order_not_shed():
     assert_empty(r, caller)
 
 
-def offer(r, prov, caller, per_slot, timeout_ms, until, made_at=None):
+def offer(r, prov, caller, per_slot, timeout_ms, until, made_at=None, step=0.1):
     """Three calls (``per_slot``) come for each one the provider serves (its limit is 1,
-    one per 0.1 s) until ``until``; ``made_at(now)``: when their caller made them (their
-    frames read that late), else as they come. Returns the time, each answered call's
-    time from when it came, every outcome and the number of calls made."""
+    one per ``step`` s) until ``until``; ``made_at(now)``: when their caller made them
+    (their frames read that late), else as they come. Returns the time, each answered
+    call's time from when it came, every outcome and the number of calls made."""
     now, cid, came, took, out = 0.0, 0, {}, {}, []
     while now < until:
-        now = serve(r, prov, now, now + 0.1)
+        now = serve(r, prov, now, now + step, step)
         for m in caller.take():
             out.append(m)
             took[m[1]] = (came[m[1]], now - came[m[1]])
@@ -232,6 +232,33 @@ def test_calls_coming_faster_than_served_wait_at_most_the_target(timeout_ms):
     assert shed and all("not run" in m[3] and type(m[4]) is int and m[4] >= 100
                         for m in shed)  # a hint, in ms
     assert r.stats.overloaded == len(shed) and 0 < r.stats.shed <= len(shed)
+    assert_empty(r, caller)
+
+
+@pytest.mark.parametrize("made", ["as they come", "at once"])
+def test_a_quick_name_outpaced_is_judged_when_its_first_wait_passes_the_target(made):
+    """Three calls come per one served, 500 served a second: enough to tell at once.
+    Made as they come, the queue is outpaced as soon as a wait passes the target, not an
+    interval later: no answered call waited much past the target (before: up to the
+    target plus the interval, 0.6 s here). Made at once (a burst read over 2 s) the
+    same arrivals are worked off, each within half its time, none shed."""
+    r = make(initial_concurrency=1, queue_target=0.1, queue_interval=0.5)
+    caller, prov = Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    now, took, out, calls = offer(r, prov, caller, 3, 30_000 if made == "at once" else 4000,
+                                  2.0, None if made == "as they come" else lambda now: 0.0,
+                                  step=0.002)
+    now = serve(r, prov, now, 120.0, 0.002)
+    r.tick(now + 1.0)
+    out += caller.take()
+    answered = [m[1] for m in out if m[0] == RESPONSE]
+    waits = [took[c][1] for c in answered if c in took]
+    if made == "at once":
+        assert len(answered) == calls and r.stats.shed == 0
+        assert max(waits) > 1.0            # far past the target: half their time
+    else:
+        assert r.stats.shed > calls / 2 and len(answered) >= 900
+        assert max(waits) <= 0.1 + 0.01, max(waits)
     assert_empty(r, caller)
 
 
@@ -445,3 +472,21 @@ def test_a_call_that_tried_a_provider_does_not_hold_back_the_calls_behind_it():
     out = caller.take()
     assert sorted(m[1] for m in out if m[0] == RESPONSE) == [1, 2, 3, 4, 5, 6]
     assert_empty(r, caller)
+
+
+def test_a_limit_not_used_decays_toward_twice_the_load_and_a_burst_keeps_its_own():
+    """A target holding under half its limit teaches nothing of it: its excess over twice
+    the most held lately halves each second (RFC 7661), so a jump in calls meets what
+    the last seconds used (before: the first 256, left from the start), not less."""
+    steady, bursty = Pace(1.0, 10.0), Pace(1.0, 10.0)
+    for i in range(1, 501):                      # 5 s: 10 held, a sample each 0.01 s
+        now = 100.0 + i * 0.01
+        steady.sample(0.005, 10, now)
+        # 60 held every second, 2 the rest of the time
+        bursty.sample(0.005, 60 if i % 100 == 0 else 2, now)
+        if i == 50:
+            assert steady.limit == 256.0         # within the first second: as it was
+    assert 20.0 <= steady.limit <= 40.0, steady.limit   # 20 + 236 / 2 ** 4
+    assert 120.0 <= bursty.limit <= 140.0, bursty.limit
+    steady.sample(0.005, 20, 106.0)              # used again: it grows, as before
+    assert steady.limit > 20.0

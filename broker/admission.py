@@ -23,6 +23,11 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
     halves every ``IDLE_DECAY`` s. Kept whole, the limit of a quiet spell (256 at
     first) met the next jump in calls: at three times capacity a provider of 8 threads
     was handed 256 calls at once, and its queue, not the node's, made them wait 190 ms.
+    As TCP keeps three quarters of its window as ``ssthresh`` then, a decayed limit
+    remembers three quarters of what it was (``regrow``) and grows back ``REGROW``
+    times a sample while latency stays flat (a provider of async handlers that takes a
+    thousand calls at once after a quiet spell is not held to the slow climb of
+    ``sqrt(limit)`` a sample); the first sample that shows a queue ends that.
     The long-term latency is the quickest seen, drifting up slowly (as Vegas's no-load
     latency is): a mean would count the queue a busy target already has as its own.
     It drifts by time (``LONG_TIME``), not by sample: drifting a fixed share per sample,
@@ -101,6 +106,7 @@ SMOOTHING = 0.2          # of the way to each new limit
 LONG_TIME = 30.0         # s: the long-term latency drifts up to a slower target's in about this
 LONG_SHARE = 0.05        # of the way one sample moves it at most (it may have met a burst's queue)
 IDLE_DECAY = 1.0         # s: an unused limit's excess over twice the load halves in this
+REGROW = 1.5             # times a decayed limit grows per sample while latency stays flat
 ALPHA, BETA, K = 0.125, 0.25, 4.0  # RFC 6298's gains and deviation factor
 
 
@@ -108,7 +114,8 @@ class Pace:
     """One target's ack timeout and concurrency limit (module docstring)."""
 
     __slots__ = ("floor", "ceiling", "srtt", "rttvar", "rto", "ack_ms", "limit", "max_limit",
-                 "long", "drifted", "probe", "probe_at", "cut_until", "peak", "decayed")
+                 "long", "drifted", "probe", "probe_at", "cut_until", "peak", "decayed",
+                 "regrow")
 
     def __init__(self, floor: float, ceiling: float, limit: float = INITIAL_LIMIT,
                  max_limit: float = 10_000.0) -> None:
@@ -128,6 +135,7 @@ class Pace:
         self.cut_until = -1e18   # until when refusals belong to the last cut's event
         self.peak = 0            # the most attempts held since ``decayed`` (limit unused)
         self.decayed = 0.0       # when the limit last decayed, or was last in use
+        self.regrow = 0.0        # what a decayed limit may grow back to while latency is flat
 
     def accepted(self, took: float) -> None:
         """The timed attempt was accepted ``took`` s after it was sent (RFC 6298 2.2-2.3)."""
@@ -184,6 +192,10 @@ class Pace:
             return
         self.peak, self.decayed = 0, now
         gradient = TOLERANCE * (long if long > QUEUE_FLOOR else QUEUE_FLOOR) / took
+        if gradient >= 1.0 and limit < self.regrow:  # flat latency: back up at once
+            self.limit = limit * REGROW if limit * REGROW < self.regrow else self.regrow
+            return
+        self.regrow = 0.0  # it queues (or got there): its own latency leads from here
         gradient = 0.5 if gradient < 0.5 else 1.0 if gradient > 1.0 else gradient
         new = limit * gradient + math.sqrt(limit)
         limit += SMOOTHING * (new - limit)
@@ -200,6 +212,8 @@ class Pace:
         if elapsed >= IDLE_DECAY:
             keep = 2.0 * peak if peak > MIN_LIMIT else MIN_LIMIT
             if self.limit > keep:
+                if 0.75 * self.limit > self.regrow:  # RFC 7661's ssthresh
+                    self.regrow = 0.75 * self.limit
                 self.limit = keep + (self.limit - keep) * 0.5 ** (elapsed / IDLE_DECAY)
             peak, self.decayed = load, now
         self.peak = peak

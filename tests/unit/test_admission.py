@@ -490,3 +490,32 @@ def test_a_limit_not_used_decays_toward_twice_the_load_and_a_burst_keeps_its_own
     assert 120.0 <= bursty.limit <= 140.0, bursty.limit
     steady.sample(0.005, 20, 106.0)              # used again: it grows, as before
     assert steady.limit > 20.0
+
+
+def test_a_decayed_limit_grows_back_at_once_while_latency_stays_flat():
+    """A provider of async handlers (latency flat however many it holds) that held nine
+    tenths of its limit while it grew (to about 1,300), then 2 for ten seconds: its
+    limit decayed (to about 3); when calls come again it is back to three quarters of
+    what it was within 20 samples (the climb of sqrt(limit) a sample: about 300), and a
+    sample that shows a queue ends the regrowth."""
+    p = Pace(1.0, 10.0)
+    now = 100.0
+    for _ in range(200):
+        now += 0.01
+        p.sample(0.1, int(p.limit * 0.9), now)
+    was = p.limit
+    assert was > 256.0
+    for _ in range(1000):
+        now += 0.01
+        p.sample(0.1, 2, now)
+    assert p.limit < 10.0
+    samples = 0
+    while p.limit < 0.75 * was:
+        now += 0.001
+        samples += 1
+        p.sample(0.1, int(p.limit), now)
+        assert samples <= 20, p.limit
+    slow = Pace(1.0, 10.0)
+    slow.regrow, slow.limit, slow.long = 200.0, 10.0, 0.1
+    slow.sample(0.3, 10, 200.0)                  # a queue: the gradient leads again
+    assert slow.regrow == 0.0 and slow.limit < 10.0

@@ -262,22 +262,22 @@ class Waiting:
     def __len__(self) -> int:
         return len(self.heap)
 
-    def push(self, call: Any, fresh: bool = False, now: float = 0.0,
-             made: float | None = None) -> None:
-        """``call`` waits from ``now``; ``fresh``: its caller made it since waits went over
-        target; ``made``: when one of this node's callers made it (None: another node's)."""
+    def push(self, call: Any, now: float = 0.0, made: float | None = None) -> None:
+        """``call`` waits from ``now``; ``made``: when one of this node's callers made it
+        (None: another node's call, which its origin judges)."""
         if not self.heap:
             self.began, self.served_began = now, self.served
         self._seq += 1
-        self.came(fresh)
+        self.came(made)
         if made is not None:
             self.recent.append(made)
         heapq.heappush(self.heap, (call.deadline, self._seq, call))
 
-    def came(self, fresh: bool) -> None:
-        """A call came, to wait (``push``) or shed at once: counted for ``judge``."""
+    def came(self, made: float | None) -> None:
+        """A call came, to wait (``push``) or shed at once: counted for ``judge``; fresh
+        when one of this node's callers made it (``made``) since waits went over target."""
         self.arrived += 1
-        if fresh:
+        if made is not None and made >= self.above_since:
             if self.owed:  # a caller whose held shed just went out, calling again
                 self.owed -= 1
             else:

@@ -1411,13 +1411,12 @@ class Router:
         if queue is None:
             queue = self._waiting[call.name] = Waiting()
         call.queued = now
-        # made by one of this node's callers since the queue's waits went over target
-        fresh = not call.local_only and call.made >= queue.above_since
+        made = None if call.local_only else call.made  # None: another node's call
         if queue.standing:
             head = queue.head(self._is_waiting)
             if head is not None and now - head.queued > self._patience(call.deadline - now,
                                                                        queue):
-                queue.came(fresh)
+                queue.came(made)
                 self._shed(call, queue)  # it would wait longer than it may
                 return
         self.stats.waited += 1
@@ -1428,7 +1427,7 @@ class Router:
         call.checked = 0.0
         self._calls[attempt] = call
         self._deadlines.add(attempt, call.deadline)
-        queue.push(call, fresh, now, None if call.local_only else call.made)
+        queue.push(call, now, made)
 
     def _is_waiting(self, call: Call) -> bool:
         """``call`` still waits for a slot (its caller gone, it waits for nothing: the

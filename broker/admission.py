@@ -28,8 +28,9 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
     times a sample while latency stays flat (a provider of async handlers that takes a
     thousand calls at once after a quiet spell is not held to the slow climb of
     ``sqrt(limit)`` a sample); the first sample that shows a queue ends that.
-    The long-term latency is the quickest seen, drifting up slowly (as Vegas's no-load
-    latency is): a mean would count the queue a busy target already has as its own.
+    The long-term latency is the quickest answer seen (a refusal's quick time is
+    none), drifting up slowly (as Vegas's no-load latency is): a mean would count the
+    queue a busy target already has as its own.
     It drifts by time (``LONG_TIME``), not by sample: drifting a fixed share per sample,
     a busy target's long-term latency followed its own queue within a second (samples
     come hundreds a second), the limit grew with it, and so did every call's latency

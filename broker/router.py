@@ -943,6 +943,7 @@ class Router:
         call = self._attempt_of(peer, attempt)
         if call is None:
             return
+        call.sent = 0.0  # never reached it: no latency of its
         self._end_attempt(call)
         if call.hrow is not None:
             self._history_end(call, Outcome.REJECTED)
@@ -960,6 +961,7 @@ class Router:
             return
         self._now = now
         self.stats.rejects += 1
+        call.sent = 0.0  # declined unrun: its time is no answer's (``Pace.long``)
         self._end_attempt(call)
         if call.hrow is not None:
             self._history_end(call, Outcome.REJECTED)  # rejected

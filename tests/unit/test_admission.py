@@ -394,6 +394,27 @@ def test_a_busy_refusal_halves_the_limit_and_the_call_comes_back_later():
     assert_empty(r, caller)
 
 
+def test_a_refusal_is_no_answer_the_no_load_latency_learns_from():
+    """A provider that refuses an attempt at once (BUSY, not run) has not shown how
+    quickly it answers: its no-load latency (``Pace.long``) is its answers' alone.
+    Taken as one, refusals in 1 ms set a 5 ms handler's to 1.4 ms."""
+    r, caller, prov = make(initial_concurrency=4), Peer("c"), Peer("p")
+    r.provide(prov, ["x"])
+    for cid in range(1, 17):  # its limit learns from 1 attempt in 8 (LAT_SAMPLE)
+        now = r.read_at = 1.0 + cid * 0.1  # as the node's shell sets it
+        r.request(caller, cid, "x", None, 10_000, now=now)
+        for _ in range(1 + cid % 3):  # refused once to three times
+            [req] = requests_to(prov)
+            now = r.read_at = now + 0.001
+            r.reject(prov, req[1], now, "BUSY")  # refused at once, not run
+        [again] = requests_to(prov)              # back to it (its only provider)
+        r.read_at = now + 0.010
+        r.respond(prov, again[1], "ok")
+    assert prov.pace.long == pytest.approx(0.010)
+    assert [m[0] for m in caller.take()] == [RESPONSE] * 16
+    assert_empty(r, caller)
+
+
 def test_calls_waiting_for_a_provider_that_leaves_go_elsewhere_or_end_no_provider():
     r, caller, prov = make(initial_concurrency=1), Peer("c"), Peer("p")
     r.provide(prov, ["x"])

@@ -53,9 +53,15 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
   * *outpaced*: over the last interval this node's callers made ``OUTPACE`` times
     more calls of the name than left for a target (each counted from when its caller
     made it, its frame's SENT: ``fresh``). More is asked than can be served, and a
-    longer wait only makes every answer later: the patience is ``target``, and it
-    stays so while calls keep coming that fast (waits then stay under ``target``:
-    the longer ones are shed);
+    longer wait only makes every answer later: the patience is ``target`` less what
+    the target's own queue adds to an answer (``slower``: its latency lately, the
+    router's ``lat``, over its no-load one, ``Pace.long``; half the target at least),
+    so an overload makes an answered call later by about ``target`` in all; it stays
+    so while calls keep coming that fast (waits then stay under it: the longer ones
+    are shed). With the whole target as patience, answers at three times capacity came
+    the target plus the provider's queue later than at 0.8 times. A call that came
+    while outpaced keeps that patience when the calls slow down (``outpaced_until``):
+    the last calls of an overload are not a burst, and were answered 140 ms late;
   * otherwise the calls were made before the queue stood (a client's 10,000 calls
     at once, read over seconds on a busy machine, or sent again as slots free) or
     come from other nodes (their origin judges them): the patience is half the time
@@ -230,7 +236,7 @@ class Waiting:
                  "fresh_then", "served", "served_then", "standing", "outpaced",
                  "stood_until", "stood_outpaced", "waited", "_seq", "probing", "probe_at",
                  "probe_start", "probe_fresh", "probe_served", "held", "owed", "began",
-                 "served_began", "recent")
+                 "served_began", "recent", "slower", "outpaced_until")
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int, Any]] = []  # (deadline, seq, call)
@@ -259,6 +265,9 @@ class Waiting:
         self.began = 0.0        # when calls last began to wait in it (it was empty)
         self.served_began = 0   # ``served`` then
         self.recent: deque[float] = deque(maxlen=RECENT)  # when this node's calls were made
+        self.slower = 0.0       # s the target the last call left for answers later than at no load
+        self.outpaced_until = -1e18  # when calls last stopped outpacing: those that came
+        # before came in that overload, and keep its patience (``Router._patience``)
 
     def __len__(self) -> int:
         return len(self.heap)
@@ -366,8 +375,11 @@ class Waiting:
                     self.standing = True
                 # calls come faster than they leave for a target: more callers than
                 # capacity, not one burst being worked off (its calls come as others end)
-                self.outpaced = self.standing and self.fresh - self.fresh_then > OUTPACE * (
+                outpaced = self.standing and self.fresh - self.fresh_then > OUTPACE * (
                     self.served - self.served_then)
+                if self.outpaced and not outpaced:
+                    self.outpaced_until = now
+                self.outpaced = outpaced
                 if waited < target and not self.outpaced:
                     self._stop(now)  # calls come no faster than served now
             self.above_since, self.length_then = now, length  # judged again next interval
@@ -410,6 +422,7 @@ class Waiting:
                 self.probe_at = now + PROBE_EVERY * interval
             else:  # they came as others were answered: a closed loop, not outpaced
                 self.outpaced = self.stood_outpaced = False
+                self.outpaced_until = -1e18  # (a closed loop: it was no overload)
                 self.probe_at = 0.0
                 self.owed = len(self.held)
         elif self.outpaced or (self.stood_outpaced
@@ -438,4 +451,6 @@ class Waiting:
         if self.standing:
             self.standing, self.stood_until = False, now
             self.stood_outpaced = self.outpaced
+        if self.outpaced:
+            self.outpaced_until = now
         self.outpaced = False

@@ -377,14 +377,15 @@ class Router:
 
     def admission(self, most: int = 32) -> dict[str, Any]:
         """What admission holds now (``/stats``): per target (the ``most`` busiest), its
-        attempts held, concurrency limit and ack timeout; per name with calls waiting,
-        how many and whether its queue stands."""
+        attempts held, concurrency limit, ack timeout, no-load and recent latency; per
+        name with calls waiting, how many and whether its queue stands."""
         paced = sorted((p for p in self._provider_peers if p.pace is not None),
                        key=lambda p: -p.load)[:most]
         return {
             "targets": {p.label: {"load": p.load, "limit": round(p.pace.limit, 1),
                                   "ack_timeout_ms": p.pace.ack_ms,
-                                  "no_load_ms": round(p.pace.long * 1000, 2)}
+                                  "no_load_ms": round(p.pace.long * 1000, 2),
+                                  "latency_ms": round(p.lat * 1000, 2)}
                         for p in paced if p.pace is not None},
             "waiting": {name: {"calls": len(q), "standing": q.standing,
                                "outpaced": q.outpaced, "waited_ms": int(q.waited * 1000)}
@@ -1416,8 +1417,8 @@ class Router:
         made = None if call.local_only else call.made  # None: another node's call
         if queue.standing:
             head = queue.head(self._is_waiting)
-            if head is not None and now - head.queued > self._patience(call.deadline - now,
-                                                                       queue):
+            if head is not None and now - head.queued > self._patience(
+                    call.deadline - now, now, queue):
                 queue.came(made)
                 self._shed(call, queue)  # it would wait longer than it may
                 return
@@ -1468,27 +1469,40 @@ class Router:
             if best is None:
                 return
             call, queue = best
-            waited, left = now - call.queued, call.deadline - call.queued
+            queued = call.queued
+            waited, left = now - queued, call.deadline - queued
             queue.take(call)
             del self._calls[call.id]
             call.queued = -1.0
-            if (queue.judge(waited, now, self.queue_target, self.queue_interval)
-                    and waited > self._patience(left, queue)):
-                self._shed(call, queue)  # as CoDel drops: the queue stands, this waited
+            slower = peer.lat - pace.long  # what its own queue adds (``_patience``)
+            queue.slower = slower if slower > 0.0 else 0.0
+            standing = queue.judge(waited, now, self.queue_target, self.queue_interval)
+            if ((standing or queued < queue.outpaced_until)
+                    and waited > self._patience(left, queued, queue)):
+                # as CoDel drops: the queue stands, this waited (or it came in an
+                # overload that ended since: it was one of its calls)
+                self._shed(call, queue)
                 continue
             queue.served += 1
             self._dispatch(call, (), (), now, peer)
 
-    def _patience(self, left: float, queue: Waiting) -> float:
-        """How long a call that had ``left`` s when it began to wait may wait for a slot
-        while its queue stands: the target while calls come faster than they are served
-        (``Waiting.outpaced``: more is offered than the providers serve, and a longer
-        wait would only make every answer later); else the target, or a share of
-        ``left``, if longer (a burst being worked off: its callers gave it that time)."""
-        if queue.outpaced:
-            return self.queue_target
+    def _patience(self, left: float, queued: float, queue: Waiting) -> float:
+        """How long a call that had ``left`` s when it began to wait (at ``queued``) may
+        wait for a slot while its queue stands. While calls come faster than they are
+        served (``Waiting.outpaced``: more is offered than the providers serve, and a
+        longer wait would only make every answer later), the target less what the
+        target's own queue adds to an answer now (``Waiting.slower``; half the target
+        at least): so an overload makes an answered call later by about the target in
+        all, not by the target plus the provider's queue. A call that came then keeps
+        that patience when the overload ends (``Waiting.outpaced_until``): the last
+        calls of an overload are not a burst. Else the target, or a share of ``left``,
+        if longer (a burst being worked off: its callers gave it that time)."""
+        target = self.queue_target
+        if queue.outpaced or queued < queue.outpaced_until:
+            patience = target - queue.slower
+            return patience if patience > 0.5 * target else 0.5 * target
         patience = PATIENCE * left
-        return patience if patience > self.queue_target else self.queue_target
+        return patience if patience > target else target
 
     def _shed(self, call: Call, queue: Waiting) -> None:
         """``call`` (out of every table) is refused OVERLOADED: its name's queue stands.

@@ -105,6 +105,29 @@ def test_a_soak_with_a_node_restarted_in_turn_fails_no_call(tmp_path):
     assert sum(s["calls"] for s in result["samples"]) > 300 * 30
 
 
+@pytest.mark.timeout(300)
+def test_rpcbus_bench_overload_sheds_what_it_cannot_serve_and_runs_nothing_late(tmp_path):
+    """`rpcbus bench overload`, short, on 2 nodes: at 0.8 and 3 times the capacity it
+    measures, calls are answered; what the providers cannot serve at 3x ends
+    OVERLOADED (not run), never NO_PROVIDER, and no handler starts after its caller's
+    deadline. Its speed figures are the bench's to print (docs/performance.md)."""
+    out = tmp_path / "overload.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "rpcbus.benchmarks.overload", "--nodes", "2", "--steps",
+         "0.8,3", "--step-seconds", "1.5", "--no-nats", "--out", str(out)],
+        capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stderr[-3000:]
+    [result] = json.loads(out.read_text())
+    steps = {s["factor"]: s for s in result["steps"]}
+    assert set(steps) == {0.8, 3.0}
+    for step in steps.values():
+        assert step["outcomes"].get("OK", 0) > 0, step
+        assert step["outcomes"].get("NO_PROVIDER", 0) == 0, step
+        assert step["started_late"] == 0, step
+    assert steps[3.0]["outcomes"].get("OVERLOADED", 0) > 0, steps[3.0]
+    assert "p99 at 3x minus p99 at 0.8x" in run.stdout
+
+
 def test_rpcbus_bench_events_accounts_for_every_event_beside_nats(tmp_path):
     """``rpcbus bench events``, tiny: every event an rpcbus subscriber did not get was
     told to it (GAP counts), on 1 node and across 2; NATS beside."""

@@ -61,7 +61,8 @@ A busy provider is not a missing one. Three rules keep "slow" from reading as "g
     are shed). With the whole target as patience, answers at three times capacity came
     the target plus the provider's queue later than at 0.8 times. A call that came
     while outpaced keeps that patience when the calls slow down (``outpaced_until``):
-    the last calls of an overload are not a burst, and were answered 140 ms late;
+    the last calls of an overload are not a burst (served as one, they were answered
+    up to 140 ms after they came);
   * otherwise the calls were made before the queue stood (a client's 10,000 calls
     at once, read over seconds on a busy machine, or sent again as slots free) or
     come from other nodes (their origin judges them): the patience is half the time
@@ -265,7 +266,7 @@ class Waiting:
         self.began = 0.0        # when calls last began to wait in it (it was empty)
         self.served_began = 0   # ``served`` then
         self.recent: deque[float] = deque(maxlen=RECENT)  # when this node's calls were made
-        self.slower = 0.0       # s the target the last call left for answers later than at no load
+        self.slower = 0.0       # s later than at no load the last call's target answers now
         self.outpaced_until = -1e18  # when calls last stopped outpacing: those that came
         # before came in that overload, and keep its patience (``Router._patience``)
 

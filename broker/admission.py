@@ -376,11 +376,11 @@ class Waiting:
                     self.standing = True
                 # calls come faster than they leave for a target: more callers than
                 # capacity, not one burst being worked off (its calls come as others end)
-                outpaced = self.standing and self.fresh - self.fresh_then > OUTPACE * (
-                    self.served - self.served_then)
-                if self.outpaced and not outpaced:
-                    self.outpaced_until = now
-                self.outpaced = outpaced
+                if self.standing and self.fresh - self.fresh_then > OUTPACE * (
+                        self.served - self.served_then):
+                    self.outpaced = True
+                else:
+                    self._calm(now)
                 if waited < target and not self.outpaced:
                     self._stop(now)  # calls come no faster than served now
             self.above_since, self.length_then = now, length  # judged again next interval
@@ -452,6 +452,10 @@ class Waiting:
         if self.standing:
             self.standing, self.stood_until = False, now
             self.stood_outpaced = self.outpaced
+        self._calm(now)
+
+    def _calm(self, now: float) -> None:
+        """Calls no longer come faster than served (from ``now``): the calls that came
+        before keep the patience of that overload (``outpaced_until``)."""
         if self.outpaced:
-            self.outpaced_until = now
-        self.outpaced = False
+            self.outpaced, self.outpaced_until = False, now

@@ -944,8 +944,7 @@ class Router:
         call = self._attempt_of(peer, attempt)
         if call is None:
             return
-        call.sent = 0.0  # never reached it: no latency of its
-        self._end_attempt(call)
+        self._end_attempt(call, unrun=True)  # it never reached the provider
         if call.hrow is not None:
             self._history_end(call, Outcome.REJECTED)
         self._conclude(call, [ERROR, call.cid, code, message])
@@ -962,8 +961,7 @@ class Router:
             return
         self._now = now
         self.stats.rejects += 1
-        call.sent = 0.0  # declined unrun: its time is no answer's (``Pace.long``)
-        self._end_attempt(call)
+        self._end_attempt(call, unrun=True)
         if call.hrow is not None:
             self._history_end(call, Outcome.REJECTED)  # rejected
         if reason == BUSY or reason == LATE:
@@ -1614,10 +1612,15 @@ class Router:
             self.history.observe(row, call.hstart)
             call.hstart = 0.0
 
-    def _end_attempt(self, call: Call) -> None:
-        """The current attempt leaves the call table (its deadline entry is ignored later)."""
+    def _end_attempt(self, call: Call, unrun: bool = False) -> None:
+        """The current attempt leaves the call table (its deadline entry is ignored later).
+        ``unrun``: its target declined it, or never got it: how soon is no latency of the
+        target's (a quick refusal read as one made its no-load latency, ``Pace.long``,
+        a fraction of its answers')."""
         del self._calls[call.id]
         if call.provider is not None:
+            if unrun:
+                call.sent = 0.0  # not timed (``_took``)
             self._took(call.provider, call)
 
     def _took(self, peer: Peer, call: Call) -> None:

@@ -22,8 +22,11 @@ name does not hold the other users behind its address; one spraying new names
 spends that budget too, and they wait (the SDKs send AUTH again with backoff)
 until it pauses. Services should use tokens. A refusal, and a BUSY past the
 budget, is answered ``REFUSAL_DELAY`` later per failure of its address lately (up
-to ``MAX_REFUSAL_DELAY``): a client retrying bad credentials in a loop waits, and
-its connections cost the node little meanwhile.
+to ``MAX_REFUSAL_DELAY``), and counts as one more: a client retrying bad
+credentials in a loop waits, and its connections cost the node little meanwhile,
+from its first seconds on (were only checked failures counted, a flood held at
+the budget would go on at full pace for as long as the budget takes to check a
+few of its passwords).
 
 Passwords with scrypt in a small
 thread pool (never on the event loop), ``SCRYPT_THREADS`` at a time (one core
@@ -341,11 +344,12 @@ class Gate:
 
     def _over_budget(self, address: str, done: Callable[[User | None, str], None]) -> None:
         """A login from ``address``, whose logins failed lately, while the failing checks'
-        budget is spent: answered BUSY unchecked, as late as a refusal would be (a client
-        retrying in a loop waits; its connections cost the node little meanwhile)."""
+        budget is spent: answered BUSY unchecked, as late as a refusal would be, and
+        counted as a failure of the address (a client retrying in a loop waits the longer,
+        and its new connections are held: ``hold_for``)."""
         self.stats["logins_busy"] += 1
         self.stats["logins_over_budget"] += 1
-        _answer_later(self._failed.get(address, 0), done, BUSY)
+        _answer_later(self._failed_once_more(address), done, BUSY)
 
     def abused(self, address: str) -> None:
         """A connection from ``address`` was closed for a flood before it logged in

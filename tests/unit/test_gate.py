@@ -130,6 +130,7 @@ async def test_past_the_budget_a_flood_of_wrong_passwords_is_busy_unchecked(held
     flood.append(await login(g, "10.0.0.1", "right-x", answers))  # that name's, right or not
     assert [await f for f in flood] == [gate.BUSY] * 6           # answered, never hashed
     assert held.started == ["wrong-0", "wrong-1"] and g.queued == 0
+    assert g.hold_for("10.0.0.1") > 0       # each BUSY counts: its next connections wait
     other = await login(g, "10.0.0.1", "wrong-v", answers, user="v")  # another name there:
     assert g.failing_running == 1                                # checked (a budget apart)
     held.release()

@@ -19,7 +19,7 @@ reads: ``hdfs://``, ``s3a://``) once, into a per-minute rollup, and writes under
 
 A latency percentile here comes from the merged (added) histograms, never an average
 of percentiles: the bucket that holds it exactly, the value within interpolated
-(analytics/rollup.py). Rows of another schema version, or that cannot be parsed, are
+(analytics/series.py ``quantiles``). Rows of another schema version, or that cannot be parsed, are
 left out and counted (``rows_skipped``); so is a line over ``MAX_LINE`` bytes, which
 the reader skips unread (a node's row is a few hundred bytes; a line of 300 MB once
 ran the JVM out of memory).
@@ -39,16 +39,15 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from rpcbus.analytics import files, findings, series, skew
-from rpcbus.analytics.rollup import COUNTS, KEYS, moved_back, per_period, rollup
+from rpcbus.analytics import files, findings, periods, series, skew
+from rpcbus.analytics.periods import PERIODS
+from rpcbus.analytics.rollup import COUNTS, KEYS, moved_back, rollup
 
 PART_BYTES = 64 << 20   # the rollup comes to the driver in parts of about this (_part_bytes)
-PERIODS = {"per_minute": 60, "per_hour": 3600}
 SERIAL_GC_CPUS = 2   # machines this small: the local JVM collects with one thread (session)
 MAX_LINE = 1 << 20      # bytes: a longer line is skipped by the reader (_oversized counts)
 MAX_ROW = 16 << 10      # bytes a row of the history may take at most (a node's: ~0.7 KB)
@@ -99,11 +98,10 @@ def session(master: str | None = "local[*]", conf: dict[str, str] | None = None)
             .config("spark.ui.enabled", "false")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.sql.shuffle.partitions", "8")
-            .config("spark.scheduler.mode", "FAIR")     # analyze: the writes beside the driver
             .config("spark.ui.showConsoleProgress", "false")   # ours prints instead
             # Code Spark generates for a stage whose method outgrows 8,000 bytes, the
-            # most HotSpot compiles, runs interpreted: the percentiles of per_minute
-            # (rollup.quantiles) did, 3 times slower than split into small methods
+            # most HotSpot compiles, would run interpreted: past it Spark makes small
+            # methods instead
             .config("spark.sql.codegen.hugeMethodLimit", "8000")
             # Hadoop's line reader skips a longer line without holding it (_oversized)
             .config("spark.hadoop.mapreduce.input.linerecordreader.line.maxlength",
@@ -246,47 +244,41 @@ def analyze(spark: Any, history: str, out: str, since: float | None = None,
         minutes = moved_back(minutes, leaps)
     newest, span = skew.taken_back(clocks, leaps)
 
-    def write(name: str, table: Any) -> None:
-        spark.sparkContext.setLocalProperty("spark.scheduler.pool", "writes")
-        table.write.mode("overwrite").parquet(f"{out}/{name}")
-
-    def write_period(name: str, seconds: int) -> None:
-        write(name, per_period(minutes.drop("recorded"), seconds, span))
-
-    # The driver takes the rollup once, one rpc at a time, computes the small tables
-    # from it (analytics/series.py says why) and writes them itself (analytics/files.py),
-    # then draws the report. Meanwhile Spark writes the per-minute and per-hour tables,
-    # as big as the rollup (other threads, in the scheduler pool "writes"). The session
-    # schedules FAIR: the driver's query, one partition at a time, keeps a core beside
-    # the writes instead of waiting for them, and the report waits on it only.
-    with ThreadPoolExecutor(len(PERIODS)) as pool:
-        arranged: list[findings.Rpc] = []
-        nodes: dict[str, series.Merged] = {}
-        recording: set[str] = set()
-        written.update((name, 0) for name in PERIODS)
-        big = [pool.submit(write_period, name, seconds) for name, seconds in PERIODS.items()]
+    # The driver takes the rollup once, one rpc at a time, computes every table from it
+    # (analytics/series.py says why; the per-period tables analytics/periods.py) and
+    # writes them itself (analytics/files.py), then draws the report.
+    arranged: list[findings.Rpc] = []
+    nodes: dict[str, series.Merged] = {}
+    recording: set[str] = set()
+    big: dict[str, files.TableFile] = {}
+    try:
+        for name in PERIODS:
+            big[name] = files.TableFile(spark, f"{out}/{name}", periods.SCHEMA)
         for rpc in series.stream(minutes, sum(r[6] for r in counted if r[0]),
                                  _part_bytes(spark)):
             for name, seconds in PERIODS.items():
-                written[name] += sum(len(np.unique(s.minutes // seconds)) for s in rpc)
+                big[name].add(periods.columns(rpc, seconds, span))
             nodes = series.per_node(rpc, nodes)
             recording |= series.presence(rpc)
             arranged.append(findings.arrange(rpc))
-        found = findings.tables(arranged, nodes, recording, half_life, newest, span, leaps)
-        for name, rows in found.items():
-            files.write_table(spark, f"{out}/{name}", rows, findings.SCHEMAS[name])
-            written[name] = len(rows)
-        doc = findings.weights_doc(found["weights"], {
-            "history": history, "since": since, "until": until, "half_life_s": half_life})
-        files.write_text(spark, f"{out}/weights.json", json.dumps(doc, indent=1) + "\n")
-        if report:
-            from rpcbus.analytics import report as report_mod
+    except BaseException:
+        for table in big.values():
+            table.abort()
+        raise
+    written.update((name, table.close()) for name, table in big.items())
+    found = findings.tables(arranged, nodes, recording, half_life, newest, span, leaps)
+    for name, rows in found.items():
+        files.write_table(spark, f"{out}/{name}", rows, findings.SCHEMAS[name])
+        written[name] = len(rows)
+    doc = findings.weights_doc(found["weights"], {
+        "history": history, "since": since, "until": until, "half_life_s": half_life})
+    files.write_text(spark, f"{out}/weights.json", json.dumps(doc, indent=1) + "\n")
+    if report:
+        from rpcbus.analytics import report as report_mod
 
-            report_mod.write(out, report_dir, found, findings.throughput(nodes, span),
-                             history={k: written[k] for k in
-                                      ("rows_read", "rows_skipped", "rows_duplicate")})
-        for future in big:
-            future.result()
+        report_mod.write(out, report_dir, found, findings.throughput(nodes, span),
+                         history={k: written[k] for k in
+                                  ("rows_read", "rows_skipped", "rows_duplicate")})
     every.unpersist()
     return written
 

@@ -1,12 +1,13 @@
 """What the driver of ``rpcbus analyze`` writes itself, without a Spark job:
-``weights.json`` and the small tables (``per_provider``, ``fairness``, ``weights``, ...:
-one row per provider, rpc or finding), which the driver computed (analytics/findings.py).
+``weights.json``, the small tables (``per_provider``, ``fairness``, ``weights``, ...:
+one row per provider, rpc or finding), which the driver computed (analytics/findings.py),
+and the per-period tables a part at a time (``TableFile``; analytics/periods.py).
 
 A small table is written as Spark writes a table: a directory holding one Parquet file
 (snappy) and an empty ``_SUCCESS``, whatever was there removed first (Spark's
-``overwrite``); pyarrow makes the file. Each of the nine written as a Spark job cost
-0.3-0.6 s of planning, code generation and commit alone, about 4 s of CPU per analysis
-beside the per-minute and per-hour tables (docs/history.md "Scale").
+``overwrite``); pyarrow makes the file. Written as Spark jobs, each of the nine small
+ones cost 0.3-0.6 s of planning, code generation and commit alone, about 4 s of CPU
+per analysis, and the two per-period tables as much again (analytics/periods.py).
 
 Local paths (or ``file://``) are written directly; others (``hdfs://``, ``s3a://``)
 through Hadoop's FileSystem in the driver's JVM (``spark``), as Spark writes them.
@@ -17,9 +18,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from numbers import Integral
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -75,6 +78,92 @@ def write_table(spark: Any, path: str, rows: list[dict[str, Any]], ddl: str) -> 
     fs.delete(folder, True)
     for name, data in files.items():
         _write_remote(fs, jvm.org.apache.hadoop.fs.Path(folder, name), data)
+
+
+class TableFile:
+    """A big table (``per_minute``, ``per_hour``) written as ``write_table`` writes a small
+    one, a part at a time (``add``): parts are kept until ``GROUP_ROWS`` rows, then
+    written as a row group, so memory holds one group whatever the table's size. A
+    local ``path`` is written in place (what was there removed now); another goes to a
+    local temporary file first, copied through Hadoop's FileSystem at ``close``.
+    ``close`` returns the rows written; ``abort`` (on an error before it) removes what
+    was written. Errors propagate as ``write_table``'s."""
+
+    GROUP_ROWS = 1 << 17
+
+    def __init__(self, spark: Any, path: str, ddl: str) -> None:
+        self._spark, self._path = spark, path
+        self._schema = arrow_schema(ddl)
+        if _local(path):
+            self._folder: str | None = path.removeprefix("file://")
+            shutil.rmtree(self._folder, ignore_errors=True)
+            os.makedirs(self._folder)
+            self._file = os.path.join(self._folder, PART)
+        else:
+            self._folder = None
+            handle, self._file = tempfile.mkstemp(suffix=".parquet", prefix="rpcbus-")
+            os.close(handle)
+        self._writer = pq.ParquetWriter(self._file, self._schema, compression="snappy")
+        self._parts: list[pa.Table] = []
+        self._held = 0
+        self.rows = 0
+
+    def add(self, columns: dict[str, Any]) -> None:
+        """Rows as columns named as the DDL's: str columns as lists, the others as numpy
+        arrays (float64 too for BIGINT columns; NaN is null)."""
+        arrays = []
+        for field in self._schema:
+            values = columns[field.name]
+            if pa.types.is_string(field.type):
+                arrays.append(pa.array(values, type=field.type))
+                continue
+            values = np.asarray(values, dtype=np.float64)
+            missing = np.isnan(values)
+            if pa.types.is_integer(field.type):
+                values = np.where(missing, 0, values).astype(np.int64)
+            arrays.append(pa.array(values, type=field.type, mask=missing))
+        part = pa.Table.from_arrays(arrays, schema=self._schema)
+        self._parts.append(part)
+        self._held += part.num_rows
+        if self._held >= self.GROUP_ROWS:
+            self._flush()
+
+    def close(self) -> int:
+        self._flush()
+        self._writer.close()
+        if self._folder is not None:
+            with open(os.path.join(self._folder, "_SUCCESS"), "wb"):
+                pass
+            return self.rows
+        jvm = self._spark.sparkContext._jvm
+        folder = jvm.org.apache.hadoop.fs.Path(self._path)
+        fs = folder.getFileSystem(self._spark.sparkContext._jsc.hadoopConfiguration())
+        fs.delete(folder, True)
+        try:
+            stream = fs.create(jvm.org.apache.hadoop.fs.Path(folder, PART), True)
+            try:
+                with open(self._file, "rb") as f:
+                    while chunk := f.read(8 << 20):
+                        stream.write(bytearray(chunk))
+            finally:
+                stream.close()
+        finally:
+            os.unlink(self._file)
+        _write_remote(fs, jvm.org.apache.hadoop.fs.Path(folder, "_SUCCESS"), b"")
+        return self.rows
+
+    def abort(self) -> None:
+        self._writer.close()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+        else:
+            os.unlink(self._file)
+
+    def _flush(self) -> None:
+        if self._parts:
+            self._writer.write_table(pa.concat_tables(self._parts))
+            self.rows += self._held
+            self._parts, self._held = [], 0
 
 
 def write_text(spark: Any, path: str, text: str) -> None:

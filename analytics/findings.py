@@ -224,12 +224,20 @@ def typed(rows: list[dict[str, Any]], ddl: str) -> list[dict[str, Any]]:
 
 
 def figures(m: Merged) -> list[dict[str, Any]]:
-    """Per minute of ``m``: what people read from a rollup (analytics/rollup.py ``finish``:
-    counts, rates, mean latency, interpolated percentiles, the mean weight, first and
-    last window)."""
-    c = m.cols
+    """Per minute of ``m``: what people read from a rollup (counts, rates, mean latency,
+    interpolated percentiles: series.py ``quantiles``, the mean weight, first and last
+    window), a dict per minute."""
+    columns = figure_columns(m.cols, m.buckets)
+    names = list(columns)
+    return [dict(zip(names, row, strict=True))
+            for row in zip(*(columns[n].tolist() for n in names), strict=True)]
+
+
+def figure_columns(c: dict[str, np.ndarray], buckets: np.ndarray) -> dict[str, np.ndarray]:
+    """``figures`` as columns: per row of the sums ``c`` and histograms ``buckets``
+    (NaN where a figure has no value: a rate of no calls, a latency never sampled)."""
     lo, hi = c["latency_min_s"], c["latency_max_s"]
-    qs = quantiles(m.buckets, lo, hi, QUANTILES)
+    qs = quantiles(buckets, lo, hi, QUANTILES)
     columns = {k: c[k] for k in COUNTS}
     columns.update({"error_rate": ratio(c["errors"], c["calls"]),
                     "reject_rate": ratio(c["rejected"], c["calls"]),
@@ -244,15 +252,13 @@ def figures(m: Merged) -> list[dict[str, Any]]:
                     "bytes_in": c["bytes_in"], "bytes_out": c["bytes_out"],
                     "weight": ratio(c["weight_sum"], c["nrows"]),
                     "first_window": c["window_start"], "last_window": c["window_end"]})
-    names = list(columns)
-    return [dict(zip(names, row, strict=True))
-            for row in zip(*(columns[n].tolist() for n in names), strict=True)]
+    return columns
 
 
 def calls_per_s(minutes: np.ndarray, calls: np.ndarray, seconds: float,
                 span: tuple[float, float]) -> np.ndarray:
     """Calls per second of the periods starting at ``minutes``: over the seconds of each
-    period inside ``span`` (NaN where none is), as analytics/rollup.py ``calls_per_s``."""
+    period inside ``span`` (NaN where none is)."""
     inside = np.maximum(0.0, np.minimum(minutes + seconds, span[1]) - np.maximum(minutes,
                                                                                span[0]))
     return ratio(calls, inside)

@@ -169,10 +169,16 @@ def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 def quantiles(buckets: np.ndarray, lo: np.ndarray, hi: np.ndarray,
               qs: tuple[float, ...]) -> dict[float, np.ndarray]:
-    """Per row of ``buckets`` (rows x BUCKETS), the q-quantiles of the histogram as
-    analytics/rollup.py ``quantiles`` computes them in SQL (its docstring has the rule):
-    the bucket found exactly in integers, the value interpolated log-linearly within it,
-    clamped to the sampled ``lo``/``hi`` (NaN: not known). NaN where nothing was sampled."""
+    """Per row of ``buckets`` (rows x BUCKETS), the q-quantiles of the histogram (NaN where
+    nothing was sampled), with ``lo``/``hi`` the sampled extremes (NaN: not known).
+
+    The bucket that holds the q-quantile is found exactly (the first whose running count
+    reaches it, compared in integers: ``running * 100 >= total * 95``); within it the
+    value is interpolated log-linearly by the quantile's rank among the bucket's samples
+    (linearly in the first bucket, from 0), and clamped to the sampled min and max (the
+    last bucket, over 60 s, reaches to the max). So a quantile is never outside the
+    bucket that holds the true one: its error is at most that bucket's width (bounds
+    2 - 2.5x apart), and a provider whose samples all lie close together reads true."""
     total = buckets.sum(axis=1)
     below = np.cumsum(buckets, axis=1) - buckets          # samples below each bucket
     rows = np.arange(len(buckets))

@@ -34,3 +34,30 @@ def test_a_value_of_another_type_or_a_row_of_other_columns_is_refused():
         files.parquet([{"rpc": 7, "calls": 1, "rank": 1, "share": 0.0, "hot": True}], DDL)
     with pytest.raises(ValueError, match="columns"):
         files.parquet([{"calls": 1, "rpc": "a", "rank": 1, "share": 0.0, "hot": True}], DDL)
+
+
+def test_a_big_table_is_written_a_part_at_a_time_nan_as_null(tmp_path, monkeypatch):
+    import numpy as np
+
+    monkeypatch.setattr(files.TableFile, "GROUP_ROWS", 3)     # row groups of 3 rows or more
+    out = str(tmp_path / "per_minute")
+    os.makedirs(out)
+    with open(os.path.join(out, "stale.parquet"), "wb") as f:   # replaced, as Spark would
+        f.write(b"old")
+    table = files.TableFile(None, out, "rpc STRING, calls BIGINT, share DOUBLE")
+    table.add({"rpc": ["a", "b"], "calls": np.array([1.0, 2.0]),
+               "share": np.array([0.5, np.nan])})
+    table.add({"rpc": ["c", "d"], "calls": np.array([3.0, np.nan]),
+               "share": np.array([1.0, 2.0])})
+    table.add({"rpc": ["e"], "calls": np.array([5.0]), "share": np.array([0.1])})
+    assert table.close() == 5
+    assert sorted(os.listdir(out)) == ["_SUCCESS", files.PART]
+    read = pq.read_table(out)
+    assert str(read.schema.field("calls").type) == "int64"
+    assert read.to_pydict() == {"rpc": ["a", "b", "c", "d", "e"], "calls": [1, 2, 3, None, 5],
+                                "share": [0.5, None, 1.0, 2.0, 0.1]}
+    assert pq.ParquetFile(os.path.join(out, files.PART)).num_row_groups == 2
+    broken = files.TableFile(None, out, "rpc STRING")
+    broken.add({"rpc": ["x"]})
+    broken.abort()                          # an error before close: nothing left behind
+    assert not os.path.exists(out)

@@ -1,6 +1,7 @@
-"""The driver-side arithmetic of the analysis (analytics/series.py) against brute force:
-the median of the *other* providers' values, the interpolated histogram percentiles,
-and the merging of series minute by minute. No Spark."""
+"""The driver-side arithmetic of the analysis (analytics/series.py, periods.py) against
+brute force: the median of the *other* providers' values, the interpolated histogram
+percentiles, the merging of series minute by minute, and the per-period tables. No
+Spark."""
 
 import math
 import random
@@ -9,7 +10,7 @@ import statistics
 import numpy as np
 import pytest
 
-from rpcbus.analytics import series
+from rpcbus.analytics import findings, periods, series
 
 
 def test_the_median_of_the_others_equals_brute_force_with_ties_and_gaps():
@@ -31,7 +32,7 @@ def test_the_median_of_the_others_equals_brute_force_with_ties_and_gaps():
 
 
 def reference_quantile(buckets, q, lo, hi):
-    """The rule of analytics/rollup.py ``quantiles`` written out per bucket."""
+    """The rule of analytics/series.py ``quantiles`` written out per bucket."""
     total, below = sum(buckets), 0
     lows, highs = [0.0, *series.BOUNDS], [*series.BOUNDS, math.inf]
     if total == 0:
@@ -48,7 +49,7 @@ def reference_quantile(buckets, q, lo, hi):
     raise AssertionError("unreachable")
 
 
-def test_percentiles_are_the_sql_rule_bucket_for_bucket():
+def test_percentiles_follow_the_rule_bucket_for_bucket():
     rng = random.Random(3)
     rows, los, his = [], [], []
     for _ in range(400):
@@ -94,3 +95,38 @@ def test_merging_adds_sums_and_keeps_the_extremes_minute_by_minute():
     assert m.buckets[:, 2].tolist() == [3, 9, 1]
     whole = series.merge([a, b], by_minute=False)
     assert whole.cols["calls"].tolist() == [13] and whole.cols["window_end"].tolist() == [190]
+
+
+def test_a_period_table_row_is_its_series_minutes_merged_and_figured():
+    rng = random.Random(5)
+
+    def one(provider, minutes):
+        n = len(minutes)
+        cols = {c: np.array([float(rng.randint(0, 9)) for _ in range(n)]) for c in series.FIELDS}
+        lo = np.array([rng.choice([math.nan, 0.001, 0.01]) for _ in range(n)])
+        cols.update(minute=np.array(minutes, float), nrows=np.full(n, 6.0), latency_min_s=lo,
+                    latency_max_s=lo * 20)
+        hist = np.array([[rng.choice([0, 0, 1, 3]) for _ in range(series.BUCKETS)]
+                         for _ in range(n)])
+        return series.Series(provider, "rpc", "n1", cols, hist)
+
+    some = [one(f"p{i}", sorted(rng.sample(range(0, 3 * 3600, 60), 50))) for i in range(4)]
+    span = (600.0, 3 * 3600 - 300.0)
+    got = periods.columns(some, 3600, span)
+    keys = list(zip(got["provider"], got["period_start"].tolist(), strict=True))
+    assert keys == sorted({(s.provider, m // 3600 * 3600) for s in some
+                           for m in s.minutes.tolist()})   # each series' hours, in order
+    for i, (provider, hour) in enumerate(keys):
+        s = next(s for s in some if s.provider == provider)
+        keep = s.minutes // 3600 * 3600 == hour
+        m = series.merge([series.Series(provider, "rpc", "n1", {c: v[keep] for c, v in
+                                                                  s.cols.items()},
+                                        s.buckets[keep])], by_minute=False)
+        want = findings.figure_columns(m.cols, m.buckets)
+        for c in (*periods.SCHEMA_COLUMNS[4:-1],):
+            assert got[c][i] == pytest.approx(want[c][0], nan_ok=True), (provider, hour, c)
+        assert got["calls_per_s"][i] == pytest.approx(
+            m.cols["calls"][0] / (min(hour + 3600, span[1]) - max(hour, span[0])))
+    minutes = periods.columns(some, 60, span)      # the rollup's minutes are the periods
+    assert minutes["period_start"].tolist() == [m for s in some for m in s.minutes.tolist()]
+    assert minutes["calls"].tolist() == [c for s in some for c in s.cols["calls"].tolist()]

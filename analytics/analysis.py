@@ -19,10 +19,10 @@ reads: ``hdfs://``, ``s3a://``) once, into a per-minute rollup, and writes under
 
 A latency percentile here comes from the merged (added) histograms, never an average
 of percentiles: the bucket that holds it exactly, the value within interpolated
-(analytics/series.py ``quantiles``). Rows of another schema version, or that cannot be parsed, are
-left out and counted (``rows_skipped``); so is a line over ``MAX_LINE`` bytes, which
-the reader skips unread (a node's row is a few hundred bytes; a line of 300 MB once
-ran the JVM out of memory).
+(analytics/series.py ``quantiles``). Rows of another schema version, or that cannot be
+parsed, are left out and counted (``rows_skipped``); so is a line over ``MAX_LINE``
+bytes, which the reader skips unread (a node's row is a few hundred bytes; a line of
+300 MB once ran the JVM out of memory).
 
 The same job runs on a Spark cluster (docs/history.md): ship the packages with
 ``--py-files`` and give ``spark-submit`` this file::

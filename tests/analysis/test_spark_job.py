@@ -5,6 +5,7 @@ and the report it writes."""
 
 import glob
 import math
+import os
 import statistics
 from collections import defaultdict
 
@@ -476,3 +477,31 @@ def test_a_chart_shows_every_flagged_provider_however_few_calls_it_got():
     names = [r["provider"] for r in shown]
     assert len(shown) == report.TOP and {"p59", "p58", "p00"} <= set(names)
     assert names == sorted(names) and "p30" not in names
+
+
+def test_an_out_that_is_not_local_is_written_through_hadoop(spark, tmp_path, monkeypatch):
+    """``--out`` on hdfs:// or s3a:// is written through Hadoop's FileSystem in the driver's
+    JVM: the per-period tables (a part at a time), the small ones and weights.json. Here a
+    file:// path is taken for a remote one, so Hadoop's local FileSystem does the writing."""
+    import numpy as np
+
+    from rpcbus.analytics import files
+
+    monkeypatch.setattr(files, "_local", lambda path: False)
+    out = f"file://{tmp_path}/out"
+    big = files.TableFile(spark, f"{out}/per_minute", "rpc STRING, calls BIGINT")
+    big.add({"rpc": ["a", "b"], "calls": np.array([1.0, np.nan])})
+    big.add({"rpc": ["c"], "calls": np.array([3.0])})
+    assert big.close() == 3
+    files.write_table(spark, f"{out}/fairness", [{"rpc": "x", "calls": 4}],
+                      "rpc STRING, calls BIGINT")
+    files.write_text(spark, f"{out}/weights.json", "{}\n")
+    assert sorted((r.rpc, r.calls) for r in spark.read.parquet(f"{out}/per_minute").collect()
+                  ) == [("a", 1), ("b", None), ("c", 3)]
+    assert [tuple(r) for r in spark.read.parquet(f"{out}/fairness").collect()] == [("x", 4)]
+    assert {files.PART, "_SUCCESS"} <= set(os.listdir(tmp_path / "out" / "per_minute"))
+    assert (tmp_path / "out" / "weights.json").read_text() == "{}\n"
+    gone = files.TableFile(spark, f"{out}/per_hour", "rpc STRING")
+    gone.add({"rpc": ["y"]})
+    gone.abort()                  # an error before close: its temporary file is gone too
+    assert not os.path.exists(gone._file) and not (tmp_path / "out" / "per_hour").exists()

@@ -38,8 +38,8 @@ def arrow_schema(ddl: str) -> pa.Schema:
     return pa.schema([pa.field(name, ARROW[kind.upper()]) for name, kind in fields])
 
 
-def parquet(rows: list[dict[str, Any]], ddl: str) -> bytes:
-    """``rows`` (dicts whose keys are the DDL's columns, in its order) as one Parquet file.
+def arrow_table(rows: list[dict[str, Any]], ddl: str) -> pa.Table:
+    """``rows`` (dicts whose keys are the DDL's columns, in its order) as an Arrow table.
     Raises ValueError on a row of other columns, TypeError on a value of another type
     (as Spark's ``createDataFrame`` checks)."""
     schema = arrow_schema(ddl)
@@ -56,33 +56,21 @@ def parquet(rows: list[dict[str, Any]], ddl: str) -> bytes:
             if wrong:
                 raise TypeError(f"column {name} ({field.type}) got {wrong[0]!r}")
         columns.append(pa.array(values, type=field.type))
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.Table.from_arrays(columns, schema=schema), sink, compression="snappy")
-    return bytes(sink.getvalue())
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def write_table(spark: Any, path: str, rows: list[dict[str, Any]], ddl: str) -> None:
-    """The table ``rows`` (Spark DDL ``ddl``) at ``path``, replacing what was there."""
-    files = {PART: parquet(rows, ddl), "_SUCCESS": b""}
-    if _local(path):
-        folder = path.removeprefix("file://")
-        shutil.rmtree(folder, ignore_errors=True)
-        os.makedirs(folder)
-        for name, data in files.items():
-            with open(os.path.join(folder, name), "wb") as f:
-                f.write(data)
-        return
-    jvm = spark.sparkContext._jvm
-    folder = jvm.org.apache.hadoop.fs.Path(path)
-    fs = folder.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    fs.delete(folder, True)
-    for name, data in files.items():
-        _write_remote(fs, jvm.org.apache.hadoop.fs.Path(folder, name), data)
+    """The table ``rows`` (Spark DDL ``ddl``) at ``path``, replacing what was there (once
+    the rows are found right: ``arrow_table``)."""
+    part = arrow_table(rows, ddl)
+    table = TableFile(spark, path, ddl)
+    table.add_table(part)
+    table.close()
 
 
 class TableFile:
-    """A big table (``per_minute``, ``per_hour``) written as ``write_table`` writes a small
-    one, a part at a time (``add``): parts are kept until ``GROUP_ROWS`` rows, then
+    """A table written a part at a time (``add``: ``per_minute``, ``per_hour``; or whole,
+    ``write_table``): parts are kept until ``GROUP_ROWS`` rows, then
     written as a row group, so memory holds one group whatever the table's size. A
     local ``path`` is written in place (what was there removed now); another goes to a
     local temporary file first, copied through Hadoop's FileSystem at ``close``.
@@ -122,7 +110,10 @@ class TableFile:
             if pa.types.is_integer(field.type):
                 values = np.where(missing, 0, values).astype(np.int64)
             arrays.append(pa.array(values, type=field.type, mask=missing))
-        part = pa.Table.from_arrays(arrays, schema=self._schema)
+        self.add_table(pa.Table.from_arrays(arrays, schema=self._schema))
+
+    def add_table(self, part: pa.Table) -> None:
+        """Rows as an Arrow table of the DDL's schema."""
         self._parts.append(part)
         self._held += part.num_rows
         if self._held >= self.GROUP_ROWS:

@@ -18,7 +18,7 @@ import numpy as np
 
 from rpcbus.analytics.findings import calls_per_s, figure_columns
 from rpcbus.analytics.rollup import COUNTS, QUANTILE_COLUMNS
-from rpcbus.analytics.series import SUMS, Series
+from rpcbus.analytics.series import LEAST, MOST, SUMS, Series
 
 PERIODS = {"per_minute": 60, "per_hour": 3600}
 _KEYS = ["provider", "rpc", "served_by"]
@@ -31,8 +31,6 @@ _COLUMNS = [*COUNTS, "error_rate", "reject_rate", "timeout_rate", "failure_rate"
 SCHEMA_COLUMNS = [*_KEYS, "period_start", *_COLUMNS]
 SCHEMA = ", ".join([*(f"{k} STRING" for k in _KEYS), "period_start BIGINT",
                     *(f"{c} {'BIGINT' if c in _LONGS else 'DOUBLE'}" for c in _COLUMNS)])
-_MOST = ("peak_in_flight", "latency_max_s")   # merged into a period by their most
-_LEAST = ("latency_min_s",)                   # by their least
 
 
 def columns(series: Sequence[Series], seconds: int, span: tuple[float, float]
@@ -46,8 +44,7 @@ def columns(series: Sequence[Series], seconds: int, span: tuple[float, float]
     assert series and seconds % 60 == 0, (len(series), seconds)
     which = np.repeat(np.arange(len(series)), [len(s.minutes) for s in series])
     start = np.concatenate([s.minutes for s in series])
-    cols = {c: np.concatenate([s.cols[c] for s in series])
-            for c in (*SUMS, *_MOST, *_LEAST)}
+    cols = {c: np.concatenate([s.cols[c] for s in series]) for c in (*SUMS, *MOST, *LEAST)}
     buckets = np.concatenate([s.buckets for s in series])
     if seconds != 60:
         start = np.floor(start / seconds) * seconds
@@ -55,14 +52,13 @@ def columns(series: Sequence[Series], seconds: int, span: tuple[float, float]
         first = np.flatnonzero(np.r_[True, (np.diff(which) != 0) | (np.diff(start) != 0)])
         for c in SUMS:
             cols[c] = np.add.reduceat(cols[c], first)
-        for c in _MOST:
-            cols[c] = np.fmax.reduceat(cols[c], first)
-        for c in _LEAST:
-            cols[c] = np.fmin.reduceat(cols[c], first)
+        for names, ufunc in ((MOST, np.fmax), (LEAST, np.fmin)):
+            for c in names:
+                cols[c] = ufunc.reduceat(cols[c], first)
         buckets = np.add.reduceat(buckets, first, axis=0)
         which, start = which[first], start[first]
     assert len(start) == len(buckets) == len(cols["calls"])
-    figures = figure_columns({**cols, "window_start": start, "window_end": start}, buckets)
+    figures = figure_columns(cols, buckets)
     figures["calls_per_s"] = calls_per_s(start, cols["calls"], seconds, span)
     out: dict[str, Any] = {k: [getattr(series[i], k) for i in which.tolist()] for k in _KEYS}
     out["period_start"] = start

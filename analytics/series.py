@@ -36,6 +36,8 @@ SUMS = [*COUNTS, "latency_sampled", "latency_sum_s", "bytes_in", "bytes_out", "w
         "nrows", "local_first"]
 FIELDS = ["minute", *SUMS, "peak_in_flight", "latency_min_s", "latency_max_s", "window_start",
           "window_end", "recorded"]
+MOST = ("peak_in_flight", "latency_max_s", "window_end")   # merged by their most
+LEAST = ("latency_min_s", "window_start")                  # by their least
 
 
 @dataclass
@@ -122,14 +124,11 @@ def merge(series: Sequence[Series | Merged], by_minute: bool = True) -> Merged:
     cols: dict[str, np.ndarray] = {"minute": keys.astype(np.float64)}
     for c in SUMS:
         cols[c] = np.bincount(at, np.concatenate([s.cols[c] for s in series]), n)
-    for c, ufunc, start in (("peak_in_flight", np.fmax, -np.inf),
-                            ("latency_max_s", np.fmax, np.nan),
-                            ("window_end", np.fmax, np.nan),
-                            ("latency_min_s", np.fmin, np.nan),
-                            ("window_start", np.fmin, np.nan)):
-        acc = np.full(n, start)
-        ufunc.at(acc, at, np.concatenate([s.cols[c] for s in series]))
-        cols[c] = acc
+    for names, ufunc in ((MOST, np.fmax), (LEAST, np.fmin)):
+        for c in names:
+            acc = np.full(n, -np.inf if c == "peak_in_flight" else np.nan)
+            ufunc.at(acc, at, np.concatenate([s.cols[c] for s in series]))
+            cols[c] = acc
     buckets = np.zeros((n, BUCKETS), np.int64)
     np.add.at(buckets, at, np.concatenate([s.buckets for s in series]))
     return Merged(keys, cols, buckets)

@@ -29,11 +29,11 @@ def test_a_table_is_replaced_whole_and_keeps_the_ddl_types(tmp_path):
 
 def test_a_value_of_another_type_or_a_row_of_other_columns_is_refused():
     with pytest.raises(TypeError, match="calls"):   # pyarrow alone would cut it to 1
-        files.parquet([{"rpc": "a", "calls": 1.5, "rank": 1, "share": 0.0, "hot": True}], DDL)
+        files.arrow_table([{"rpc": "a", "calls": 1.5, "rank": 1, "share": 0.0, "hot": True}], DDL)
     with pytest.raises(TypeError):
-        files.parquet([{"rpc": 7, "calls": 1, "rank": 1, "share": 0.0, "hot": True}], DDL)
+        files.arrow_table([{"rpc": 7, "calls": 1, "rank": 1, "share": 0.0, "hot": True}], DDL)
     with pytest.raises(ValueError, match="columns"):
-        files.parquet([{"calls": 1, "rpc": "a", "rank": 1, "share": 0.0, "hot": True}], DDL)
+        files.arrow_table([{"calls": 1, "rpc": "a", "rank": 1, "share": 0.0, "hot": True}], DDL)
 
 
 def test_a_big_table_is_written_a_part_at_a_time_nan_as_null(tmp_path, monkeypatch):

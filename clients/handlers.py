@@ -63,11 +63,11 @@ async def awaited(awaitable: Awaitable[Any]) -> Any:
 
 
 class Suspended:
-    """A coroutine whose first step already ran inline (``first_step``) and suspended on
-    ``step`` (what it yielded: a future, or None for a bare yield), awaitable once: a
-    Task that awaits it drives the rest exactly as it would have driven the coroutine
-    from its start (values sent in go on to it, exceptions thrown in, a cancellation
-    among them, are thrown into it)."""
+    """A coroutine whose first step already ran inline (clients/running.py ``start``) and
+    suspended on ``step`` (what it yielded: a future, or None for a bare yield), awaitable
+    once: a Task that awaits it drives the rest exactly as it would have driven the
+    coroutine from its start (values sent in go on to it, exceptions thrown in, a
+    cancellation among them, are thrown into it)."""
 
     __slots__ = ("coro", "step")
 
@@ -94,23 +94,6 @@ class Suspended:
 
 async def resumed(rest: Suspended) -> Any:
     return await rest
-
-
-#: what ``first_step`` returns when the coroutine finished in its first step
-DONE = object()
-
-
-def first_step(coro: Coroutine[Any, Any, Any]) -> tuple[Any, Any]:
-    """Run ``coro`` up to its first suspension, here, in the caller's tick:
-    ``(DONE, its result)`` when it returned without suspending, ``(Suspended, None)``
-    to be awaited in a Task when it suspended. What it raised in that step propagates
-    (the coroutine is then finished). The step runs in the caller's context: a handler
-    that sets a ``ContextVar`` should run in a context of its own (``Context.run``)."""
-    try:
-        step = coro.send(None)
-    except StopIteration as stop:
-        return DONE, stop.value
-    return Suspended(coro, step), None
 
 
 def failure(attempt: int, name: str, exc: BaseException) -> list[Any]:

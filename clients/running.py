@@ -31,12 +31,11 @@ from rpcbus import errors
 from rpcbus.handlers import (
     ANSWERS,
     ASYNC_PARTS,
-    DONE,
     CallContext,
     Handler,
+    Suspended,
     awaited,
     failure,
-    first_step,
     outcome,
     resumed,
 )
@@ -115,11 +114,12 @@ class Runner:
             try:
                 work = handler(*args)
                 if inspect.iscoroutine(work):
-                    rest, result = context.run(first_step, work)
-                    if rest is DONE:
-                        wire.send([RESPONSE, attempt, result])
+                    try:  # up to its first suspension, here, in its own context
+                        step = context.run(work.send, None)
+                    except StopIteration as stop:  # it returned without suspending
+                        wire.send([RESPONSE, attempt, stop.value])
                         return
-                    work = resumed(rest)
+                    work = resumed(Suspended(work, step))
                 else:
                     work = awaited(work)
             except (Exception, asyncio.CancelledError) as exc:

@@ -277,7 +277,7 @@ class Bus:
         within ``ROUND_TIMEOUT`` ends the session; a round is answered once every Redis it
         went to answered."""
         rounds: deque[Round] = deque()  # rounds not yet answered
-        route = links.route
+        routes, route = links.routes, links.route
         free = asyncio.Event()  # set while fewer than ROUNDS_IN_FLIGHT rounds are out
         free.set()
 
@@ -318,7 +318,8 @@ class Bus:
                     raise TimeoutError(f"Redis did not answer a PUBLISH round in "
                                        f"{ROUND_TIMEOUT:g} s") from None
             for conn in links.publishing:
-                await conn.writable()
+                if conn.paused:
+                    await conn.writable()
             self._wake.clear()
             taken = self.outbox.take_round()
             out, to = taken.out, taken.to
@@ -332,7 +333,7 @@ class Bus:
                 batches = self._encode(topic, to[topic], sent_at, msgs)
                 if not batches:
                     continue
-                conn, head = route(topic)
+                conn, head = routes.get(topic) or route(topic)
                 mine = parts.get(conn)
                 if mine is None:
                     mine = parts[conn] = []

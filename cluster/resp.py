@@ -86,6 +86,7 @@ class RespConnection(asyncio.Protocol):
             asyncio.get_running_loop().create_future())
         self._can_write = asyncio.Event()
         self._can_write.set()
+        self.paused = False  # the transport's buffer is over its high-water mark
         self.unsubscribing = 0  # SUNSUBSCRIBEs sent and not yet answered
 
     # -- asyncio.Protocol --------------------------------------------------------------
@@ -128,9 +129,11 @@ class RespConnection(asyncio.Protocol):
         self._finish(exc or ConnectionError("Redis closed the connection"))
 
     def pause_writing(self) -> None:
+        self.paused = True
         self._can_write.clear()
 
     def resume_writing(self) -> None:
+        self.paused = False
         self._can_write.set()
 
     # -- use ---------------------------------------------------------------------------
@@ -164,7 +167,8 @@ class RespConnection(asyncio.Protocol):
         return got
 
     async def writable(self) -> None:
-        """Wait while the transport's buffer is over its high-water mark."""
+        """Wait while the transport's buffer is over its high-water mark (``paused``: a
+        writer that reads it first awaits only then)."""
         await self._can_write.wait()
 
     def abort(self, reason: BaseException) -> None:
@@ -175,6 +179,7 @@ class RespConnection(asyncio.Protocol):
     def _finish(self, reason: BaseException) -> None:
         if not self.closed.done():
             self.closed.set_result(reason)
+        self.paused = False
         self._can_write.set()
         waiting, self._waiting = self._waiting, deque()
         for _, done, _ in waiting:

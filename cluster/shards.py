@@ -95,7 +95,8 @@ class Links:
     ``subscribed`` (to the session's topics); ``all`` both (the session ends when one
     closes). ``route(topic)`` is the connection and the start of the publish command
     (``resp.publish_head`` / ``spublish_head``) for ``topic``, worked out once per topic
-    by ``target``; ``listener(topic)`` the subscribed connection that hears it.
+    by ``target`` and kept in ``routes`` (which a writer may read first);
+    ``listener(topic)`` the subscribed connection that hears it.
     ``sharded``: on a Redis Cluster (SSUBSCRIBE and SUNSUBSCRIBE, one channel each)."""
 
     def __init__(self, target: Callable[[str], tuple[RespConnection, bytes]],
@@ -103,7 +104,7 @@ class Links:
                  where: str, listener: Callable[[str], RespConnection] | None = None,
                  sharded: bool = False) -> None:
         self._target = target
-        self._routes: dict[str, tuple[RespConnection, bytes]] = {}
+        self.routes: dict[str, tuple[RespConnection, bytes]] = {}
         self.publishing = publishing
         self.subscribed = subscribed
         self.all = publishing + subscribed
@@ -112,9 +113,9 @@ class Links:
         self._sharded = sharded
 
     def route(self, topic: str) -> tuple[RespConnection, bytes]:
-        known = self._routes.get(topic)
+        known = self.routes.get(topic)
         if known is None:
-            known = self._routes[topic] = self._target(topic)
+            known = self.routes[topic] = self._target(topic)
         return known
 
     async def listen(self, topics: list[str], on: bool) -> None:

@@ -50,15 +50,21 @@ log = structlog.get_logger(module="rpcbus.session")
 class DeepstreamSession(Session):
     """One deepstream client (see the module docstring)."""
 
-    runs_before_accept = True
-    moves_on_drain = False
-    echoes = False  # its client hands its own events to its own subscribers
     rules: DeepstreamRules
     _frames: list[bytes]
 
     def became_deepstream(self) -> None:
         """Its upgrade request named the deepstream path: from the first frame on, it
-        speaks deepstream's protocol."""
+        speaks deepstream's protocol, and its session rules know it for such a client."""
+        core = self.core
+        core.runs_before_accept = True
+        core.moves_on_drain = False
+        core.echoes = False  # its client hands its own events to its own subscribers
+        core.send, core.flush = self.send, self.flush  # this class's, not Session's
+        timer = self._auth_timer
+        if timer is not None:  # the login timer, armed as a Session's: this class's now
+            timer.cancel()
+            self._auth_timer = self.loop.call_at(timer.when(), self._auth_timeout)
         config = self.node.config
         self.rules = DeepstreamRules(int(config.deepstream.response_timeout * 1000),
                                      config.auth.max_failures, self.node.stats,
@@ -69,8 +75,8 @@ class DeepstreamSession(Session):
     # -- in ----------------------------------------------------------------------------
 
     def text_received(self) -> None:
-        self.invalid(None, "text frames (deepstream's JSON transport) are not served: use "
-                     "the binary protocol, the client's default", self.loop.time())
+        self.core.invalid(None, "text frames (deepstream's JSON transport) are not served: "
+                          "use the binary protocol, the client's default", self.loop.time())
 
     def frame_received(self, data: FrameData) -> None:
         now = self.loop.time()
@@ -85,17 +91,16 @@ class DeepstreamSession(Session):
         except ds_wire.TooManyMessages:
             if opened:
                 node.stats["deepstream_bad_frames"] += 1
-                self.invalid(None, f"over {most} messages in one frame", now)
+                self.core.invalid(None, f"over {most} messages in one frame", now)
             else:  # priced as the pings it must hold
                 self.close_for_flood(most, f"over {most} messages in one frame before login")
             return
         except DsProtocolError as exc:
             node.stats["deepstream_bad_frames"] += 1
-            self.invalid(None, f"not deepstream's protobuf: {exc}", now)
+            self.core.invalid(None, f"not deepstream's protobuf: {exc}", now)
             return
         node.stats["messages_in"] += len(msgs)
-        if self._limiter is not None:
-            self._limiter.received(now, len(data))
+        self.core.bytes_in(len(data), now)
         try:
             for m in msgs:
                 if (m.topic == ds_wire.T_CONNECTION and m.action == ds_wire.C_PING
@@ -105,9 +110,9 @@ class DeepstreamSession(Session):
                 for reply in replies:
                     self._write(reply)
                 if problem:
-                    self.invalid(None, problem, now)
+                    self.core.invalid(None, problem, now)
                 if into:
-                    self.handle(into, now)
+                    self.core.handle(into, now)
                 if not self.is_open():
                     return
         except Exception:  # a bug here must cost one frame, never the node
@@ -126,13 +131,13 @@ class DeepstreamSession(Session):
             refused, rules.refused = rules.refused, []
             for attempt, why in refused:
                 self.node.stats["deepstream_unwritable"] += 1
-                self.router.refuse_attempt(self, attempt, errors.INVALID_MESSAGE, why)
+                self.node.router.refuse_attempt(self.core, attempt, errors.INVALID_MESSAGE, why)
         if rules.relogin:  # AUTH_FAIL BUSY: the client cannot ask again; the node does
             rules.relogin = False
             self.later(0.0, self._relogin)
         if rules.heard_drain:  # it cannot answer the drain's PING: nothing to wait for
             rules.heard_drain = False
-            self.loop.call_soon(self.node.notice_heard, self)
+            self.loop.call_soon(self.node.notice_heard, self.core)
         if (rules.draining or rules.close_reason) and not self._frames:
             self.loop.call_soon(self.flush)  # its closing is looked at there
 
@@ -157,7 +162,7 @@ class DeepstreamSession(Session):
                 self.dropped_out += len(frames)
         self._resume_if_room()
         rules = self.rules
-        if self.closed or self.state is not OPEN:
+        if self.core.closed or self.state is not OPEN:
             return
         if rules.close_reason:
             self.fail_now(CloseCode.POLICY_VIOLATION, rules.close_reason)
@@ -168,11 +173,11 @@ class DeepstreamSession(Session):
     # -- the shell's hooks ---------------------------------------------------------------
 
     def _relogin(self) -> None:
-        if not self.closed and not self.authenticated and not self._logging_in:
-            self.handle([[AUTH, self.rules.login]], self.loop.time())
+        if not self.core.closed and not self.core.authenticated and not self.core.logging_in:
+            self.core.handle([[AUTH, self.rules.login]], self.loop.time())
 
     def _auth_timeout(self) -> None:
-        if not self.authenticated and not self.closed:  # deepstream's word for it first
+        if not self.core.authenticated and not self.core.closed:  # deepstream's word for it first
             self._write(DsMessage(ds_wire.T_CONNECTION, ds_wire.C_AUTHENTICATION_TIMEOUT))
             self.flush()
         super()._auth_timeout()

@@ -58,6 +58,7 @@ from rpcbus.broker.notify import Notifier
 from rpcbus.broker.presence import Presence
 from rpcbus.broker.router import Router
 from rpcbus.broker.session import CUT_OFF_NOTICE, Session
+from rpcbus.broker.session_rules import SessionRules
 from rpcbus.broker.weights import WeightsError, WeightsFile
 from rpcbus.cluster.messages import event_channel, new_incarnation
 from rpcbus.cluster.warnings import SparseWarnings
@@ -112,7 +113,7 @@ class Node:
         self.events = Events(new_incarnation())  # with the cluster's bus once run() has one
         self.presence = Presence()  # the same
         # SUBSCRIBEs answered once Redis hears their channels: (session, ref, channels)
-        self._unconfirmed: list[tuple[Session, int, list[str]]] = []
+        self._unconfirmed: list[tuple[SessionRules, int, list[str]]] = []
         self.sessions: set[Session] = set()     # connections upgraded to WebSocket
         self.connections: set[Session] = set()  # every TCP connection, HTTP ones too
         self.stats: Counter[str] = Counter()
@@ -128,7 +129,7 @@ class Node:
         self._session_seq = 0
         self.started = time.time()   # the wall clock at start: uptime (broker/readouts.py)
         self._stop = asyncio.Event()
-        self._unheard: set[Session] = set()  # draining: clients yet to answer the notice
+        self._unheard: set[SessionRules] = set()  # draining: clients yet to answer the notice
         self.closed_totals: Counter[str] = Counter()   # closed sessions' frame counters
         self.notifier = Notifier()
         # re-reads the configuration for a reload (SIGHUP, POST /reload): set by the CLI
@@ -278,9 +279,9 @@ class Node:
                 for session in list(self.sessions):  # clients move to another node now
                     session.send([ERROR, None, errors.SHUTTING_DOWN,
                                   "this node is shutting down: connect to another node"])
-                    if session.authenticated:
+                    if session.core.authenticated:
                         session.send([PING, DRAIN_PING])
-                        self._unheard.add(session)
+                        self._unheard.add(session.core)
                 log.info("node_draining", node=self.name,
                          deadline_s=self.config.server.drain_timeout, pending=self.in_flight)
             elif step == HAND_BACK:  # drain cut short: calls no provider took go elsewhere
@@ -306,7 +307,7 @@ class Node:
         """Calls this node still has under way: routed here, or starting from other nodes."""
         return self.router.pending + (self.link.starting if self.link is not None else 0)
 
-    def notice_heard(self, session: Session) -> None:
+    def notice_heard(self, session: SessionRules) -> None:
         """``session`` answered the draining PING, or closed."""
         self._unheard.discard(session)
 
@@ -362,7 +363,7 @@ class Node:
 
     def _send_clients_elsewhere(self, for_s: float, reason: str) -> None:
         """Tell every client to move to another node it knows (CUT_OFF_NOTICE)."""
-        told = [s for s in self.sessions if s.authenticated]
+        told = [s for s in self.sessions if s.core.authenticated]
         for session in told:
             session.send(CUT_OFF_NOTICE)
         self.stats["clients_sent_elsewhere"] += len(told)
@@ -415,7 +416,7 @@ class Node:
             self.weights_file = weights_file
             self.router.set_weights(weights_file.weights if weights_file else None)
         for session in list(self.sessions):
-            session.rights_changed()
+            session.core.rights_changed()
         log.info("config_reloaded", node=self.name, **said)
         if said["needs_restart"]:
             log.warning("config_reload_needs_restart", node=self.name,
@@ -438,26 +439,27 @@ class Node:
         return f"s{self._session_seq}"
 
     def session_closed(self, session: Session) -> None:
+        core = session.core
         if session in self.sessions:
             self.sessions.discard(session)
-            self.notice_heard(session)
+            self.notice_heard(core)
         self.router.read_at = time.perf_counter()
-        self.router.drop_peer(session, asyncio.get_running_loop().time())
-        self.events.gone(session)
-        self.presence.gone(session)
-        if session.present_as is not None:
-            self.presence.logout(session.present_as)
+        self.router.drop_peer(core, asyncio.get_running_loop().time())
+        self.events.gone(core)
+        self.presence.gone(core)
+        if core.present_as is not None:
+            self.presence.logout(core.present_as)
         self.closed_totals.update(readouts.session_counters(session))
         # one line per client; connections that never logged in are counted (/stats) and
         # logged at debug only, so a flood of them cannot flood the log
-        (log.info if session.authenticated else log.debug)(
-            "session_closed", session=session.sid, label=session.label,
+        (log.info if core.authenticated else log.debug)(
+            "session_closed", session=session.sid, label=core.label,
             frames_in=session.frames_in, frames_out=session.frames_out,
             dropped_out=session.dropped_out)
 
     # -- events (broker/events.py) -------------------------------------------------------
 
-    def subscribed(self, session: Session, ref: int, topics: list[str]) -> None:
+    def subscribed(self, session: SessionRules, ref: int, topics: list[str]) -> None:
         """OK for the SUBSCRIBE ``ref`` once Redis hears its topics' channels for this node:
         from then on every event emitted anywhere in the cluster reaches the subscriber.
         At once when they are heard already, or cannot be (no cluster, the bus down)."""
@@ -474,7 +476,7 @@ class Node:
     def _confirm_subscriptions(self) -> None:
         """Redis confirmed event channels: the SUBSCRIBEs waiting for them are answered."""
         listening = self.link.bus.listening
-        waiting: list[tuple[Session, int, list[str]]] = []
+        waiting: list[tuple[SessionRules, int, list[str]]] = []
         for session, ref, channels in self._unconfirmed:
             if all(listening.get(c, True) for c in channels):  # (or no longer wanted)
                 session.send([OK, ref])

@@ -41,16 +41,18 @@ log = structlog.get_logger(module="rpcbus.session")
 __all__ = ["CUT_OFF_NOTICE", "Session"]
 
 
-class Session(ServerConnection, SessionRules):
-    """A client of this node (its rules, and the router's ``Peer``, are ``SessionRules``)."""
-
-    node: Node
+class Session(ServerConnection):
+    """A client of this node: the connection, holding its rules (``core``, a
+    ``SessionRules``: the router's ``Peer`` for this client)."""
 
     def __init__(self, node: "Node") -> None:
         limits = node.config.limits
         self.max_head = limits.max_handshake_bytes
         super().__init__()  # the connection's (ServerConnection's) init
-        SessionRules.__init__(self, node, node.new_session_id())
+        self.node = node
+        self.address = ""
+        self.core = SessionRules(node, node.new_session_id(), self)
+        self.sid = self.core.sid
         self.max_size = limits.max_frame_bytes
         self.close_timeout = node.config.server.close_timeout
         self.max_out_frame = limits.max_frame_bytes
@@ -71,7 +73,7 @@ class Session(ServerConnection, SessionRules):
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
-        self.address = peer[0] if peer else ""
+        self.address = self.core.address = peer[0] if peer else ""
         self.node.connections.add(self)
         self._counted = True
         refusal = self.node.gate.opened(self.address)
@@ -100,11 +102,11 @@ class Session(ServerConnection, SessionRules):
             self.data_received(b"".join(held))
 
     def pause_writing(self) -> None:
-        self.events_held = True
+        self.core.events_held = True
 
     def resume_writing(self) -> None:
-        if self.events_held:
-            lost = self.events_caught_up()
+        if self.core.events_held:
+            lost = self.core.events_caught_up()
             if lost:
                 self.node.events.stats["lost"] += lost
                 self.node.warnings.warn("events_lost_slow_subscriber", session=self.sid,
@@ -127,7 +129,7 @@ class Session(ServerConnection, SessionRules):
         self.start_keepalive(server.ping_interval or None, server.ping_timeout or None)
 
     def data_received(self, data: bytes) -> None:
-        if not self.authenticated:
+        if not self.core.authenticated:
             if self._held is not None:  # waiting (``_read_held``): kept, unread; reading
                 self._held.append(data)  # stops (pausing in connection_made does not
                 self.transport.pause_reading()  # hold with every event loop)
@@ -182,7 +184,7 @@ class Session(ServerConnection, SessionRules):
         self.node.stats["closed_for_control_frames"] += 1
         self.node.warnings.warn("closing_control_flood", session=self.sid,
                                 address=self.address, frames=frames)
-        if not self.authenticated:
+        if not self.core.authenticated:
             self.node.gate.abused(self.address)
         self.fail_now(CloseCode.POLICY_VIOLATION, reason)
         # a flooding peer is not read for the grace (its bytes would only be dropped): it
@@ -204,9 +206,9 @@ class Session(ServerConnection, SessionRules):
 
     def _ended(self) -> None:
         """The session is over (failed, or its connection lost); once."""
-        if self.closed:
+        if self.core.closed:
             return
-        self.closed = True
+        self.core.end()
         if self._auth_timer is not None:
             self._auth_timer.cancel()
             self._auth_timer = None
@@ -215,16 +217,13 @@ class Session(ServerConnection, SessionRules):
         gate = self.node.gate
         if self._counted:
             self._counted = False
-            gate.closed(self.address, self.authenticated)
-        if self.user is not None:
-            gate.connections[self.user.key] -= 1
-            gate.provided[self.user.key] -= len(self.provides)
+            gate.closed(self.address, self.core.authenticated)
         self.node.session_closed(self)
 
     # -- what the rules need -----------------------------------------------------------
 
     def is_open(self) -> bool:
-        return not self.closed and self.state is OPEN
+        return not self.core.closed and self.state is OPEN
 
     def close_for_policy(self, reason: str) -> None:
         self.fail_now(CloseCode.POLICY_VIOLATION, reason)
@@ -239,7 +238,7 @@ class Session(ServerConnection, SessionRules):
 
     def _auth_timeout(self) -> None:
         self._auth_timer = None
-        if not self.authenticated and not self.closed:
+        if not self.core.authenticated and not self.core.closed:
             log.info("auth_timeout", session=self.sid)
             self.fail_now(CloseCode.POLICY_VIOLATION, "no AUTH in time")
 
@@ -248,14 +247,16 @@ class Session(ServerConnection, SessionRules):
         self._resume_if_room()
 
     def _resume_if_room(self) -> None:
-        if self._reading_paused and self.inflight <= self._max_inflight // 2 and not self.closed:
+        core = self.core
+        if self._reading_paused and core.inflight <= self._max_inflight // 2 and not core.closed:
             self._reading_paused = False
             self.transport.resume_reading()
 
     def _pause_if_full(self) -> None:
         """Backpressure: with ``limits.max_inflight_per_connection`` calls pending, stop
         reading until half of them finish (``_resume_if_room``, at a flush)."""
-        if self.inflight >= self._max_inflight and not self._reading_paused and not self.closed:
+        core = self.core
+        if core.inflight >= self._max_inflight and not self._reading_paused and not core.closed:
             self._reading_paused = True
             self.node.stats["reads_paused"] += 1
             self.transport.pause_reading()
@@ -273,12 +274,12 @@ class Session(ServerConnection, SessionRules):
             return [ERROR, msg[1], errors.PROVIDER_ERROR,
                     "the application error's data could not be encoded"]
         if kind == PART:  # a part of a stream to this client: the stream ends here, its
-            self.router.cancel_from(self, msg[1])  # provider is cancelled
+            self.node.router.cancel_from(self.core, msg[1])  # provider is cancelled
             return [ERROR, msg[1], errors.PROVIDER_ERROR, "a part could not be encoded"]
         if kind == REQUEST or kind == STREAM:  # for this provider: the caller is told, not run
-            self.router.refuse_attempt(self, msg[1], errors.INVALID_MESSAGE,
-                                       "the call's data could not be encoded (nested too "
-                                       "deeply)")
+            self.node.router.refuse_attempt(self.core, msg[1], errors.INVALID_MESSAGE,
+                                            "the call's data could not be encoded (nested "
+                                            "too deeply)")
         elif kind == PONG:
             return [ERROR, None, errors.INVALID_MESSAGE, "the PING payload is nested too deeply"]
         return None
@@ -292,8 +293,8 @@ class Session(ServerConnection, SessionRules):
     # -- input -------------------------------------------------------------------------
 
     def text_received(self) -> None:
-        self.invalid(None, "text frames are not supported; send binary msgpack frames",
-                     self.loop.time())
+        self.core.invalid(None, "text frames are not supported; send binary msgpack frames",
+                          self.loop.time())
 
     def frame_received(self, data: FrameData) -> None:
         now = self.loop.time()
@@ -301,13 +302,12 @@ class Session(ServerConnection, SessionRules):
         try:
             msgs = decode(data, self._max_frame_messages)
         except ProtocolError as exc:
-            self.invalid(None, str(exc), now)
+            self.core.invalid(None, str(exc), now)
             return
         self.node.stats["messages_in"] += len(msgs)
-        if self._limiter is not None:
-            self._limiter.received(now, len(data))
+        self.core.bytes_in(len(data), now)
         try:
-            self.handle(msgs, now)
+            self.core.handle(msgs, now)
         except Exception:  # a bug here must cost one frame, never the node
             self.node.stats["internal_errors"] += 1
             log.exception("frame_handling_failed", session=self.sid)

@@ -1,7 +1,7 @@
 """Who a client is and what it may do: the AUTH of a session, the rights of its user
 (permissions, rate limit, names provided, a token's expiry) and its strikes for bad
 input. Pure, as broker/session_rules.py (``SessionRules`` is a ``SessionPolicy``):
-the shell's timers and sends come in through the hooks below.
+the shell's timers and sends come in through the hooks its ``Shell`` gives.
 
 Rights change while a session lasts: a reload (``rights_changed``), its JWT's expiry
 (``_token_expired``: new requests get NOT_AUTHENTICATED, the names it provides are
@@ -64,28 +64,17 @@ class SessionPolicy:
     _rights_ended: str
     _limiter: WindowLimiter | None
     _gated: bool
-    _logging_in: bool
+    logging_in: bool
     _auth_failures: int
 
-    # -- what the shell provides ---------------------------------------------------------
+    # -- what the shell provides (its ``Shell``, bound in ``SessionRules.__init__``) -----
 
-    def send(self, msg: list[Any]) -> None:
-        raise NotImplementedError
-
-    def flush(self) -> None:
-        raise NotImplementedError
-
-    def is_open(self) -> bool:
-        raise NotImplementedError
-
-    def close_for_policy(self, reason: str) -> None:
-        raise NotImplementedError
-
-    def later(self, delay: float, callback: Callable[[], None]) -> None:
-        raise NotImplementedError
-
-    def logged_in(self) -> None:
-        """AUTH completed: the shell stops its login timer."""
+    send: Callable[[list[Any]], None]          # queue a message for the client
+    flush: Callable[[], None]                  # write what is queued
+    is_open: Callable[[], bool]
+    close_for_policy: Callable[[str], None]    # close with 1008
+    later: Callable[[float, Callable[[], None]], None]  # a timer
+    logged_in: Callable[[], None]              # AUTH completed: the login timer stops
 
     # -- who may do what --------------------------------------------------------------
 
@@ -174,6 +163,12 @@ class SessionPolicy:
         self.send([ERROR, ref, errors.RATE_LIMITED, limiter.refusal])
         return False
 
+    def bytes_in(self, size: int, now: float) -> None:
+        """A frame of ``size`` bytes came, at ``now``: its user's byte budget, if any, is
+        charged (broker/limits.py ``WindowLimiter.received``)."""
+        if self._limiter is not None:
+            self._limiter.received(now, size)
+
     def _who(self) -> str:
         return f"user {self.user.name!r}" if self.user is not None else "this connection"
 
@@ -190,7 +185,7 @@ class SessionPolicy:
             self._authenticated(None, name, claimed if type(claimed) is str
                                 and 0 < len(claimed) <= 128 else name)
             return
-        self._logging_in = True
+        self.logging_in = True
         token = params.get("token")
         self._login_token = token_digest(token) if isinstance(token, str) else None
         gate.login(params, lambda user, reason: self._checked(user, reason, name),
@@ -205,7 +200,7 @@ class SessionPolicy:
             # retries at once cannot make its refusals a flood
             self.later(BUSY_HOLD, self._busy)
             return
-        self._logging_in = False
+        self.logging_in = False
         if user is None:
             # a token's refusal says why (nothing secret in it); a password's does not
             self._refuse_auth("auth_failed", reason, "authentication failed" + (
@@ -304,7 +299,7 @@ class SessionPolicy:
                      revoked=new is None, withdrawn=len(denied))
 
     def _busy(self) -> None:
-        self._logging_in = False
+        self.logging_in = False
         if not self.closed:
             self.send([AUTH_FAIL, errors.BUSY, "the node is busy checking logins; retry"])
 
@@ -371,18 +366,18 @@ class SessionPolicy:
             self.invalid(None, "already authenticated (a session that logged in with a JWT "
                          "may send AUTH with a new JWT of the same user)", now)
             return
-        if self._logging_in:
+        if self.logging_in:
             self.invalid(None, "an AUTH of this connection is being checked: wait for its "
                          "answer", now)
             return
-        self._logging_in = True
+        self.logging_in = True
         self.node.gate.login({"token": token}, self._renewed, self.address,
                              lambda: not self.closed)
 
     def _renewed(self, new: User | None, reason: str) -> None:
         if self.closed:
             return
-        self._logging_in = False
+        self.logging_in = False
         old, gate = self.user, self.node.gate
         assert old is not None
         if new is not None and (new.grant is None or new.name != old.name):

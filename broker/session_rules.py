@@ -2,12 +2,15 @@
 the router. Pure: no asyncio, no sockets; ``now`` comes in with each frame.
 
 ``SessionRules`` is the router's peer for one client connection (``send``,
-``label``, ``calls``, ``inflight``, ``provides``, ...). The shell (broker/session.py
-``Session``, a websockets connection) decodes frames and hands their messages to
-``handle``; the simulator (rpcbus.sim) hands it messages the same way. What it
-needs of its shell: ``send`` and ``flush`` (queue a message, write what is queued),
-``is_open()``, ``close_for_policy(reason)`` (close with 1008), ``later(delay, fn)``
-(a timer) and ``logged_in()`` (the login timer stops).
+``label``, ``calls``, ``inflight``, ``provides``, ...). Its shell holds it, as
+websockets' ``Connection`` holds its protocol: broker/session.py ``Session`` (a
+WebSocket connection) decodes frames and hands their messages to ``handle``; the
+simulator (rpcbus.sim) and the unit tests hand it messages the same way. What it
+needs of its shell (``Shell``, given to the constructor, its hooks bound there so
+the router's ``peer.send`` costs no frame more): ``send`` and ``flush`` (queue a
+message, write what is queued), ``is_open()``, ``close_for_policy(reason)`` (close
+with 1008), ``later(delay, fn)`` (a timer) and ``logged_in()`` (the login timer
+stops).
 
 Bad input never takes the node down: a malformed message gets
 ``ERROR INVALID_MESSAGE`` naming the problem and a strike; more than
@@ -101,9 +104,21 @@ class NodeView(Protocol):
         node (at once when it does already, or cannot: no cluster, or its bus is down)."""
 
 
+class Shell(Protocol):
+    """What the rules need of the connection that holds them (see the module docstring)."""
+
+    def send(self, msg: list[Any]) -> None: ...
+    def flush(self) -> None: ...
+    def is_open(self) -> bool: ...
+    def close_for_policy(self, reason: str) -> None: ...
+    def later(self, delay: float, callback: Callable[[], None]) -> None: ...
+    def logged_in(self) -> None: ...
+
+
 class SessionRules(SessionPolicy):
     """A client of this node, as caller and provider (the router's ``Peer``). ``node`` is
-    what the rules read of the node: its config, router, gate, stats and state."""
+    what the rules read of the node: its config, router, gate, stats and state;
+    ``shell`` the connection that holds them."""
 
     # An rpcbus SDK accepts a call before it runs it, and sends a call refused
     # SHUTTING_DOWN to another node (broker/ds_session.py's deepstream clients do neither)
@@ -112,8 +127,14 @@ class SessionRules(SessionPolicy):
     echoes = True  # hears its own events (deepstream's clients hand them on themselves)
     origins = False  # takes EVENTs with origin and number (its AUTH said event_origins)
 
-    def __init__(self, node: NodeView, sid: str) -> None:
+    def __init__(self, node: NodeView, sid: str, shell: Shell) -> None:
         limits = node.config.limits
+        self.send = shell.send
+        self.flush = shell.flush
+        self.is_open = shell.is_open
+        self.close_for_policy = shell.close_for_policy
+        self.later = shell.later
+        self.logged_in = shell.logged_in
         self.node = node
         self.router = node.router
         self.sid = sid
@@ -152,7 +173,7 @@ class SessionRules(SessionPolicy):
         self._rights_ended = ""                     # why, once its token expired
         self._limiter: WindowLimiter | None = None  # None: no rate limit
         self._gated = False                         # either of the two is set
-        self._logging_in = False
+        self.logging_in = False
         self._auth_failures = 0
         self._sent = Freshness()         # how late its frames are read (their SENT)
         self._frame_age = 0.0            # s: how long this frame waited beyond the least
@@ -213,6 +234,18 @@ class SessionRules(SessionPolicy):
             if not self.is_open():
                 return
 
+    def end(self) -> None:
+        """Its connection is over (its shell tells it once, before the node drops it as a
+        peer): its user's connection and the names it provided stop counting toward the
+        user's limits (broker/gate.py)."""
+        assert not self.closed, f"{self.sid} ended twice"
+        self.closed = True
+        if self.user is not None:
+            gate = self.node.gate
+            gate.connections[self.user.key] -= 1
+            gate.provided[self.user.key] -= len(self.provides)
+            assert gate.connections[self.user.key] >= 0, "connections below 0"
+
     def _handle_other(self, msg: list[Any], now: float) -> None:
         """Every message the fast paths did not take, with the full checks."""
         limits = self.node.config.limits
@@ -223,7 +256,7 @@ class SessionRules(SessionPolicy):
         kind = msg[0]
         router = self.router
         if not self.authenticated:
-            if kind == AUTH and not self._logging_in:
+            if kind == AUTH and not self.logging_in:
                 self._auth(msg[1], now)
             elif kind == AUTH:  # one at a time: its answer (or BUSY, after BUSY_HOLD) comes
                 self.invalid(None, "an AUTH of this connection is being checked: wait for "

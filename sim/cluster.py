@@ -196,17 +196,19 @@ class Pipe:
         self.open = self.carrying = False
 
 
-class SimSession(SessionRules):
-    """The node's side of one client connection: the real session rules."""
+class SimSession:
+    """The node's side of one client connection, holding the real session rules
+    (``core``) as broker/session.py's ``Session`` does."""
 
     def __init__(self, node: "SimNode", sid: str) -> None:
-        super().__init__(node, sid)  # type: ignore[arg-type]  # a NodeView in all it reads
+        self.sid = sid
         self.sim_node = node
         self.to_client: Pipe | None = None
         self.on_close: Callable[[], None] = lambda: None
         self.answers: Counter[int] = Counter()  # outcomes sent per caller id
         # frames that came while its node was paused, read in order when it runs again
         self.backlog: list[list[list[Any]] | None] = []
+        self.core = SessionRules(node, sid, self)  # type: ignore[arg-type]  # a NodeView in all it reads
 
     def send(self, msg: list[Any]) -> None:
         if (msg[0] == RESPONSE or msg[0] == ERROR) and msg[1] is not None:
@@ -222,7 +224,7 @@ class SimSession(SessionRules):
             self.to_client.flush()
 
     def is_open(self) -> bool:
-        return not self.closed
+        return not self.core.closed
 
     def close_for_policy(self, reason: str) -> None:
         self.sim_node.sim.ledger.violations.append(f"{self.sid} closed by the node: {reason}")
@@ -230,6 +232,9 @@ class SimSession(SessionRules):
 
     def later(self, delay: float, callback: Callable[[], None]) -> None:
         self.sim_node.world.after(delay, callback)
+
+    def logged_in(self) -> None:
+        pass  # no login timer here
 
 
 class SimNode:
@@ -257,7 +262,7 @@ class SimNode:
         self.draining = False
         self.alive = True
         self.sessions: list[SimSession] = []
-        self.unheard: set[SimSession] = set()  # draining: clients yet to answer the notice
+        self.unheard: set[SessionRules] = set()  # draining: clients yet to answer the notice
         self.end = BusEnd(sim.redis, name, self._on_batch, self._on_up, self._on_down,
                           self.clock)
         self.core = ClusterCore(self.router, self.config.cluster, name, f"ws://{name}",
@@ -342,7 +347,7 @@ class SimNode:
     def _send_clients_elsewhere(self) -> None:
         """Every client is told to move to another node (CUT_OFF_NOTICE), as the node's."""
         for session in self.sessions:
-            if session.authenticated and not session.closed:
+            if session.core.authenticated and not session.core.closed:
                 session.send(CUT_OFF_NOTICE)
                 session.flush()
         self.sim.sent_elsewhere += 1
@@ -383,13 +388,13 @@ class SimNode:
                     self.core.set_state("terminating", now)
                 elif action == TELL:
                     for session in self.sessions:
-                        if session.closed:
+                        if session.core.closed:
                             continue
                         session.send([ERROR, None, errors.SHUTTING_DOWN,
                                       "this node is shutting down"])
-                        if session.authenticated:
+                        if session.core.authenticated:
                             session.send([PING, DRAIN_PING])
-                            self.unheard.add(session)
+                            self.unheard.add(session.core)
                         session.flush()
                 elif action == HAND_BACK:
                     self.router.hand_back()
@@ -402,12 +407,12 @@ class SimNode:
             if not self.alive:
                 return
             for session in list(self.sessions):
-                if not session.closed:
-                    session.closed = True
+                if not session.core.closed:
+                    session.core.end()
                     if session.to_client is not None:
                         session.to_client.flush()
                         session.to_client.close()  # what it wrote arrives, then the end
-                    self.router.drop_peer(session, self.clock())
+                    self.router.drop_peer(session.core, self.clock())
                     self._left(session)
             self.alive = False
             self.end.alive = False
@@ -426,7 +431,7 @@ class SimNode:
     def _read(self, session: SimSession, frame: list[list[Any]] | None) -> None:
         """A frame from a client, read now, or after what came before it when the node
         was paused (in order, as a process reads its socket)."""
-        if session.closed or not self.alive:
+        if session.core.closed or not self.alive:
             return
         if self.paused() or session.backlog:
             session.backlog.append(frame)
@@ -437,14 +442,14 @@ class SimNode:
         self._take(session, frame)
 
     def _read_backlog(self, session: SimSession) -> None:
-        if session.closed or not self.alive:
+        if session.core.closed or not self.alive:
             return
         if self.paused():  # paused again meanwhile
             self.world.at(self.sim.redis.paused[self.name], partial(self._read_backlog, session))
             return
         backlog, session.backlog = session.backlog, []
         for frame in backlog:
-            if session.closed:
+            if session.core.closed:
                 return
             self._take(session, frame)
 
@@ -453,26 +458,26 @@ class SimNode:
         if frame is None:  # the client closed the connection (or died)
             self.close_session(session)
             return
-        session.handle(frame, now)
+        session.core.handle(frame, now)
         session.flush()
 
     def close_session(self, session: SimSession) -> None:
         """The connection is gone (either end): the router forgets the peer."""
-        if session.closed:
+        if session.core.closed:
             return
-        session.closed = True
+        session.core.end()
         if session.to_client is not None:
             session.to_client.cut()
-        self.router.drop_peer(session, self.clock())
+        self.router.drop_peer(session.core, self.clock())
         self._left(session)
         session.on_close()
 
     def _left(self, session: SimSession) -> None:
         """Its topics, watchers and presence go with it (broker/node.py session_closed)."""
-        self.events.gone(session)
-        self.presence.gone(session)
-        if session.present_as is not None:
-            self.presence.logout(session.present_as)
+        self.events.gone(session.core)
+        self.presence.gone(session.core)
+        if session.core.present_as is not None:
+            self.presence.logout(session.core.present_as)
 
     def kill(self) -> None:
         """SIGKILL: nothing more from this process; its clients see their connections
@@ -480,8 +485,8 @@ class SimNode:
         self.alive = False
         self.end.alive = False
         for session in list(self.sessions):
-            if not session.closed:
-                session.closed = True
+            if not session.core.closed:
+                session.core.end()
                 if session.to_client is not None:
                     session.to_client.cut()
             session.on_close()

@@ -99,7 +99,7 @@ class RunsFirstProvider(Provider):
         Client.connect(self)  # the SDK's provider rules are what this provider lacks
         conn = self.conn
         if conn is not None:
-            conn.session.runs_before_accept = True
+            conn.session.core.runs_before_accept = True
             conn.pipe.send([PROVIDE, 1, list(self.names)])
 
     def frame(self, conn: Conn, frame: list[list[Any]]) -> None:
@@ -317,9 +317,9 @@ def _check_tables(sim: Simulation) -> None:
         if node.core.invoked or node.core.starting:
             found.append(f"{node.name}: {len(node.core.invoked)} INVOKEs left in the core")
         for session in node.sessions:
-            if session.calls or session.inflight:
+            if session.core.calls or session.core.inflight:
                 found.append(f"{node.name}: session {session.sid} keeps "
-                             f"{len(session.calls)} calls")
+                             f"{len(session.core.calls)} calls")
     for client in sim.clients:
         serving = client.conn.serving if client.conn is not None else None
         if client.alive and serving is not None and serving.running:

@@ -440,6 +440,22 @@ async def test_pings_before_login_are_budgeted_as_websocket_pings(two, ds):
         assert await client.ok("make", name="pinged.echo", data="me too") == "me too"
 
 
+async def test_a_client_that_does_not_log_in_in_time_is_told_so_then_closed():
+    """A deepstream connection with no AUTH by ``limits.auth_timeout`` hears deepstream's
+    CONNECTION AUTHENTICATION_TIMEOUT, then is closed 1008, as deepstream does (before,
+    the login timer, armed before the upgrade named the path, closed it without a word)."""
+    with NodeProcess(env={**DS, "RPCBUS_LIMITS_AUTH_TIMEOUT": "0.5"}) as node:
+        async with ws_connect(ds_url(node), compression=None) as raw:
+            told = []
+            with pytest.raises(ConnectionClosed) as closed:
+                async with asyncio.timeout(wait(10)):
+                    while True:
+                        told += ds_wire.decode(await raw.recv(), 10)
+        assert [(m.topic, m.action) for m in told] == [
+            (ds_wire.T_CONNECTION, ds_wire.C_AUTHENTICATION_TIMEOUT)]
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
 async def test_a_jwt_that_expires_closes_its_client_which_cannot_log_in_again(ds, tmp_path):
     """A deepstream client cannot renew a token in place: at its JWT's expiry the node
     closes it (1008), its names are withdrawn, and its reconnect's login with the same

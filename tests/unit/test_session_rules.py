@@ -52,13 +52,14 @@ class Node:
         session.send([OK, ref])
 
 
-class Conn(SessionRules):
-    """The shell's part: what goes out, and whether it was closed (1008) and why."""
+class Conn:
+    """The shell's part, holding the rules (``core``): what goes out, and whether it was
+    closed (1008) and why."""
 
     def __init__(self, node: Node, sid: str) -> None:
-        super().__init__(node, sid)
         self.out: list[list] = []
         self.closed_for: str | None = None
+        self.core = SessionRules(node, sid, self)
 
     def send(self, msg) -> None:
         self.out.append(msg)
@@ -85,7 +86,7 @@ class Conn(SessionRules):
 
 def logged_in(node: Node, sid: str, name: str) -> Conn:
     conn = Conn(node, sid)
-    conn.handle([[AUTH, {"name": name}]], 0.0)
+    conn.core.handle([[AUTH, {"name": name}]], 0.0)
     [[kind, welcome]] = conn.take()
     assert kind == AUTH_OK and welcome["session"] == sid and welcome["accept_upto"]
     return conn
@@ -94,38 +95,38 @@ def logged_in(node: Node, sid: str, name: str) -> Conn:
 def test_nothing_but_auth_is_taken_before_login_and_the_label_is_name_at_session():
     node = Node()
     conn = Conn(node, "s1")
-    conn.handle([[REQUEST, 1, "f", None, None], [PING, 5]], 0.0)
+    conn.core.handle([[REQUEST, 1, "f", None, None], [PING, 5]], 0.0)
     assert [msg[:3] for msg in conn.take()] == [[ERROR, 1, errors.NOT_AUTHENTICATED],
                                                 [ERROR, 5, errors.NOT_AUTHENTICATED]]
     assert node.router.pending == 0
-    conn.handle([[AUTH, {"name": "worker"}], [PING, 6]], 0.1)
+    conn.core.handle([[AUTH, {"name": "worker"}], [PING, 6]], 0.1)
     out = conn.take()
     assert out[0][0] == AUTH_OK and out[1:] == [[PONG, 6]]
-    assert conn.label == "worker@s1" and conn.authenticated
+    assert conn.core.label == "worker@s1" and conn.core.authenticated
 
 
 def test_a_call_goes_from_one_session_through_the_router_to_another_and_back():
     node = Node()
     provider, caller = logged_in(node, "s1", "worker"), logged_in(node, "s2", "app")
-    provider.handle([[PROVIDE, 1, ["f"]]], 0.1)
+    provider.core.handle([[PROVIDE, 1, ["f"]]], 0.1)
     assert provider.take() == [[OK, 1]]
-    caller.handle([[REQUEST, 9, "f", "data", 500]], 0.2)
+    caller.core.handle([[REQUEST, 9, "f", "data", 500]], 0.2)
     [request] = provider.take()
     assert request[:6] == [REQUEST, request[1], "f", "data", request[4], "app@s2"]
     assert 0 < request[4] <= 500                       # the time its caller has left
-    provider.handle([[ACCEPT_UPTO, request[1]], [RESPONSE, request[1], "answer"]], 0.3)
+    provider.core.handle([[ACCEPT_UPTO, request[1]], [RESPONSE, request[1], "answer"]], 0.3)
     assert caller.take() == [[RESPONSE, 9, "answer"]]
-    assert node.router.pending == 0 and caller.inflight == 0
+    assert node.router.pending == 0 and caller.core.inflight == 0
 
 
 def test_bad_messages_get_an_error_each_and_too_many_close_the_connection():
     node = Node()
     conn = logged_in(node, "s1", "app")
     most = node.config.limits.max_invalid_messages
-    conn.handle([[REQUEST, 1, "f", None, -5]], 1.0)  # a negative time left
+    conn.core.handle([[REQUEST, 1, "f", None, -5]], 1.0)  # a negative time left
     [error] = conn.take()
     assert error[:3] == [ERROR, 1, errors.INVALID_MESSAGE] and conn.is_open()
-    conn.handle([["junk"]] * most, 1.1)               # within the window: one too many
+    conn.core.handle([["junk"]] * most, 1.1)               # within the window: one too many
     assert conn.closed_for is not None
     assert node.stats["invalid_messages"] == most + 1 and node.stats["closed_for_garbage"] == 1
 
@@ -133,14 +134,14 @@ def test_bad_messages_get_an_error_each_and_too_many_close_the_connection():
 def test_a_draining_node_refuses_new_calls_unrun_but_lets_answers_in():
     node = Node()
     provider, caller = logged_in(node, "s1", "worker"), logged_in(node, "s2", "app")
-    provider.handle([[PROVIDE, 1, ["f"]]], 0.1)
-    caller.handle([[REQUEST, 1, "f", "before", None]], 0.2)
+    provider.core.handle([[PROVIDE, 1, ["f"]]], 0.1)
+    caller.core.handle([[REQUEST, 1, "f", "before", None]], 0.2)
     [request] = [msg for msg in provider.take() if msg[0] == REQUEST]
     node.draining = True
-    caller.handle([[REQUEST, 2, "f", "after", None],
+    caller.core.handle([[REQUEST, 2, "f", "after", None],
                    [STREAM, 3, "f", None, None, {"window": 4}]], 0.3)
     assert [msg[:3] for msg in caller.take()] == [[ERROR, 2, errors.SHUTTING_DOWN],
                                                   [ERROR, 3, errors.SHUTTING_DOWN]]
-    provider.handle([[RESPONSE, request[1], "finished"]], 0.4)
+    provider.core.handle([[RESPONSE, request[1], "finished"]], 0.4)
     assert caller.take() == [[RESPONSE, 1, "finished"]]
     assert provider.take() == [] and node.router.pending == 0

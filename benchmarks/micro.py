@@ -22,7 +22,7 @@ from rpcbus.protocol import REQUEST, check_from_client, decode, encode
 class _Peer:
     __slots__ = ("label", "closed", "inflight", "calls", "provides", "out", "is_node",
                  "provider_name", "hrows", "accepted_upto", "runs_before_accept", "load",
-                 "attempts", "lat", "seen", "steady", "minute", "pace", "user_name",
+                 "attempts", "lat", "seen", "steady", "minutes", "pace", "user_name",
                  "origin")
 
     def __init__(self, label: str) -> None:
@@ -58,7 +58,7 @@ def bench_router(n: int, history: bool = False, metrics: bool = True) -> None:
     if history:
         from rpcbus.broker.history import History
 
-        r.history = History("n1", 10.0, None, time.time())
+        r.record(History("n1", 10.0, None, time.time()))
     caller, prov = _Peer("c"), _Peer("p")
     r.provide(prov, ["bench.echo"])
     data = b"x" * 16

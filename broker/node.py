@@ -95,8 +95,8 @@ class Node:
             queue_interval=config.rpc.queue_interval,
             max_concurrency=config.rpc.max_concurrency,
             max_fanout=config.limits.max_fanout,
+            name=self.name,
         )
-        self.router.name = self.name
         self.link: Any = None  # the ClusterLink when cluster.redis_url is set
         self.history: Any = None  # cluster.history.History when history.dir is set
         from rpcbus.broker.config import check_serving
@@ -185,7 +185,7 @@ class Node:
                                    HistoryWriter(cfg.history.dir, self.name,
                                                  cfg.history.max_queued), time.time(),
                                    policy=cfg.cluster.policy)
-            self.router.history = self.history
+            self.router.record(self.history)
         ticker = asyncio.create_task(self._tick_forever(), name="rpcbus-ticker")
         try:
             if self.link is not None:
@@ -263,7 +263,8 @@ class Node:
     async def _shutdown(self, server: Any) -> None:
         """The drain, in broker/lifecycle.py ``Drain``'s order, a step per sweep."""
         self.ready = False
-        self.draining = self.router.draining = True
+        self.draining = True
+        self.router.drain()
         loop = asyncio.get_running_loop()
         drain = self._drain = Drain(self.config.server.drain_timeout)
         interval = self.config.rpc.timer_granularity
@@ -411,7 +412,7 @@ class Node:
         said = reloading.summary(self.config, config)
         self.config = reloading.merged(self.config, config)
         self.gate.reload(self.config)
-        self.router.max_fanout = self.config.limits.max_fanout
+        self.router.limits_changed(self.config.limits.max_fanout)
         if weights_file is not self.weights_file:
             self.weights_file = weights_file
             self.router.set_weights(weights_file.weights if weights_file else None)

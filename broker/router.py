@@ -263,7 +263,8 @@ class Router:
                  clock: Callable[[], float] | None = None, ack_timeout_max: float = 0.0,
                  queue_target: float = 0.1, queue_interval: float = 0.1,
                  max_concurrency: int = 10_000,
-                 initial_concurrency: float = INITIAL_LIMIT, max_fanout: int = 0) -> None:
+                 initial_concurrency: float = INITIAL_LIMIT, max_fanout: int = 0,
+                 name: str = "") -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
         # each target's ack timeout follows it between these (broker/admission.py)
@@ -310,10 +311,11 @@ class Router:
         # latency, with metrics on), an attempt's (``local-first``); one clock reading per
         # frame, not two per call
         self.read_at = 0.0
-        self.name = ""  # this node's, for call_all's replies (the node shell sets it)
-        self.history: History | None = None  # the load history, when recording
+        self.name = name  # this node's, for call_all's replies
+        self.history: History | None = None  # the load history, once it records (``record``)
         self._parked: dict[str, list[Call]] = {}
-        self.count_changed: Callable[[str, float], None] | None = None  # (name, advertised)
+        # told (name, advertised) when what this node offers of a name changes (``join``)
+        self.count_changed: Callable[[str, float], None] | None = None
         self._providers: dict[str, list[Peer]] = {}
         self._calls: dict[int, Call] = {}
         self._provider_peers: set[Peer] = set()  # peers that ever provided: only they hold attempts
@@ -404,6 +406,31 @@ class Router:
             return len(peers)
         weight = weights.of
         return sum(weight(name, p.provider_name) for p in peers)
+
+    # -- the node's own events -----------------------------------------------------
+
+    def join(self, cluster: ClusterView, count_changed: Callable[[str, float], None]) -> None:
+        """This node is in a cluster (cluster/core.py ``ClusterCore`` joins it, once): calls
+        may go to other nodes' providers (``cluster``), and each change in what this node
+        offers of a name is told to ``count_changed(name, advertised)``."""
+        assert self.count_changed is None, "the router joined a cluster twice"
+        self.cluster, self.count_changed = cluster, count_changed
+
+    def record(self, history: History) -> None:
+        """The node's load history records from now on (broker/history.py)."""
+        assert self.history is None, "two load histories"
+        self.history = history
+
+    def drain(self) -> None:
+        """The node stops: a client's call it cannot place here is refused SHUTTING_DOWN
+        (not run: its SDK sends it to another node, where its provider may have moved)."""
+        self.draining = True
+
+    def limits_changed(self, max_fanout: int) -> None:
+        """A reload changed ``limits.max_fanout``: call_alls from now on reach at most that
+        many providers (0: any)."""
+        assert max_fanout >= 0, max_fanout
+        self.max_fanout = max_fanout
 
     def set_weights(self, weights: Weights | None) -> None:
         """Use ``weights`` (broker.weights.Weights, or None: all 1) from the next call on;

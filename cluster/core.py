@@ -167,8 +167,7 @@ class ClusterCore:
         self.on_event: Callable[[str, Any, float, int, int | None], None] = \
             lambda topic, data, age, origin, seq: None
         self.presence: PresenceView | None = None   # the node's (broker/presence.py)
-        router.cluster = self
-        router.count_changed = self._count_changed
+        router.join(self, self._count_changed)
 
     # -- ClusterView ---------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 class Routing(Protocol):
     ack_timeout: float
     ack_timeout_max: float
-    count_changed: Callable[[str, float], None] | None
     # the rates its providers serve moved far from what the last heartbeat told
     # (``local-first``): the core sends the next heartbeat early
     @property
@@ -27,11 +26,10 @@ class Routing(Protocol):
     # the router's clock when the shell read what it is handling (per-rpc latency)
     read_at: float
 
-    # the link hands itself to the router (which sees it as its view of the cluster)
-    @property
-    def cluster(self) -> object: ...
-    @cluster.setter
-    def cluster(self, link: ClusterCore) -> None: ...
+    # the core joins the router to the cluster, once (the router sees it as its view of
+    # the cluster, and tells ``count_changed`` what this node offers of a name)
+    def join(self, cluster: ClusterCore, count_changed: Callable[[str, float], None]
+             ) -> None: ...
 
     # answers of other nodes to this node's attempts
     def ack(self, peer: RemoteNode, *attempts: int) -> None: ...

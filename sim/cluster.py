@@ -368,7 +368,8 @@ class SimNode:
         """SIGTERM, in broker/lifecycle.py ``Drain``'s order, a step per sweep as the
         node's shell takes them; then the connections close and the process exits;
         ``then`` runs after."""
-        self.draining = self.router.draining = True
+        self.draining = True
+        self.router.drain()
         drain = Drain(DRAIN_TIMEOUT)
 
         def step() -> None:

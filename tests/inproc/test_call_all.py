@@ -152,7 +152,7 @@ async def test_a_call_all_is_charged_per_provider_and_its_fan_out_is_capped():
             await caller.call_all("fan.x", None, timeout=5)
         assert sum(runs.values()) == done + 40
         for n in cluster.nodes:          # what a reload of limits.max_fanout = 15 sets
-            n.node.router.max_fanout = 15
+            n.node.router.limits_changed(15)
         other = await rpcbus.connect(cluster.nodes[1].url, token="svc")
         clients.append(other)
         with pytest.raises(rpcbus.LimitExceededError, match="would reach 20 providers"):

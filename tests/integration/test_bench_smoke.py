@@ -144,3 +144,12 @@ def test_rpcbus_bench_events_accounts_for_every_event_beside_nats(tmp_path):
     for r in rows[:2]:
         assert r["delivered"] + r["lost_told"] == r["expected"], r
     assert "| rpcbus | 2 | 3 |" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_micro_benchmark_drives_the_router_with_its_own_peers():
+    """benchmarks/micro.py keeps its own minimal peer: the router's calls on it (every
+    attribute a call reads of a peer, load history on) still run."""
+    from rpcbus.benchmarks import micro
+
+    micro.bench_router(1_000, history=True)
+    micro.bench_codec(600)

@@ -492,7 +492,7 @@ def test_a_draining_node_refuses_unrun_what_it_cannot_place_not_no_provider():
     r.request(caller, 1, "x", None, 10_000, now=0.0)
     r.request(origin, 2, "x", None, 10_000, now=0.0)
     assert len(requests_to(prov)) == 2           # sent, not accepted yet
-    r.draining = True
+    r.drain()
     prov.closed = True
     r.drop_peer(prov, now=0.1)
     assert [m[:3] for m in caller.take()] == [[ERROR, 1, errors.SHUTTING_DOWN]]

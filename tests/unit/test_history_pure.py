@@ -20,7 +20,8 @@ def test_history_derives_answers_from_starts_and_pending_across_windows():
     rows = Rows()
     r, caller, p = router(View()), Peer("c"), Provider("w1")
     r.cluster = None                                     # one node
-    r.history = h = History("n1", 10.0, rows, now_wall=0.0, clock=lambda: 1.0)
+    h = History("n1", 10.0, rows, now_wall=0.0, clock=lambda: 1.0)
+    r.record(h)
     r.provide(p, ["x"])
     for i in range(5):
         r.request(caller, i, "x", {"i": i}, None, now=0.0)

@@ -52,7 +52,7 @@ def test_local_providers_and_nodes_are_chosen_by_weight_and_retries_skip_the_tri
 
 def test_a_node_advertises_its_weight_sum_and_again_when_the_weights_change():
     r, told = router(View()), []
-    r.count_changed = lambda name, count: told.append((name, count))
+    r.join(r.cluster, lambda name, count: told.append((name, count)))
     p1, p2 = Provider("w1"), Provider("w2")
     r.provide(p1, ["x"])
     r.provide(p2, ["x"])

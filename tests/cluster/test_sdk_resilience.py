@@ -138,7 +138,7 @@ async def test_a_call_that_waited_for_a_connection_goes_out_with_the_time_it_has
         n1.kill()                                        # the caller waits for its node
         await states.reached("connected", "reconnecting")
         call = asyncio.create_task(caller.call("work", "late", timeout=8.0))
-        await asyncio.sleep(1.5)                         # the call waits, unsent
+        await asyncio.sleep(wait(1.5))                   # the call waits, unsent
         await asyncio.to_thread(c.restart, 0)            # the node comes back on its port
         assert await call == "late"                      # (the SDK's backoff: a few s)
     assert len(seen) == 1 and seen[0] <= 6.5             # not its full 8 s again

@@ -8,6 +8,7 @@ import pytest
 
 import rpcbus
 
+from ..timing import wait
 from .conftest import stats
 
 
@@ -79,12 +80,12 @@ async def test_a_consumer_that_stops_reading_stops_the_provider(cluster2):
         stream = caller.stream("endless", None, timeout=30, window=8)
         first = [await stream.__anext__() for _ in range(3)]
         assert first == [1, 2, 3]
-        await asyncio.sleep(0.5)             # the consumer stops reading for a while
+        await asyncio.sleep(wait(0.5))       # the consumer stops reading for a while
         # the provider ran at most a window ahead of what was read (and the one more
         # part its generator made before it waited for credit)
         assert handler.yielded <= 3 + 8 + 1, handler.yielded
         stopped_at = handler.yielded
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(wait(0.3))       # and it stays stopped
         assert handler.yielded == stopped_at
         assert [await stream.__anext__() for _ in range(20)] == list(range(4, 24))
         await stream.aclose()                # the provider's generator is closed

@@ -19,6 +19,8 @@ from rpcbus.broker.config import ServerSection
 from rpcbus.broker.lifecycle import NOTICE_WAIT
 from rpcbus.broker.process import NodeProcess
 
+from ..timing import wait
+
 ROOT = Path(__file__).parents[2]
 ADMIN = "admin-secret-token"
 BOB_TOKEN = "bob-token-1"
@@ -74,9 +76,10 @@ async def test_a_reload_changes_rights_at_once_and_a_broken_file_changes_nothing
         assert notice()["READY"] == "1"
         async with rpcbus.connect(node.url, user="alice", password="alice-pw") as alice, \
                 rpcbus.connect(node.url, token=BOB_TOKEN) as bob:
-            release = asyncio.Event()
+            release, running = asyncio.Event(), asyncio.Event()
 
             async def slow(d):
+                running.set()
                 await release.wait()
                 return d
             await bob.provide("pub.echo", lambda d: d)
@@ -84,7 +87,8 @@ async def test_a_reload_changes_rights_at_once_and_a_broken_file_changes_nothing
             await bob.provide("pub.other", lambda d: -d)
             assert await alice.call("pub.echo", 1) == 1
             under_way = asyncio.ensure_future(alice.call("pub.slow", 7, timeout=10))
-            await asyncio.sleep(0.2)
+            async with asyncio.timeout(wait(5)):
+                await running.wait()                            # in flight at the reload
 
             # alice may call only pub.other and pub.slow, bob provide pub.other and
             # pub.slow; the ack timeout changes too (kept until a restart)

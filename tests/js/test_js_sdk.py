@@ -158,7 +158,7 @@ async def test_clients_with_one_url_wait_out_a_draining_node_without_a_loop(js):
                 await running.wait()
             node.signal(signal.SIGTERM)
             await agent.event(lambda e: e.get("state") == "reconnecting")
-            await asyncio.sleep(1.5)                           # a loop would show by now
+            await asyncio.sleep(wait(1.5))                     # a loop would show by now
             closed = node.events("session_closed")
             assert len(closed) <= 3, closed                    # js, one, keeper: once each
             assert one.state != "connected"
@@ -347,7 +347,7 @@ async def test_streams_between_js_and_python_across_nodes(two, js):
         assert seen == [1, 2] and (app.value.code, app.value.data) == ("RAN_DRY", {"after": 2})
         stream = py.stream("js.endless", timeout=30, window=8)
         assert [await stream.__anext__() for _ in range(3)] == [1, 2, 3]
-        await asyncio.sleep(0.5)                         # the reader stops for a while
+        await asyncio.sleep(wait(0.5))                   # the reader stops for a while
         assert await agent.ok("yielded") <= 3 + 8 + 1
         await stream.aclose()
         e = await agent.event(lambda e: e.get("event") == "closed")

@@ -116,7 +116,7 @@ def rpc_name(name: str) -> str:
     """A deepstream RPC name as rpcbus's: each character rpcbus's names do not take there
     (a space, ``%``, a leading ``/``) as ``%XX`` of its UTF-8 bytes, so every name
     deepstream accepts is served and comes back as it was (``ds_name``)."""
-    if name and name[0] in _PLAIN and all(c in _PLAIN_AFTER for c in name):
+    if name and name[0] in _PLAIN and _PLAIN_AFTER.issuperset(name):  # (a loop in C)
         return name
     return "".join(c if c in (_PLAIN_AFTER if i else _PLAIN) else
                    "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))

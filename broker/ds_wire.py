@@ -170,6 +170,7 @@ _FIELDS: dict[int, dict[int, tuple[str, int]]] = {
     T_LOCK: {1: ("action", _INT)},
 }
 _DEFAULTS = DsMessage(0, 0)
+_BLANK = list(_DEFAULTS)  # a message's fields as ``_envelope`` starts reading them
 # per topic, for writing: (a field's place in a DsMessage, its key byte, its kind), in
 # the order of the field numbers (as protobufjs writes them)
 _WRITE: dict[int, list[tuple[int, bytes, int]]] = {
@@ -183,6 +184,11 @@ _SLOTS: dict[int, dict[int, tuple[int, int]]] = {
     topic: {(num << 3) | (2 if kind >= _STR else 0): (DsMessage._fields.index(attr), kind)
             for num, (attr, kind) in numbered.items()}
     for topic, numbered in _FIELDS.items()}
+
+
+_BYTE = [bytes((i,)) for i in range(0x80)]  # a varint under 0x80 is its one byte
+# the envelope's start: its topic (field 2) and the key of the topic's message (field 3)
+_HEADS = {topic: b"\x10" + _BYTE[topic] + b"\x1a" for topic in _FIELDS}
 
 
 def _varint(n: int) -> bytes:
@@ -215,6 +221,16 @@ def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
 
 def encode(msg: DsMessage) -> bytes:
     """One frame's payload: the length-delimited envelope holding ``msg``."""
+    topic = msg[0]
+    body = _rpc_body(msg) if topic == T_RPC else _body(msg)
+    n = len(body)
+    envelope = _HEADS[topic] + (_BYTE[n] if n < 0x80 else _varint(n)) + body
+    n = len(envelope)
+    return (_BYTE[n] if n < 0x80 else _varint(n)) + envelope
+
+
+def _body(msg: DsMessage) -> bytes:
+    """The topic's own message: ``msg``'s fields in the order of their numbers."""
     body = b""
     for slot, tag, kind in _WRITE[msg[0]]:
         value: Any = msg[slot]
@@ -223,20 +239,49 @@ def encode(msg: DsMessage) -> bytes:
         if kind == _STR:
             raw = value.encode()
             n = len(raw)
-            body += tag + (bytes((n,)) if n < 0x80 else _varint(n)) + raw
+            body += tag + (_BYTE[n] if n < 0x80 else _varint(n)) + raw
         elif kind == _INT:
-            body += tag + (bytes((value,)) if 0 <= value < 0x80 else _varint(value))
+            body += tag + (_BYTE[value] if 0 <= value < 0x80 else _varint(value))
         elif kind == _BOOL:
             body += tag + b"\x01"
         else:
             for item in value:
                 raw = item.encode()
                 body += tag + _varint(len(raw)) + raw
-    n = len(body)
-    envelope = (b"\x10" + bytes((msg[0],)) + b"\x1a"
-                + (bytes((n,)) if n < 0x80 else _varint(n)) + body)
-    n = len(envelope)
-    return (bytes((n,)) if n < 0x80 else _varint(n)) + envelope
+    return body
+
+
+def _rpc_body(msg: DsMessage) -> bytes:
+    """``_body`` of an RpcMessage (every call's REQUEST, ACCEPT and RESPONSE), unrolled:
+    the same bytes (tests/unit/test_deepstream_pure.py) in about half the time."""
+    action, data, cid, name, names, is_ack, is_error, original, requestor = msg[1:10]
+    body = b"\x08" + (_BYTE[action] if 0 <= action < 0x80 else _varint(action))
+    if data is not None:
+        raw = data.encode()
+        n = len(raw)
+        body += b"\x12" + (_BYTE[n] if n < 0x80 else _varint(n)) + raw
+    if cid is not None:
+        raw = cid.encode()
+        n = len(raw)
+        body += b"\x1a" + (_BYTE[n] if n < 0x80 else _varint(n)) + raw
+    if is_error:
+        body += b"\x20\x01"
+    if is_ack:
+        body += b"\x28\x01"
+    for item in names:
+        raw = item.encode()
+        body += b"\x32" + _varint(len(raw)) + raw
+    if name is not None:
+        raw = name.encode()
+        n = len(raw)
+        body += b"\x3a" + (_BYTE[n] if n < 0x80 else _varint(n)) + raw
+    if original is not None:
+        body += b"\x48" + (_BYTE[original] if 0 <= original < 0x80 else _varint(original))
+    if requestor is not None:
+        raw = requestor.encode()
+        n = len(raw)
+        body += b"\x52" + (_BYTE[n] if n < 0x80 else _varint(n)) + raw
+    return body
 
 
 def decode(frame: bytes, max_messages: int) -> list[DsMessage]:
@@ -264,7 +309,17 @@ def decode(frame: bytes, max_messages: int) -> list[DsMessage]:
 def _envelope(buf: bytes, pos: int, end: int) -> DsMessage:
     topic = 0
     body_at = body_end = 0
-    while pos < end:
+    if end - pos > 3 and buf[pos] == 0x10 and buf[pos + 1] < 0x80 and buf[pos + 2] == 0x1A:
+        # as the client writes it: its topic (one byte), then the topic's message
+        topic, n = buf[pos + 1], buf[pos + 3]
+        if n < 0x80:
+            body_at = pos + 4
+        else:
+            n, body_at = _read_varint(buf, pos + 3, end)
+        body_end = pos = body_at + n
+        if body_end > end:
+            raise DsProtocolError("the envelope's message runs past it")
+    while pos < end:  # any other order, more fields, or what follows them
         key = buf[pos]
         pos += 1
         if key == 0x10:    # 2: topic, a varint
@@ -290,7 +345,8 @@ def _envelope(buf: bytes, pos: int, end: int) -> DsMessage:
     fields = _SLOTS.get(topic)
     if fields is None:
         return DsMessage(topic, 0)
-    values = [topic, 0, *_DEFAULTS[2:]]
+    values = _BLANK.copy()
+    values[0] = topic
     names: list[str] | None = None
     pos, end = body_at, body_end
     while pos < end:

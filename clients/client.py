@@ -229,6 +229,7 @@ class Client:
         self._connected = asyncio.Event()
         self._ids = itertools.count(1)
         self._handlers: dict[str, Entry] = {}
+        self._frame_read: tuple[float, float] | None = None  # the frame being read's
         self._events = Subscriptions()         # event topics and their handlers
         self._watchers = Watchers()            # presence handlers
         self._wires: set[_Wire] = set()        # open connections (new calls use _wire)
@@ -742,6 +743,7 @@ class Client:
     # -- frames in -----------------------------------------------------------------------
 
     def _on_frame(self, wire: _Wire, data: FrameData) -> None:
+        self._frame_read = None  # (when, how late) it was read: at its first REQUEST
         msgs, bad = decode_each(data)
         if bad:  # only those are lost; the rest of the frame is taken as usual
             self.messages_dropped += bad
@@ -781,10 +783,15 @@ class Client:
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
         elif kind == REQUEST or kind == STREAM:  # taken (started at frame's end) or refused
-            now = wire.loop.time()
-            if not wire.serving.request(msg, now,
+            # read once per frame: no handler runs before the frame's end (its REQUESTs
+            # start then), so each of its REQUESTs was read when the first was
+            read = self._frame_read
+            if read is None:
+                now = wire.loop.time()
+                read = self._frame_read = (now, self._held.late_by(now))
+            if not wire.serving.request(msg, read[0],
                                         not self._closed and wire.state is OPEN,
-                                        self._held.late_by(now), self._full):
+                                        read[1], self._full):
                 # a REQUEST read after its ack window: refused unrun, and the node sends
                 # it elsewhere or later (part of overload, not an error: info)
                 self.stale_requests += 1

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -57,41 +58,84 @@ def test_a_thousand_seeds_hold() -> None:
 
 # Seeds that found a bug, with every fault kind allowed: each fails with its fix undone
 # (found so, by undoing the fix) and holds with it. Tied to this simulator's draws: a
-# change to what the simulator draws changes the schedule a seed makes.
-@pytest.mark.parametrize("seed,bug", [
-    (154, "a node declared dead while paused started an INVOKE its origin had moved"),
-    (365, "an attempt at a dead node was moved without hearing the bus"),
-    (119, "a replayed INVOKE ran a second time"),
-    (735, "a stall or a bus reconnect counted as having heard the bus"),
-    (66, "a heartbeat on the control topic counted as proof that no ACK was missed"),
-    (141, "attempts at a replaced process moved before its late ACK, which was dropped"),
+# change to what the simulator draws changes the schedule a seed makes. So each is also
+# kept as its schedule written out: an example test on the real cores that reaches the
+# same bug by its steps, whatever the simulator draws (the third field, checked below to
+# exist). The examples written for seeds 160, 66, 735 (its stall; a reconnect is
+# test_cluster_pure's bus reset), 15 and 9 fail with their fixes undone, as the seeds did.
+UNIT = "tests/unit/"
+SEEDS_FOUND = [
+    (154, "a node declared dead while paused started an INVOKE its origin had moved",
+     UNIT + "test_cluster_pure.py::"
+     "test_a_node_whose_acks_may_follow_keeps_its_attempts_until_the_ack_deadline"),
+    (365, "an attempt at a dead node was moved without hearing the bus",
+     UNIT + "test_cluster_pure.py::"
+     "test_a_node_that_does_not_hear_itself_fails_a_silent_attempt_instead_of_moving_it"),
+    (119, "a replayed INVOKE ran a second time",
+     UNIT + "test_cluster_core.py::"
+     "test_an_invoke_the_bus_delivers_twice_reaches_its_provider_once"),
+    (735, "a stall or a bus reconnect counted as having heard the bus",
+     UNIT + "test_cluster_core.py::test_nothing_but_its_echo_proves_that_an_ack_was_not_missed"),
+    (66, "a heartbeat on the control topic counted as proof that no ACK was missed",
+     UNIT + "test_cluster_core.py::test_nothing_but_its_echo_proves_that_an_ack_was_not_missed"),
+    (141, "attempts at a replaced process moved before its late ACK, which was dropped",
+     UNIT + "test_cluster_pure.py::"
+     "test_a_node_whose_acks_may_follow_keeps_its_attempts_until_the_ack_deadline"),
     (43, "a provider moved off a draining node took its new connection's first REQUESTs, "
-          "read after a handler held the process, as fresh"),
+         "read after a handler held the process, as fresh",
+     UNIT + "test_calling.py::"
+     "test_a_request_read_after_the_process_was_held_never_sets_the_clock_offset"),
     (36, "an idempotent call sent again after a lost connection answered NO_PROVIDER "
-         "though it may have run"),
+         "though it may have run",
+     UNIT + "test_calling.py::test_a_did_not_run_code_after_a_resend_says_the_call_may_have_run"),
     (160, "a replayed INVOKE that reached a draining node after it took the first was "
-          "refused, and its origin sent the call elsewhere"),
+          "refused, and its origin sent the call elsewhere",
+     UNIT + "test_cluster_core.py::"
+     "test_an_invoke_replayed_after_its_node_began_draining_runs_once_and_is_not_refused"),
     (4, "a call at a provider that runs it before accepting (deepstream's client) was "
-        "moved at its ack timeout and ran twice"),
+        "moved at its ack timeout and ran twice",
+     UNIT + "test_router.py::test_a_provider_that_runs_before_it_accepts_never_has_its_call_moved"),
     (11, "a call at a provider that runs it before accepting, moved at its ack timeout "
-         "and refused elsewhere, answered NO_PROVIDER though it ran"),
-])
-def test_seeds_that_found_bugs_hold(seed: int, bug: str) -> None:
+         "and refused elsewhere, answered NO_PROVIDER though it ran",
+     UNIT + "test_router.py::test_a_provider_that_runs_before_it_accepts_never_has_its_call_moved"),
+]
+# with streams, as above
+STREAM_SEEDS_FOUND = [
+    (15, "a part the bus delivered twice reached its caller twice",
+     UNIT + "test_cluster_core.py::"
+     "test_stream_parts_the_bus_delivers_twice_reach_their_caller_once_and_in_order"),
+    (9, "a part the bus delivered twice reached its caller twice, out of order",
+     UNIT + "test_cluster_core.py::"
+     "test_stream_parts_the_bus_delivers_twice_reach_their_caller_once_and_in_order"),
+    (103, "a CANCEL in the frame of its STREAM left the stream running at its provider",
+     UNIT + "test_calling.py::"
+     "test_a_frame_of_requests_is_accepted_in_one_message_before_any_handler_starts"),
+]
+
+
+@pytest.mark.parametrize("seed,bug,example", SEEDS_FOUND)
+def test_seeds_that_found_bugs_hold(seed: int, bug: str, example: str) -> None:
     result = run_seed(seed, ALL_FAULTS)
     assert result.ok, (bug, result.violations[:5])
     assert result.outcomes.get("OK", 0) > 0
 
 
-# Seeds with streams that found a bug, as above (each fails with its fix undone).
-@pytest.mark.parametrize("seed,bug", [
-    (15, "a part the bus delivered twice reached its caller twice"),
-    (9, "a part the bus delivered twice reached its caller twice, out of order"),
-    (103, "a CANCEL in the frame of its STREAM left the stream running at its provider"),
-])
-def test_stream_seeds_that_found_bugs_hold(seed: int, bug: str) -> None:
+@pytest.mark.parametrize("seed,bug,example", STREAM_SEEDS_FOUND)
+def test_stream_seeds_that_found_bugs_hold(seed: int, bug: str, example: str) -> None:
     result = run_seed(seed, ALL_FAULTS, streams=True)
     assert result.ok, (bug, result.violations[:5])
     assert result.outcomes.get("OK", 0) > 0
+
+
+def test_each_pinned_seeds_written_out_schedule_exists() -> None:
+    """Every pinned seed's example test is where it says: renamed or removed, this fails
+    rather than the link going stale."""
+    root = Path(__file__).resolve().parents[2]
+    named = [example for *_, example in SEEDS_FOUND + STREAM_SEEDS_FOUND]
+    assert all(named) and len(named) == 14
+    for example in named:
+        path, _, test = example.partition("::")
+        assert f"\ndef {test}(" in (root / path).read_text(), example
 
 
 def test_the_provider_rules_before_37_are_caught() -> None:

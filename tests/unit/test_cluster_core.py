@@ -10,7 +10,7 @@ from rpcbus.broker.config import Config
 from rpcbus.broker.router import Router
 from rpcbus.cluster import messages as m
 from rpcbus.cluster.core import ClusterCore
-from rpcbus.protocol import ERROR, RESPONSE
+from rpcbus.protocol import ERROR, PART, RESPONSE, STREAM
 
 from .test_router import Peer, requests_to
 
@@ -31,6 +31,10 @@ class Bus:
         self.cores: dict[str, ClusterCore] = {}
         self.queued: list[tuple[str, str, int, list, object]] = []
         self.silent: set[str] = set()  # nodes whose messages are lost, never ticked
+        self.published: list[tuple[str, str, int, list, object]] = []  # all, ever
+        # messages the test holds on the way (``hold(sender, msg)`` True), in ``held``
+        self.hold = lambda sender, msg: False
+        self.held: list[tuple[str, str, int, list, object]] = []
 
     def node(self, name: str, incarnation: int, **router: object) -> ClusterCore:
         config = Config()
@@ -53,6 +57,9 @@ class Bus:
                     continue
                 if then is not None:
                     then()  # Redis took it
+                if self.hold(sender, msg):  # and holds it on the way
+                    self.held.append((sender, topic, to, msg, None))
+                    continue
                 batch = m.Batch(sender, self.cores[sender].incarnation, to,
                                 self.clock.now, [msg], 0)
                 for core in self.cores.values():
@@ -78,6 +85,7 @@ class Outbox:
 
     def publish(self, topic, msg, then=None, to=0, hold_until=0.0) -> None:
         self.bus.queued.append((self.name, topic, to, msg, then))
+        self.bus.published.append((self.name, topic, to, msg, then))
 
     def heard(self, topic, to) -> None:
         pass
@@ -180,3 +188,97 @@ def test_calls_waiting_beyond_a_full_provider_go_to_a_node_that_came_to_provide(
         got = [r[3] for r in requests_to(theirs)]
         assert got == ([5] if step is steps[0] else [3, 4]), got
     assert requests_to(mine) == [] and caller.take() == []
+
+
+# The simulator's pinned regressions (tests/sim/test_sim.py) as schedules written out: the
+# same bug, reached by these steps whatever the simulator draws.
+
+def test_an_invoke_replayed_after_its_node_began_draining_runs_once_and_is_not_refused():
+    """Seed 160: b took an INVOKE and started it, then began draining, then the bus
+    delivered the INVOKE again. The replay is no news: b neither runs it again nor
+    refuses it, for a REJECT would tell a that the call never started there, and a
+    would send it, still running on b, to another provider too."""
+    bus, a, b, provider = joined_pair()
+    caller = Peer("c")
+    a.router.request(caller, 1, "f", "once", None, bus.clock.now)
+    bus.deliver()
+    [request] = requests_to(provider)                    # b acknowledged and started it
+    invoke = [(sender, topic, to, msg, None) for sender, topic, to, msg, _ in bus.published
+              if msg[0] == m.INVOKE]
+    assert len(invoke) == 1
+    b.router.drain()
+    b.set_state(m.TERMINATING, bus.clock.now)
+    bus.deliver()
+    elsewhere = Peer("elsewhere")                         # where a would move it
+    a.router.provide(elsewhere, ["f"])
+    bus.queued.extend(invoke)                             # the replay, after the drain
+    bus.deliver()
+    assert requests_to(elsewhere) == [], "a moved a call b had started"
+    assert requests_to(provider) == [] and b.stats["duplicate_invokes"] == 1
+    b.router.respond(provider, request[1], "ran once")
+    bus.deliver()
+    assert caller.take() == [[RESPONSE, 1, "ran once"]]
+    assert a.router.pending == 0 and b.router.pending == 0
+
+
+def test_stream_parts_the_bus_delivers_twice_reach_their_caller_once_and_in_order():
+    """Seeds 15 and 9 (with streams): every batch of a stream between nodes delivered
+    twice, and a batch of parts delivered again after later ones: each part reaches the
+    caller once, in order, and the stream ends once."""
+    bus, a, b, provider = joined_pair()
+    caller = Peer("c")
+    a.router.request(caller, 1, "f", "s", None, bus.clock.now, None, 8)
+    bus.deliver(copies=2)
+    [stream] = [msg for msg in provider.take() if msg[0] == STREAM]
+    for part in range(3):
+        b.router.part(provider, stream[1], part)
+    bus.deliver(copies=2)
+    first = [(sender, topic, to, msg, None) for sender, topic, to, msg, _ in bus.published
+             if msg[0] == m.PART]
+    assert first
+    for part in range(3, 6):
+        b.router.part(provider, stream[1], part)
+    bus.deliver(copies=2)
+    bus.queued.extend(first)                              # the first parts, again, late
+    bus.deliver()
+    b.router.respond(provider, stream[1], None)
+    bus.deliver(copies=2)
+    got = caller.take()
+    assert [msg[2] for msg in got if msg[0] == PART] == list(range(6))
+    assert [msg for msg in got if msg[0] != PART] == [[RESPONSE, 1, None]]
+    assert a.router.pending == 0 and b.router.pending == 0
+
+
+@pytest.mark.parametrize("meanwhile", ["heartbeats", "a stall"])
+def test_nothing_but_its_echo_proves_that_an_ack_was_not_missed(meanwhile):
+    """Seeds 66 and 735: b started a's call and acknowledged it, but the ACK is held on
+    the way, and so is a's ECHO (the probe sent with its CHECK, on its own topic, behind
+    anything Redis took for it before). Meanwhile a's heartbeats on the control topic
+    come back (66), or a's process stalls and runs again (735): neither says that
+    nothing for a is still on its way. So at the second ack timeout the call is not
+    moved (b runs it); it ends CLUSTER_UNAVAILABLE, and b's late ACK and answer find
+    nothing to move or answer."""
+    bus, a, b, provider = joined_pair()
+    caller = Peer("c")
+    bus.hold = lambda sender, msg: (sender == "b" and msg[0] == m.ACK) or msg[0] == m.ECHO
+    a.router.request(caller, 1, "f", "once", None, bus.clock.now)
+    bus.deliver()
+    [request] = requests_to(provider)                      # b started it; its ACK is held
+    b.router.accept(provider, request[1], bus.clock.now)   # and its provider runs it
+    elsewhere = Peer("elsewhere")                          # where a would move it
+    a.router.provide(elsewhere, ["f"])
+    for _ in range(6):                                     # two ack timeouts, heartbeats on
+        bus.tick(0.4)
+        if meanwhile == "a stall":
+            a.stalled(bus.clock.now)
+    assert [msg[0] for *_, msg, _ in bus.held if msg[0] == m.ECHO]  # a's probe, held
+    assert requests_to(elsewhere) == [], "a moved a call b had started"
+    [error] = caller.take()
+    assert error[:3] == [ERROR, 1, errors.CLUSTER_UNAVAILABLE]
+    bus.hold = lambda sender, msg: False
+    bus.queued.extend(bus.held)                            # the ACKs and the ECHO, late
+    bus.deliver()
+    assert requests_to(elsewhere) == [] and caller.take() == []
+    b.router.respond(provider, request[1], "ran once")     # its answer: too late, dropped
+    bus.deliver()
+    assert caller.take() == [] and a.router.pending == 0 and b.router.pending == 0

@@ -20,7 +20,7 @@ GAP per topic once the transport has written the backlog: ``resume_writing``).
 from __future__ import annotations
 
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import structlog
 
@@ -33,6 +33,7 @@ from rpcbus.transport import CONNECTING, OPEN, CloseCode, FrameData
 from rpcbus.websocket import HttpAnswer, ServerConnection
 
 if TYPE_CHECKING:
+    from rpcbus.broker.auth import User
     from rpcbus.broker.node import Node
 
 log = structlog.get_logger(module="rpcbus.session")
@@ -230,6 +231,15 @@ class Session(ServerConnection):
 
     def later(self, delay: float, callback: Any) -> None:
         self.loop.call_later(delay, callback)
+
+    def check_login(self, params: dict[str, Any],
+                    done: Callable[[User | None, str], None]) -> None:
+        """The node's gate checks it (broker/gate.py: threads, off the loop); ``done``
+        runs on the loop, unless this connection ended first."""
+        self.node.gate.login(params, done, self.address, self._still_open)
+
+    def _still_open(self) -> bool:
+        return not self.core.closed
 
     def logged_in(self) -> None:
         if self._auth_timer is not None:

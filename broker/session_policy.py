@@ -75,6 +75,9 @@ class SessionPolicy:
     close_for_policy: Callable[[str], None]    # close with 1008
     later: Callable[[float, Callable[[], None]], None]  # a timer
     logged_in: Callable[[], None]              # AUTH completed: the login timer stops
+    # check AUTH params where the node checks them (threads, off the loop); the answer
+    # comes back as an event, done(user, reason), unless the connection ended first
+    check_login: Callable[[dict[str, Any], Callable[[User | None, str], None]], None]
 
     # -- who may do what --------------------------------------------------------------
 
@@ -179,8 +182,7 @@ class SessionPolicy:
             return
         if params.get("event_origins") is True:
             self.origins = True
-        gate = self.node.gate
-        if gate.mode == "none":  # who it says it is: its presence (docs/events.md)
+        if self.node.gate.mode == "none":  # who it says it is: its presence (docs/events.md)
             claimed = params.get("user")
             self._authenticated(None, name, claimed if type(claimed) is str
                                 and 0 < len(claimed) <= 128 else name)
@@ -188,8 +190,7 @@ class SessionPolicy:
         self.logging_in = True
         token = params.get("token")
         self._login_token = token_digest(token) if isinstance(token, str) else None
-        gate.login(params, lambda user, reason: self._checked(user, reason, name),
-                   self.address, lambda: not self.closed)
+        self.check_login(params, lambda user, reason: self._checked(user, reason, name))
 
     def _checked(self, user: User | None, reason: str, name: str | None) -> None:
         if self.closed:
@@ -371,8 +372,7 @@ class SessionPolicy:
                          "answer", now)
             return
         self.logging_in = True
-        self.node.gate.login({"token": token}, self._renewed, self.address,
-                             lambda: not self.closed)
+        self.check_login({"token": token}, self._renewed)
 
     def _renewed(self, new: User | None, reason: str) -> None:
         if self.closed:

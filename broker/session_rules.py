@@ -9,8 +9,9 @@ simulator (rpcbus.sim) and the unit tests hand it messages the same way. What it
 needs of its shell (``Shell``, given to the constructor, its hooks bound there so
 the router's ``peer.send`` costs no frame more): ``send`` and ``flush`` (queue a
 message, write what is queued), ``is_open()``, ``close_for_policy(reason)`` (close
-with 1008), ``later(delay, fn)`` (a timer) and ``logged_in()`` (the login timer
-stops).
+with 1008), ``later(delay, fn)`` (a timer), ``logged_in()`` (the login timer
+stops) and ``check_login(params, done)`` (a password or token checked where the node
+checks them, in threads; its answer comes back as the event ``done(user, reason)``).
 
 Bad input never takes the node down: a malformed message gets
 ``ERROR INVALID_MESSAGE`` naming the problem and a strike; more than
@@ -113,6 +114,8 @@ class Shell(Protocol):
     def close_for_policy(self, reason: str) -> None: ...
     def later(self, delay: float, callback: Callable[[], None]) -> None: ...
     def logged_in(self) -> None: ...
+    def check_login(self, params: dict[str, Any],
+                    done: Callable[[User | None, str], None]) -> None: ...
 
 
 class SessionRules(SessionPolicy):
@@ -135,6 +138,7 @@ class SessionRules(SessionPolicy):
         self.close_for_policy = shell.close_for_policy
         self.later = shell.later
         self.logged_in = shell.logged_in
+        self.check_login = shell.check_login
         self.node = node
         self.router = node.router
         self.sid = sid

@@ -236,6 +236,9 @@ class SimSession:
     def logged_in(self) -> None:
         pass  # no login timer here
 
+    def check_login(self, params: dict[str, Any], done: Callable[..., None]) -> None:
+        raise AssertionError("the simulated nodes take clients as they say (auth mode none)")
+
 
 class SimNode:
     """One node process: router, cluster core, sessions, its bus connection."""

@@ -79,6 +79,9 @@ class Conn:
     def logged_in(self) -> None:
         pass
 
+    def check_login(self, params, done) -> None:
+        raise AssertionError("auth mode none checks no login")
+
     def take(self) -> list[list]:
         out, self.out = self.out, []
         return out

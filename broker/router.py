@@ -746,22 +746,12 @@ class Router:
                 self._lost_parts(call)
                 return
             data = None
-        peer.load -= 1  # _took, inlined (every answer passes here)
+        peer.load -= 1  # as ``_took``, whose slot release comes after the answer here
+        assert peer.load >= 0, peer.label
         if call.sent:
-            took = self.read_at - call.sent
-            lat = peer.lat
-            peer.lat = peer.seen = (took if took > lat or call.probe
-                                    else lat + LAT_STEP * (took - lat))
-            minutes = peer.minutes
-            if minutes is not None and (stat := minutes.get(call.name)) is not None:
-                # MinuteStats.sample, inlined
-                stat.buckets[bisect_left(BOUNDS, took)] += 1
-                lat = stat.seen
-                stat.seen = took if took > lat else lat + LAT_STEP * (took - lat)
+            took = self._timed(peer, call)
             pace = peer.pace
             assert pace is not None  # every target has one (``_dispatch``)
-            if not attempt & _LAT_MASK:  # its limit learns from 1 attempt in LAT_SAMPLE
-                pace.sample(took, peer.load + 1, self.read_at)
             if attempt == pace.probe:  # an answer is an accept too
                 pace.accepted(took)
                 self._probing.pop(peer, None)
@@ -1651,27 +1641,36 @@ class Router:
             self._took(call.provider, call)
 
     def _took(self, peer: Peer, call: Call) -> None:
-        """``call``'s attempt at ``peer`` ended: one attempt less outstanding there, and
-        its time, when measured (``sent``), moves ``lat`` (peak EWMA: up at once, down
-        ``LAT_STEP`` of the way; a probe's time is taken as it is) and the target's limit.
-        A waiting call may take the slot (``_release``)."""
+        """``call``'s attempt at ``peer`` ended other than by its RESPONSE (``respond``
+        ends those itself): one attempt less outstanding there, its time, when measured
+        (``sent``), taken (``_timed``), and a waiting call may take the slot
+        (``_release``)."""
         peer.load -= 1
         assert peer.load >= 0, peer.label
         if call.sent:
-            took = self.read_at - call.sent
-            lat = peer.lat
-            peer.lat = peer.seen = (took if took > lat or call.probe
-                                    else lat + LAT_STEP * (took - lat))
-            minutes = peer.minutes
-            if minutes is not None and (stat := minutes.get(call.name)) is not None:
-                # MinuteStats.sample, inlined
-                stat.buckets[bisect_left(BOUNDS, took)] += 1
-                lat = stat.seen
-                stat.seen = took if took > lat else lat + LAT_STEP * (took - lat)
-            if peer.pace is not None and not call.id & _LAT_MASK:
-                peer.pace.sample(took, peer.load + 1, self.read_at)
+            self._timed(peer, call)
         if self._waiting:
             self._release(peer, self._now)
+
+    def _timed(self, peer: Peer, call: Call) -> float:
+        """How long ``call``'s attempt at ``peer`` took (it was ``sent``), now that it
+        ended: it moves ``lat`` (peak EWMA: up at once, down ``LAT_STEP`` of the way; a
+        probe's time is taken as it is), the provider's figures for the rpc, and, for
+        one attempt in ``LAT_SAMPLE``, the target's limit. ``respond`` and ``_took``."""
+        took = self.read_at - call.sent
+        lat = peer.lat
+        peer.lat = peer.seen = (took if took > lat or call.probe
+                                else lat + LAT_STEP * (took - lat))
+        minutes = peer.minutes
+        if minutes is not None and (stat := minutes.get(call.name)) is not None:
+            # MinuteStats.sample, inlined
+            stat.buckets[bisect_left(BOUNDS, took)] += 1
+            lat = stat.seen
+            stat.seen = took if took > lat else lat + LAT_STEP * (took - lat)
+        pace = peer.pace
+        if pace is not None and not call.id & _LAT_MASK:
+            pace.sample(took, peer.load + 1, self.read_at)
+        return took
 
     def _provided(self, name: str, msg: list[Any]) -> bool:
         """``name`` is (or was, for this answer) provided here or on another node: junk

@@ -315,9 +315,8 @@ class Session(ServerConnection):
             self.core.invalid(None, str(exc), now)
             return
         self.node.stats["messages_in"] += len(msgs)
-        self.core.bytes_in(len(data), now)
         try:
-            self.core.handle(msgs, now)
+            self.core.handle(msgs, now, len(data))
         except Exception:  # a bug here must cost one frame, never the node
             self.node.stats["internal_errors"] += 1
             log.exception("frame_handling_failed", session=self.sid)

@@ -166,12 +166,6 @@ class SessionPolicy:
         self.send([ERROR, ref, errors.RATE_LIMITED, limiter.refusal])
         return False
 
-    def bytes_in(self, size: int, now: float) -> None:
-        """A frame of ``size`` bytes came, at ``now``: its user's byte budget, if any, is
-        charged (broker/limits.py ``WindowLimiter.received``)."""
-        if self._limiter is not None:
-            self._limiter.received(now, size)
-
     def _who(self) -> str:
         return f"user {self.user.name!r}" if self.user is not None else "this connection"
 

@@ -184,9 +184,12 @@ class SessionRules(SessionPolicy):
 
     # -- input -------------------------------------------------------------------------
 
-    def handle(self, msgs: list[list[Any]], now: float) -> None:
-        """The messages of one frame, read at ``now``: each checked and handed to the
-        router, or answered here (an error, OK, PONG, AUTH_OK)."""
+    def handle(self, msgs: list[list[Any]], now: float, size: int = 0) -> None:
+        """The messages of one frame of ``size`` bytes, read at ``now``: the frame
+        charged to its user's byte budget (``bytes_in``), then each message checked and
+        handed to the router, or answered here (an error, OK, PONG, AUTH_OK)."""
+        if size and self._limiter is not None:
+            self._limiter.received(now, size)
         router = self.router
         router.new_batch()  # a draw of a target holds within one frame's calls at most
         serving = self.authenticated and not (self.node.draining and self.moves_on_drain)
@@ -237,6 +240,13 @@ class SessionRules(SessionPolicy):
             self._handle_other(msg, now)
             if not self.is_open():
                 return
+
+    def bytes_in(self, size: int, now: float) -> None:
+        """A frame of ``size`` bytes came at ``now`` whose messages are handed in apart
+        (a deepstream client's): its user's byte budget, if any, is charged
+        (broker/limits.py ``WindowLimiter.received``)."""
+        if self._limiter is not None:
+            self._limiter.received(now, size)
 
     def end(self) -> None:
         """Its connection is over (its shell tells it once, before the node drops it as a

@@ -40,7 +40,7 @@ never will: move on). Only a node that stays silent for another ack timeout
 is given up (CANCEL) and the call moved, so a late ACK never makes a call
 run on two nodes.
 
-Why one module this long (about 1,600 lines): every event of a call (request,
+Why one module this long (about 1,700 lines): every event of a call (request,
 ACK, ACCEPT, answer, REJECT, error, CANCEL, a deadline, a peer or the bus gone) moves
 the one state ``Call`` holds, and streams and call_all are calls with a few more
 events, so their rules read and assert against the same tables. What does not move

@@ -268,7 +268,7 @@ class Waiting:
         self.recent: deque[float] = deque(maxlen=RECENT)  # when this node's calls were made
         self.slower = 0.0       # s later than at no load the last call's target answers now
         self.outpaced_until = -1e18  # when calls last stopped outpacing: those that came
-        # before came in that overload, and keep its patience (``Router._patience``)
+        # before came in that overload, and keep its patience (broker/queueing.py ``patience``)
 
     def __len__(self) -> int:
         return len(self.heap)

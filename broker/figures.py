@@ -25,8 +25,8 @@ from rpcbus.broker.choice import QUIET
 from rpcbus.broker.discovery import HALF
 
 if TYPE_CHECKING:
+    from rpcbus.broker.calls import Call
     from rpcbus.broker.peers import Peer
-    from rpcbus.broker.router import Call
 
 RATE_SAMPLE = 0.05  # s between samples of the providers' call rates (``rate``)
 RATE_STEP = 0.05    # of the way to each sample: smoothed over about a second

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from rpcbus.broker.admission import Pace
+    from rpcbus.broker.calls import Call
     from rpcbus.broker.discovery import MinuteStats
     from rpcbus.broker.history import Row
-    from rpcbus.broker.router import Call
 
 
 class Caller(Protocol):

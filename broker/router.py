@@ -40,15 +40,18 @@ never will: move on). Only a node that stays silent for another ack timeout
 is given up (CANCEL) and the call moved, so a late ACK never makes a call
 run on two nodes.
 
-Why one module this long (about 1,700 lines): every event of a call (request,
-ACK, ACCEPT, answer, REJECT, error, CANCEL, a deadline, a peer or the bus gone) moves
-the one state ``Call`` holds, and streams and call_all are calls with a few more
-events, so their rules read and assert against the same tables. What does not move
-that state lives apart: the peers' protocols (broker/peers.py), the choice (broker/choice.py),
-the providers' figures (broker/figures.py), admission (broker/admission.py) and
-call_all's gathering (broker/fanout.py). The per-call path (``request``,
-``_dispatch``, ``respond``, ``_conclude``) is kept in few frames on purpose: each
-frame less is about 1 % of a local call's instructions at the node.
+Where its rules live: this class holds the tables (calls by attempt id, providers by
+name, deadlines, the waiting queues) and the per-call path (``request``,
+``_dispatch``, ``respond``, ``_conclude``), kept in few frames on purpose: each frame
+less is about 1 % of a local call's instructions at the node. The rules of the
+events that move the same tables but are not on that path are functions in modules
+of their own, bound here as methods (listed after ``__init__``): streams
+(broker/streams.py), call_all (broker/fanout.py), admission's queues
+(broker/queueing.py), the deadline sweep (broker/sweep.py) and peers or the bus gone
+(broker/departures.py). What a call holds is broker/calls.py; the peers' protocols
+broker/peers.py; the choice broker/choice.py; the providers' figures
+broker/figures.py; each target's pace broker/admission.py. This module is about 900
+lines, most of them the per-call path and its docstrings.
 """
 
 from __future__ import annotations
@@ -56,28 +59,26 @@ from __future__ import annotations
 import random
 from bisect import bisect_left
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from rpcbus import errors
-from rpcbus.broker.admission import INITIAL_LIMIT, NODE_LIMIT, PATIENCE, Pace, Waiting
+from rpcbus.broker import departures, fanout, queueing, streams, sweep
+from rpcbus.broker.admission import INITIAL_LIMIT, Waiting
+from rpcbus.broker.calls import AllCall, Call, RouterStats, StreamCall
 from rpcbus.broker.choice import LAT_FLOOR, POLICIES, QUIET, SLOWER, Draws, local_first
-from rpcbus.broker.discovery import HALF, LAT_STEP, MinuteStats
+from rpcbus.broker.discovery import LAT_STEP, MinuteStats
 from rpcbus.broker.fanout import Gather
-from rpcbus.broker.figures import RATE_SAMPLE, ProviderFigures, failed_at
+from rpcbus.broker.figures import ProviderFigures, failed_at
 from rpcbus.broker.peers import Caller, ClusterView, Peer, Provider
 from rpcbus.broker.rpcstats import OTHER, RpcStatsTable
 from rpcbus.deadlines import Deadlines
 from rpcbus.protocol import (
     ACCEPT,
-    ACK_CHECK,
     ALL,
     CANCEL,
-    CREDIT,
     DEFAULT_MAX_NAME,
     ERROR,
     MAX_ERROR_MESSAGE,
-    PART,
-    REPLY,
     REQUEST,
     RESPONSE,
     STREAM,
@@ -87,7 +88,7 @@ from rpcbus.provider import Held
 from rpcbus.schema import BOUNDS, Outcome
 
 if TYPE_CHECKING:
-    from rpcbus.broker.history import History, Row
+    from rpcbus.broker.history import History
     from rpcbus.broker.weights import Weights
 
 HISTORY_SAMPLE = 16  # the load history measures latency and sizes of 1 attempt in 16
@@ -98,143 +99,6 @@ _LAT_MASK = LAT_SAMPLE - 1
 BUSY, LATE = "BUSY", "LATE"
 PROBE_GAP = 0.05  # s between a target's timed accepts (``Pace.probe``), at most
 HELD = 0.02       # s: a frame that may have waited longer than this was read late
-# ``Call.checked`` of an attempt at another node while the bus resets (``cluster_down``):
-# waiting for the bus to come back, then asked again after it did (``cluster_up``)
-BUS_DOWN, ASKED_AGAIN = -1.0, -2.0
-
-
-class Call:
-    """One call from a caller, across all its attempts."""
-
-    __slots__ = ("id", "caller", "cid", "name", "data", "deadline", "provider",
-                 "accepted", "acked", "checked", "tried", "local_only", "started",
-                 "traceparent", "hrow", "hstart", "unsure", "sent", "probe", "window",
-                 "queued", "slow", "begun", "made")
-    # set by each dispatch (see the end of __init__)
-    id: int
-    provider: Peer | None
-    accepted: bool
-    acked: bool
-    checked: float
-    begun: float
-
-    def __init__(self, caller: Caller, cid: int, name: str, data: Any, deadline: float) -> None:
-        self.caller = caller
-        self.cid = cid                    # the caller's own id for the call
-        self.name = name
-        self.data = data
-        self.deadline = deadline
-        self.tried: set[Peer] | None = None  # earlier providers; None while on the first
-        self.local_only = caller.is_node     # an INVOKE: never forwarded to a third node
-        self.started = 0.0                   # ``read_at`` when it came (metrics on)
-        self.traceparent: str | None = None
-        self.hrow: Row | None = None         # the current attempt's load-history row
-        self.hstart = 0.0
-        self.unsure = False                  # a node it was sent to stayed silent
-        self.sent = 0.0                      # ``read_at`` of its timed attempt, else 0
-        self.probe = False                   # its attempt tries an idle provider again
-        self.queued = -1.0                   # ``_now`` when it began waiting for a slot
-        self.slow = False                    # a provider was too slow or full to take it
-        self.made = 0.0                      # when its caller made it, as far as known
-        # a stream's credit window (StreamCall); -1: a call_all's child sent to a node,
-        # which runs it on each of its providers (broker/fanout.py); 0: a call
-        self.window = 0
-        # id (the current attempt's), provider, accepted, acked and checked (when the
-        # node was asked whether it started the attempt; 0.0: not; BUS_DOWN or ASKED_AGAIN
-        # while the bus reset: ``cluster_down``) are set by each dispatch, and begun (when
-        # the attempt was sent) by each that sends one.
-
-
-class StreamCall(Call):
-    """A stream: a call answered in parts, at most ``window`` beyond what its caller has
-    ``read`` (``parts``: those passed to the caller; both start over with each attempt,
-    which none has reached before its first part)."""
-
-    __slots__ = ("parts", "read")
-
-    def __init__(self, caller: Caller, cid: int, name: str, data: Any, deadline: float,
-                 window: int) -> None:
-        super().__init__(caller, cid, name, data, deadline)
-        self.window = window
-        self.parts = self.read = 0
-
-
-
-class AllCall(Call):
-    """A call_all of a caller (broker/fanout.py): never sent itself; its children are."""
-
-    __slots__ = ("gather",)
-
-    def __init__(self, caller: Caller, cid: int, name: str, data: Any, deadline: float) -> None:
-        super().__init__(caller, cid, name, data, deadline)
-        self.id = -1            # none until it waits for discovery (``_park``)
-        self.provider = None
-        self.gather: Gather
-
-
-class RouterStats:
-    """Counters; every drop is counted here (the node logs and exports them)."""
-
-    __slots__ = ("ok", "provider_errors", "no_provider", "response_timeouts",
-                 "ack_timeouts", "rejects", "provider_gone", "retries", "late", "foreign",
-                 "discarded", "invalid_names", "parked", "cluster_unavailable", "cancelled",
-                 "ack_checks", "calls_ok", "calls_failed", "duplicate_ids", "local_calls",
-                 "remote_calls", "parts", "stream_overruns", "parts_lost",
-                 "accept_timeouts", "overloaded", "waited", "shed", "busy", "fanout_refused",
-                 "bus_waits", "answers_lost", "handed_back")
-    ok: int
-    provider_errors: int
-    no_provider: int
-    response_timeouts: int
-    ack_timeouts: int
-    rejects: int
-    provider_gone: int
-    retries: int
-    late: int
-    foreign: int
-    discarded: int
-    invalid_names: int
-    parked: int
-    cluster_unavailable: int
-    cancelled: int
-    ack_checks: int
-    # Calls of this node's own callers that ended (answered / failed). A call that crosses
-    # nodes also ends as an INVOKE on the node that served it, which the counters above
-    # count there too: sum these over nodes to count each call once.
-    calls_ok: int
-    calls_failed: int
-    duplicate_ids: int  # REQUESTs refused: the caller's id belongs to a call in flight
-    # first attempts of this node's own callers' calls: to a provider here / another node
-    local_calls: int
-    remote_calls: int
-    parts: int            # stream parts passed on to their callers
-    stream_overruns: int  # streams ended: their provider sent a part past its credit
-    parts_lost: int       # streams ended: a part from another node never came (or twice)
-    accept_timeouts: int  # calls ended ACCEPT_TIMEOUT: a provider that may run a call
-    #                       before it accepts (deepstream's) did not accept in time
-    overloaded: int       # calls ended OVERLOADED (not run): shed, or no slot in time
-    waited: int           # calls that waited for a free slot (broker/admission.py)
-    shed: int             # of those ended OVERLOADED: shed on arrival (a standing queue)
-    busy: int             # attempts a provider or node turned away full, or read too late
-    fanout_refused: int   # call_alls that would reach more than limits.max_fanout (not run)
-    bus_waits: int        # attempts at other nodes that waited through a bus reset
-    answers_lost: int     # of the CLUSTER_UNAVAILABLE: ran at a node, the answer lost
-    handed_back: int      # calls a draining node refused SHUTTING_DOWN (not run): their
-    #                       callers send them to another node
-
-    def __init__(self) -> None:
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def failed(self) -> int:
-        """Calls that ended with an error (``ok + failed()``: every call ended)."""
-        return (self.provider_errors + self.no_provider + self.response_timeouts
-                + self.provider_gone + self.cluster_unavailable + self.invalid_names
-                + self.accept_timeouts + self.overloaded)
-
-    def as_dict(self) -> dict[str, int]:
-        return {**{name: getattr(self, name) for name in self.__slots__},
-                "failed": self.failed()}
 
 
 class Router:
@@ -328,6 +192,38 @@ class Router:
         # so no draw made for earlier calls holds for them (``Draws``)
         self.new_batch: Callable[[], None] = self.draws.new_batch
 
+    # -- rules kept beside this class: functions of the router in their own modules,
+    # bound here as its methods (one lookup, as a method of its own)
+
+    # streams (broker/streams.py): a call answered in parts, within its caller's credit
+    part = streams.part
+    credit = streams.credit
+    _lost_parts = streams.lost_parts
+    # call_all (broker/fanout.py): a child call per provider, a REPLY from each
+    request_all = fanout.request_all
+    reply = fanout.reply
+    fanout_of = fanout.fanout_of
+    _fan_out = fanout.fan_out
+    # admission (broker/queueing.py): each target's pace, calls waiting for a slot, shedding
+    admission = queueing.admission
+    _pace = queueing.new_pace
+    _check_probes = queueing.check_probes
+    _free = queueing.free
+    _pace_new_nodes = queueing.pace_new_nodes
+    _enqueue = queueing.enqueue
+    _release = queueing.release
+    _send_held = queueing.send_held
+    _reroute_waiting = queueing.reroute_waiting
+    # the deadline sweep (broker/sweep.py): ack timeouts, response timeouts, waiting calls
+    tick = sweep.tick
+    # peers and the bus that go, and a drain's hand-back (broker/departures.py)
+    drop_peer = departures.drop_peer
+    cluster_down = departures.cluster_down
+    cluster_up = departures.cluster_up
+    lost = departures.lost
+    fail_peer = departures.fail_peer
+    hand_back = departures.hand_back
+
     # -- what a node can be asked about ------------------------------------------
 
     @property
@@ -354,15 +250,6 @@ class Router:
     def providers_of(self, name: str) -> list[Peer]:
         return list(self._providers.get(name, ()))
 
-    def fanout_of(self, name: str, now: float) -> int:
-        """The providers of ``name`` a call_all made now would reach, as far as this node
-        knows without asking (what its caller is charged: broker/session_policy.py)."""
-        local = len(self._providers.get(name, ()))
-        cluster = self.cluster
-        if cluster is None or not cluster.knows(name):
-            return local
-        return _reach(local, cluster.targets(name, now, False) or ())
-
     def history_pending(self) -> dict[Any, int]:
         """Attempts pending now per load-history row (for ``History.scan`` and ``roll``)."""
         counts: dict[Any, int] = {}
@@ -376,23 +263,6 @@ class Router:
         """(rpc, provider name) of every provider connected here (load-history presence)."""
         return {(name, p.provider_name) for name, peers in self._providers.items()
                 for p in peers}
-
-    def admission(self, most: int = 32) -> dict[str, Any]:
-        """What admission holds now (``/stats``): per target (the ``most`` busiest), its
-        attempts held, concurrency limit, ack timeout, no-load and recent latency; per
-        name with calls waiting, how many and whether its queue stands."""
-        paced = sorted((p for p in self._provider_peers if p.pace is not None),
-                       key=lambda p: -p.load)[:most]
-        return {
-            "targets": {p.label: {"load": p.load, "limit": round(p.pace.limit, 1),
-                                  "ack_timeout_ms": p.pace.ack_ms,
-                                  "no_load_ms": round(p.pace.long * 1000, 2),
-                                  "latency_ms": round(p.lat * 1000, 2)}
-                        for p in paced if p.pace is not None},
-            "waiting": {name: {"calls": len(q), "standing": q.standing,
-                               "outpaced": q.outpaced, "waited_ms": int(q.waited * 1000)}
-                        for name, q in self._waiting.items() if len(q)},
-        }
 
     def provider_counts(self) -> dict[str, int]:
         return {name: len(peers) for name, peers in self._providers.items()}
@@ -479,152 +349,9 @@ class Router:
             if peer.minutes is not None:  # provided again, it is counted afresh
                 peer.minutes.pop(name, None)
 
-    def drop_peer(self, peer: Peer, now: float, acks_may_follow: bool = False) -> None:
-        """``peer`` is gone. Attempts it accepted — or, a node, acknowledged — fail now
-        with PROVIDER_GONE (they may have run; re-routing them could run them twice). Its
-        other attempts never started there and go elsewhere at once — except at a node
-        whose ACKs may still be on their way (``acks_may_follow``: declared dead for its
-        silence, it may only be paused and still start an INVOKE younger than half the
-        ack timeout; replaced by a new process, its ACK may come through another Redis
-        shard than the news): those wait for their ack deadline, where ``tick`` makes
-        sure this node hears the bus (``ClusterView.probe``) and, an ack timeout later,
-        moves them only if it does (``settled``), else ends them CLUSTER_UNAVAILABLE.
-
-        Calls it made as a caller are cancelled, as by its CANCEL: their providers (here
-        or on the nodes they went to) get CANCEL, so nobody works for a caller that left.
-        """
-        calls = peer.calls
-        while calls:  # one at a time: cancelling one may free a slot another then takes
-            self._cancel(next(iter(calls.values())))
-        if peer not in self._provider_peers and not peer.is_node:
-            return
-        self._provider_peers.discard(peer)
-        self.figures.forget(peer)
-        self._probing.pop(peer, None)
-        self._paced.pop(peer, None)
-        if peer.provides:  # one that provides keeps a set of its own (a Provider)
-            # in name order: a set's order follows the process's string hashing, and
-            # what this sends (PROVIDER_UPDATEs) would differ between runs of a seed
-            self.unprovide(cast(Provider, peer), sorted(peer.provides))
-        if self.history is not None and not peer.is_node:
-            self.history.forget(peer)
-        for call in [c for c in self._calls.values() if c.provider is peer]:
-            if acks_may_follow and not (call.accepted or call.acked):
-                continue  # its ack deadline settles it
-            self._end_attempt(call)
-            if call.hrow is not None:
-                self._history_end(call, Outcome.ERRORS)  # errors: the provider left
-            if (call.accepted or call.acked or call.id <= peer.accepted_upto
-                    or peer.runs_before_accept):
-                self.stats.provider_gone += 1
-                self._conclude(call, [ERROR, call.cid, errors.PROVIDER_GONE,
-                                      f"the provider of {call.name!r} is gone"])
-            else:
-                self._retry(call, now)
-        if peer.is_node and self._waiting:  # calls waiting for it go where they now can
-            for name in list(self._waiting):
-                self._reroute_waiting(name)
-
-    def cluster_down(self, now: float) -> None:
-        """The bus session ended (it reconnects by itself); waiting calls resume.
-
-        A call at another node waits for the bus to come back, until its deadline
-        (``cluster_up`` then asks that node what became of it): it may be running there,
-        so it is neither moved nor failed. A stream or a call_all's child at another node
-        fails CLUSTER_UNAVAILABLE: parts or replies sent meanwhile are lost. Calls waiting
-        for discovery go to local providers, if any.
-        """
-        for call in [c for c in self._calls.values() if c.provider is not None
-                     and c.provider.is_node]:
-            node = call.provider
-            assert node is not None  # (the filter's)
-            if call.window:
-                self._end_attempt(call)
-                self.stats.cluster_unavailable += 1
-                self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                                      "the cluster bus went down during the call"])
-            else:
-                self.stats.bus_waits += 1
-                call.checked = BUS_DOWN  # its deadline entries wait for the bus (``tick``)
-                call.sent = 0.0  # its time, gap included, measures nothing of the node
-                pace = node.pace
-                if pace is not None and pace.probe == call.id:  # nor its accept time
-                    pace.probe = 0
-                    self._probing.pop(node, None)
-        for name in list(self._parked):
-            self.resume(name, now)
-
-    def cluster_up(self, now: float) -> None:
-        """The bus is back: each call that waited through the reset at another node is
-        asked about there (``[ACK_CHECK, id, age_ms]``; ``age_ms`` -1: its ACK came, so it
-        started). That node answers ACK (still running: its answer will come), REJECT
-        (never started, and never will: the call moves) or DONE (it ran and answered, and
-        the answer was lost while this node was away: ``lost``). One that is not
-        answered within the node's ack timeout ends CLUSTER_UNAVAILABLE, never moved."""
-        for call in [c for c in self._calls.values() if c.checked == BUS_DOWN]:
-            provider = call.provider
-            assert provider is not None and provider.is_node, "held, yet not at a node"
-            call.checked = ASKED_AGAIN
-            if not provider.closed:
-                provider.send([ACK_CHECK, call.id,
-                               -1 if call.acked else int((now - call.begun) * 1000)])
-            if not call.acked:
-                pace = provider.pace
-                due = now + (pace.rto if pace is not None else self.ack_timeout)
-                self._deadlines.add(call.id, due if due < call.deadline else call.deadline)
-
-    def lost(self, peer: Peer, attempt: int) -> None:
-        """The node ran ``attempt`` and sent its answer, which never came (lost on the bus
-        while this node's subscription was down): the call ends CLUSTER_UNAVAILABLE, a
-        code that says it may have run."""
-        call = self._attempt_of(peer, attempt)
-        if call is None:
-            return
-        self._end_attempt(call)
-        self.stats.cluster_unavailable += 1
-        self.stats.answers_lost += 1
-        self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                              f"node {peer.label} took the call and answered it, but the "
-                              "answer was lost on the cluster bus (it may have run)"])
-
-    def fail_peer(self, peer: Peer, code: str, message: str) -> None:
-        """Every attempt at ``peer`` ends with ``code`` (their outcome cannot be known
-        here, so they neither wait nor move); the peer stays."""
-        for call in [c for c in self._calls.values() if c.provider is peer]:
-            self._end_attempt(call)
-            if code == errors.CLUSTER_UNAVAILABLE:
-                self.stats.cluster_unavailable += 1
-            if not peer.closed:
-                peer.send([CANCEL, call.id])
-            self._conclude(call, [ERROR, call.cid, code, message])
-
     def waiting(self, name: str) -> bool:
         """Calls are waiting for the discovery of ``name``."""
         return any(self._calls.get(c.id) is c for c in self._parked.get(name, ()))
-
-    def hand_back(self) -> int:
-        """The node stops: calls still waiting for discovery or for a free slot (no
-        provider holds them, and none ran) are answered SHUTTING_DOWN, which tells their
-        callers to send them to another node. Returns how many.
-        """
-        handed = 0
-        for queue in self._waiting.values():
-            self._send_held(queue.release())
-        waiting: dict[str, list[Call]] = {name: [entry[2] for entry in queue.heap]
-                                          for name, queue in self._waiting.items()}
-        self._waiting.clear()
-        for name in list(self._parked):
-            waiting.setdefault(name, []).extend(self._parked.pop(name))
-        for calls in waiting.values():
-            for call in calls:
-                if self._calls.get(call.id) is call:
-                    self._end_attempt(call)
-                    handed += 1
-                    self.stats.handed_back += 1
-                    self._conclude(call, [ERROR, call.cid, errors.SHUTTING_DOWN,
-                                          "the node is shutting down: not run, call again "
-                                          "on another node"])
-        return handed
 
     # -- calls -----------------------------------------------------------------------
 
@@ -763,182 +490,6 @@ class Router:
         if self._waiting:  # a slot freed: a waiting call takes it
             self._release(peer, self._now)
 
-    def request_all(self, caller: Caller, cid: int, name: str, data: Any,
-                    timeout_ms: int | None, now: float, traceparent: str | None = None,
-                    max_replies: int = 0, age: float = 0.0) -> None:
-        """An ALL (call_all; from another node, for its providers here only): a REPLY per
-        provider of ``name`` across the cluster, then RESPONSE with their number
-        (broker/fanout.py). Refused as a REQUEST would be: a duplicate id, a bad name.
-        Its time left is a REQUEST's (``age``: ``request``)."""
-        if cid in caller.calls:
-            self.stats.duplicate_ids += 1
-            caller.send([ERROR, cid, errors.INVALID_MESSAGE,
-                         f"call id {cid} belongs to a call still in flight"])
-            return
-        caller.inflight += 1
-        call = AllCall(caller, cid, name, data, now + self._time_left(timeout_ms, now, age))
-        caller.calls[cid] = call
-        call.gather = Gather(self, call, max_replies)
-        if self._clock is not None:
-            call.started = self.read_at
-        call.traceparent = traceparent
-        if (name not in self._providers and (self.cluster is None or not self.cluster.knows(name))
-                and not valid_name(name, self.max_name)):
-            self.stats.invalid_names += 1
-            self._conclude(call, [ERROR, cid, errors.INVALID_MESSAGE,
-                                  f"invalid rpc name {name[:64]!r}"])
-            return
-        self._fan_out(call, now, discover=True)
-
-    def _fan_out(self, call: AllCall, now: float, discover: bool) -> None:
-        """A child call per target (pinned to it), or, the cluster not yet knowing who
-        provides the name, the call waits for discovery (``resume``)."""
-        remote: Sequence[tuple[Peer, float]] = ()
-        if self.cluster is not None and not call.local_only:
-            found = self.cluster.targets(call.name, now, discover)
-            if found is None:
-                self._park(call)
-                return
-            remote = found
-        gather = call.gather
-        local = self._providers.get(call.name, ())
-        reach = _reach(len(local), remote)
-        if self.max_fanout and reach > self.max_fanout:
-            self.stats.fanout_refused += 1
-            self._conclude(call, [ERROR, call.cid, errors.LIMIT_EXCEEDED,
-                                  f"a call_all of {call.name!r} would reach {reach} providers; "
-                                  f"this node allows {self.max_fanout} (limits.max_fanout): "
-                                  "not run"])
-            return
-        gather.fanning = True  # a child that ends at once does not end the call_all yet
-        targets: list[tuple[Peer, str, bool]] = [(p, p.label, False) for p in local]
-        targets += [(node, node.label, True) for node, weight in remote if weight > 0]
-        for i, (target, label, whole) in enumerate(targets, 1):
-            child = Call(gather, i, call.name, call.data, call.deadline)
-            child.local_only = True   # counted once, as its call_all, not as a call
-            child.traceparent = call.traceparent
-            if whole:
-                child.window = -1
-            gather.calls[i] = child
-            gather.inflight += 1
-            gather.targets[i] = (label, target.label if whole else self.name, whole)
-            self._dispatch(child, () if whole else (target,), ((target, 1.0),) if whole
-                           else (), now)
-        gather.fanning = False
-        if not gather.calls:  # nobody provides it, or every child ended at once
-            self.gathered(gather)
-
-    def reply(self, peer: Peer, attempt: int, provider: str, data: Any,
-              error: list[Any] | None) -> None:
-        """A REPLY from another node for a call_all child sent there: one of its
-        providers' answer (``error``: ``[code, message, detail?]``). One the bus delivered
-        twice is dropped."""
-        call = self._calls.get(attempt)
-        gather = call.caller if call is not None else None
-        if call is None or call.provider is not peer or not isinstance(gather, Gather):
-            self._stray(peer, attempt, None)
-            return
-        call.accepted = True  # the node runs it: never moved now
-        key = (peer.label, provider)
-        if key in gather.replied:
-            self.stats.late += 1
-        elif not gather.done:
-            gather.replied.add(key)
-            self.reply_of(gather, provider, peer.label, data, error)
-
-    def reply_of(self, gather: Gather, provider: str, node: str, data: Any,
-                 error: list[Any] | None) -> None:
-        """A REPLY to the call_all's caller; the call_all ends at ``max_replies``."""
-        gather.replies += 1
-        parent = gather.parent
-        caller = parent.caller
-        if caller.closed:
-            self.stats.discarded += 1
-        else:
-            caller.send([REPLY, parent.cid, provider, node, data] if error is None else
-                        [REPLY, parent.cid, provider, node, None, list(error)])
-        if gather.max_replies and gather.replies >= gather.max_replies:
-            self.gathered(gather)
-
-    def gathered(self, gather: Gather) -> None:
-        """Every child ended, or ``max_replies`` came: the children under way are
-        cancelled and the caller gets RESPONSE with the number of replies."""
-        if gather.done:
-            return
-        gather.done = True
-        for child in list(gather.calls.values()):
-            self._cancel(child)
-        parent = gather.parent
-        self._conclude(parent, [RESPONSE, parent.cid, gather.replies])
-
-    def part(self, peer: Peer, attempt: int, data: Any, seq: int = -1) -> None:
-        """A part of a stream's answer (an implicit accept): pass it to the caller. One
-        past the window ahead of what the caller read, or for a call that is not a
-        stream, ends it with PROVIDER_ERROR and CANCELs the attempt: no node holds more
-        than the window. From another node, ``seq`` numbers it: one seen already (the
-        bus delivered it twice) is dropped, one after a gap ends the stream
-        CLUSTER_UNAVAILABLE (parts lost on the bus)."""
-        call = self._calls.get(attempt)
-        if call is None or call.provider is not peer:
-            self._stray(peer, attempt, None)
-            return
-        if isinstance(call, StreamCall) and seq >= 0 and seq != call.parts:
-            if seq < call.parts:
-                self.stats.late += 1  # a duplicate
-            else:
-                self._lost_parts(call)
-            return
-        if not isinstance(call, StreamCall) or call.parts - call.read >= call.window:
-            self.stats.stream_overruns += 1
-            self._end_attempt(call)
-            if call.hrow is not None:
-                self._history_end(call, Outcome.ERRORS)
-            if not peer.closed:
-                peer.send([CANCEL, attempt])
-            self.stats.provider_errors += 1
-            self._conclude(call, [ERROR, call.cid, errors.PROVIDER_ERROR,
-                                  f"the provider of {call.name!r} sent a part past its "
-                                  "credit" if call.window else
-                                  f"the provider of {call.name!r} answered a call in parts"])
-            return
-        call.parts += 1
-        call.accepted = True  # a part implies the accept: the stream is never moved now
-        self.stats.parts += 1
-        caller = call.caller
-        if caller.closed:
-            self.stats.discarded += 1
-        else:
-            caller.send([PART, call.cid, data])
-
-    def credit(self, caller: Caller, cid: int, read: int) -> None:
-        """The caller has read ``read`` parts of stream ``cid`` in all (never more than
-        were passed to it): its provider may send up to the window beyond. An older or
-        repeated count, an unknown id or a call are ignored."""
-        call = caller.calls.get(cid)
-        if not isinstance(call, StreamCall):
-            return
-        if read > call.parts:
-            read = call.parts
-        if read <= call.read:
-            return
-        call.read = read
-        provider = call.provider
-        if provider is not None and not provider.closed:
-            provider.send([CREDIT, call.id, read])
-
-    def _lost_parts(self, call: Call) -> None:
-        """A part of a stream from another node did not come (or its end counted more):
-        the stream ends CLUSTER_UNAVAILABLE, the node is told to stop it."""
-        self.stats.parts_lost += 1
-        self._end_attempt(call)
-        provider = call.provider
-        if provider is not None and not provider.closed:
-            provider.send([CANCEL, call.id])
-        self.stats.cluster_unavailable += 1
-        self._conclude(call, [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                              f"parts of the stream of {call.name!r} were lost on the "
-                              "cluster bus"])
-
     def provider_error(self, peer: Peer, attempt: int, message: str,
                        code: str = errors.PROVIDER_ERROR, detail: Any = None) -> None:
         """The provider's handler failed (or, from a node, the call failed there);
@@ -1029,159 +580,6 @@ class Router:
         self.stats.cancelled += 1
         if call.provider is not None and not call.provider.closed:
             call.provider.send([CANCEL, call.id])
-
-    def tick(self, now: float) -> None:
-        """Apply every deadline due by ``now``: ack timeouts retry (``_not_acked``),
-        response timeouts fail (``_too_late``). Slots freed meanwhile go to waiting calls;
-        the providers' figures move on (``ProviderFigures.sample`` and ``rotate``)."""
-        self._now = now
-        self._held.tick(now)
-        figures = self.figures
-        if self._probing and now >= figures.sampled + RATE_SAMPLE:
-            self._check_probes()
-        if self._waiting:  # slots are handed over as they free; the sweep makes sure
-            interval = self.queue_interval
-            for queue in self._waiting.values():
-                if queue.outpaced or queue.probing or queue.stood_outpaced or queue.held:
-                    self._send_held(queue.probe(now, interval))
-            if self.cluster is not None:
-                self._pace_new_nodes(now)
-            for peer in list(self._paced):
-                if peer.pace is not None and peer.load < peer.pace.limit:
-                    self._release(peer, now)
-        if now >= figures.rotated + HALF:  # each provider's last minute moves on (discovery)
-            figures.rotate(now)
-        if now >= figures.sampled + RATE_SAMPLE and self.local_first:
-            figures.sample(now)  # each provider's rate, lat and steady move on
-        calls = self._calls
-        for attempt in self._deadlines.expire(now):
-            call = calls.get(attempt)
-            if call is None:
-                continue                  # finished long ago: its id just waited here
-            if now >= call.deadline:
-                self._give_up(call, attempt, self._too_late(call, now), now)
-            elif (call.accepted or call.acked or call.provider is None
-                  or attempt <= call.provider.accepted_upto):
-                # The ack deadline of an attempt acknowledged since (or a parked call's
-                # entry): only now file its response deadline, so the many calls that
-                # finish first cost no entry.
-                self._deadlines.add(attempt, call.deadline)
-            else:
-                self._not_acked(call, call.provider, attempt, now)
-
-    def _too_late(self, call: Call, now: float) -> list[Any]:
-        """``call``'s deadline passed: the ERROR its caller gets, counted."""
-        if call.queued >= 0:
-            # waited for a free slot all its time: never sent (not run)
-            self.stats.overloaded += 1
-            msg = [ERROR, call.cid, errors.OVERLOADED,
-                   f"every provider of {call.name!r} was busy: no slot came free within "
-                   f"the call's deadline (waited {now - call.queued:.3f} s; not run)",
-                   int(self.queue_target * 1000)]
-        elif call.provider is None:
-            # waiting for discovery: it never left this node (not run). Known to have
-            # no provider (one moving off a stopping node did not reappear in time):
-            # NO_PROVIDER; not known, as the cluster has not answered: that is no
-            # "nobody provides it"
-            if self.cluster is not None and not self.cluster.knows(call.name):
-                self.stats.cluster_unavailable += 1
-                msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                       f"the cluster did not say in time who provides {call.name!r} "
-                       "(not run)"]
-            else:
-                self.stats.no_provider += 1
-                msg = [ERROR, call.cid, errors.NO_PROVIDER,
-                       f"no provider of {call.name!r} was found within the call's "
-                       "deadline (not run)"]
-        elif call.checked == BUS_DOWN:
-            # at another node, and this node's bus still down: that, not the provider
-            assert call.provider is not None, "held for the bus, yet at no node"
-            self.stats.cluster_unavailable += 1
-            msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                   f"the cluster bus was down until the call's deadline (it may have "
-                   f"run at node {call.provider.label})"]
-        else:
-            self.stats.response_timeouts += 1
-            msg = [ERROR, call.cid, errors.RESPONSE_TIMEOUT,
-                   f"no response from {call.name!r} in time"]
-        return msg
-
-    def _not_acked(self, call: Call, provider: Peer, attempt: int, now: float) -> None:
-        """``attempt`` at ``provider`` reached its ack timeout unacknowledged: a node is
-        asked whether it started it (the ask's own timeout comes here again), else the
-        attempt is given up (``_give_up``): the call moves on, or fails where moving it
-        could run it twice."""
-        if call.checked < 0:  # at a node when the bus went down (``cluster_down``)
-            if call.checked == BUS_DOWN:  # still down: it waits, as it may be running
-                self._deadlines.add(attempt, call.deadline)
-                return
-            # asked after the bus came back, and not answered: nothing tells
-            self.stats.cluster_unavailable += 1
-            msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                   f"node {provider.label} did not say, after this node's cluster "
-                   "bus came back, whether it ran the call"]
-        elif provider.is_node and not call.checked:
-            # No ACK yet from a node: ask before moving the call (it may have started).
-            # A node given up is not asked, but this node still makes sure it would
-            # hear an ACK still on its way before it moves the call (``settled``).
-            self.stats.ack_checks += 1
-            call.checked = now
-            if not provider.closed:
-                provider.send([ACK_CHECK, attempt])
-            elif self.cluster is not None:
-                self.cluster.probe()
-            pace = provider.pace
-            due = now + (pace.rto if pace is not None else self.ack_timeout)
-            self._deadlines.add(attempt, due if due < call.deadline else call.deadline)
-            return
-        elif (provider.is_node and self.cluster is not None
-              and not self.cluster.settled(provider, call.checked)):
-            # Silent, but this node cannot show it would have heard an ACK: moving
-            # the call could run it twice. Its outcome is unknown here.
-            self.stats.cluster_unavailable += 1
-            msg = [ERROR, call.cid, errors.CLUSTER_UNAVAILABLE,
-                   f"cannot tell whether node {provider.label} started the call: "
-                   "this node does not hear the cluster bus"]
-        elif provider.runs_before_accept:  # it may be running it: never moved
-            self.stats.ack_timeouts += 1
-            self.stats.accept_timeouts += 1
-            msg = [ERROR, call.cid, errors.ACCEPT_TIMEOUT,
-                   f"the provider of {call.name!r} did not accept the call in time "
-                   "(it may have run)"]
-        else:
-            self.stats.ack_timeouts += 1
-            msg = None
-            pace = provider.pace
-            if pace is not None:  # it was slow to take it: wait longer there, send less
-                pace.timed_out(now)
-                self._probing.pop(provider, None)
-            if not provider.is_node:
-                call.slow = True
-        self._give_up(call, attempt, msg, now)
-
-    def _give_up(self, call: Call, attempt: int, msg: list[Any] | None, now: float) -> None:
-        """End ``attempt`` (cancelled at its provider): the call ends with ``msg``, or with
-        None moves to another provider."""
-        del self._calls[attempt]
-        if call.provider is not None:
-            self._took(call.provider, call)
-        if call.hrow is not None:
-            self._history_end(call, Outcome.RESPONSE_TIMEOUTS
-                              if msg is not None and msg[2] != errors.ACCEPT_TIMEOUT
-                              else Outcome.ACK_TIMEOUTS)
-        provider = call.provider
-        if provider is not None and not provider.closed:
-            provider.send([CANCEL, attempt])
-        if msg is not None:
-            if provider is not None:
-                failed_at(provider, call)  # it did not answer in time
-            self._conclude(call, msg)
-            return
-        assert provider is not None  # parked calls (no provider) never come here
-        if provider.is_node and self.cluster is not None:
-            self.cluster.silent(call.name, provider)
-            call.unsure = True
-        self._retry(call, now)
 
     # -- internals -------------------------------------------------------------------
 
@@ -1361,213 +759,12 @@ class Router:
             stream = cast(StreamCall, call)
             stream.parts = stream.read = 0
 
-    # -- admission (broker/admission.py) ---------------------------------------------
-
-    def _pace(self, peer: Peer) -> Pace:
-        """A new target's ack timeout and limit (a node's: all its providers behind it)."""
-        self._paced[peer] = None
-        pace = peer.pace = Pace(self.ack_timeout, self.ack_timeout_max,
-                                max(NODE_LIMIT, self.initial_concurrency) if peer.is_node
-                                else self.initial_concurrency,
-                                self.max_concurrency)
-        return pace
-
     def _accepted(self, peer: Peer) -> None:
         """``peer``'s timed attempt was accepted (or acknowledged) now."""
         pace = peer.pace
         assert pace is not None and pace.probe
         pace.accepted(self.read_at - pace.probe_at)
         self._probing.pop(peer, None)
-
-    def _check_probes(self) -> None:
-        """Timed attempts accepted by an ACCEPT_UPTO (which names no attempt) are seen here,
-        within a rate sample; one that ended otherwise is no sample."""
-        for peer in list(self._probing):
-            pace = peer.pace
-            assert pace is not None
-            call = self._calls.get(pace.probe)
-            if call is None or call.provider is not peer:
-                pace.probe = 0
-                self._probing.pop(peer, None)
-            elif call.accepted or call.acked or pace.probe <= peer.accepted_upto:
-                self._accepted(peer)
-
-    def _free(self, call: Call, local: Sequence[Peer],
-              remote: Sequence[tuple[Peer, float]]) -> Peer | None:
-        """The target the choice picked is full: the least loaded one of the others with
-        room (by load over limit), not tried yet; None when every one is full."""
-        tried = call.tried
-        best: Peer | None = None
-        fill = 1.0
-        for peer in [*local, *(p for p, n in remote if n > 0)]:
-            if peer.closed or (tried is not None and peer in tried):
-                continue
-            pace = peer.pace
-            if pace is None:  # a node never sent a call (it joined, or came back under
-                pace = self._pace(peer)  # its name): all its room is free
-            if peer.load / pace.limit < fill:
-                best, fill = peer, peer.load / pace.limit
-        return best
-
-    def _pace_new_nodes(self, now: float) -> None:
-        """Nodes that came to provide a waiting name (joined, or came back under their
-        names after a restart) get a pace, so the sweep hands them waiting calls: a
-        slot's freeing hands out only the slots of targets that have one, and callers
-        that wait for their answers send nothing new that would find these nodes."""
-        cluster = self.cluster
-        assert cluster is not None
-        for name in self._waiting:
-            for peer, count in cluster.targets(name, now, False) or ():
-                if count > 0 and peer.pace is None and not peer.closed:
-                    self._pace(peer)
-
-    def _enqueue(self, call: Call, now: float) -> None:
-        """Every target of ``call`` is full: it waits for a slot, earliest deadline first,
-        unless the name's queue is standing (broker/admission.py ``Waiting.judge``): then
-        it is shed at once, OVERLOADED (not run)."""
-        queue = self._waiting.get(call.name)
-        if queue is None:
-            queue = self._waiting[call.name] = Waiting()
-        call.queued = now
-        made = None if call.local_only else call.made  # None: another node's call
-        if queue.standing:
-            head = queue.head(self._is_waiting)
-            if head is not None and now - head.queued > self._patience(
-                    call.deadline - now, now, queue):
-                queue.came(made)
-                self._shed(call, queue)  # it would wait longer than it may
-                return
-        self.stats.waited += 1
-        self._seq = attempt = self._seq + 1
-        call.id = attempt
-        call.provider = None
-        call.accepted = call.acked = False
-        call.checked = 0.0
-        self._calls[attempt] = call
-        self._deadlines.add(attempt, call.deadline)
-        queue.push(call, now, made)
-
-    def _is_waiting(self, call: Call) -> bool:
-        """``call`` still waits for a slot (its caller gone, it waits for nothing: the
-        caller's drop cancels it)."""
-        return self._calls.get(call.id) is call and not call.caller.closed
-
-    def _release(self, peer: Peer, now: float) -> None:
-        """A slot at ``peer`` may have freed: it takes the waiting call of a name it serves
-        with the earliest deadline, while it has room; a call that tried it before (and
-        waits for another target) is passed over, not in the way of those behind it."""
-        pace = peer.pace
-        if pace is None or peer.closed:
-            return
-        live = self._is_waiting
-        while peer.load < pace.limit:
-            best: tuple[Call, Waiting] | None = None
-            for name, queue in list(self._waiting.items()):
-                head = queue.head(live)
-                if head is None:
-                    # empty: forgotten once it has not stood for a while (an overload
-                    # that goes on comes back to a queue that remembers it stood)
-                    if (not queue.standing and not queue.probing and not queue.held
-                            and now - queue.stood_until > 4 * self.queue_interval):
-                        del self._waiting[name]
-                elif ((best is None or head.deadline < best[0].deadline)
-                      and self._serves(peer, name)):
-                    if head.deadline <= now or (head.tried is not None and peer in head.tried):
-                        # it will not go there (it tried it, or its time is up: the
-                        # tick ends it); the next that would, if any
-                        head = queue.first(live, lambda c: c.deadline > now and (
-                            c.tried is None or peer not in c.tried))
-                        if head is None or (best is not None
-                                            and head.deadline >= best[0].deadline):
-                            continue
-                    best = (head, queue)
-            if best is None:
-                return
-            call, queue = best
-            queued = call.queued
-            waited, left = now - queued, call.deadline - queued
-            queue.take(call)
-            del self._calls[call.id]
-            call.queued = -1.0
-            slower = peer.lat - pace.long  # what its own queue adds (``_patience``)
-            queue.slower = slower if slower > 0.0 else 0.0
-            standing = queue.judge(waited, now, self.queue_target, self.queue_interval)
-            if ((standing or queued < queue.outpaced_until)
-                    and waited > self._patience(left, queued, queue)):
-                # as CoDel drops: the queue stands, this waited (or it came in an
-                # overload that ended since: it was one of its calls)
-                self._shed(call, queue)
-                continue
-            queue.served += 1
-            self._dispatch(call, (), (), now, peer)
-
-    def _patience(self, left: float, queued: float, queue: Waiting) -> float:
-        """How long a call that had ``left`` s when it began to wait (at ``queued``) may
-        wait for a slot while its queue stands. While calls come faster than they are
-        served (``Waiting.outpaced``: more is offered than the providers serve, and a
-        longer wait would only make every answer later), the target less what the
-        target's own queue adds to an answer now (``Waiting.slower``; half the target
-        at least): so an overload makes an answered call later by about the target in
-        all, not by the target plus the provider's queue. A call that came then keeps
-        that patience when the overload ends (``Waiting.outpaced_until``): the last
-        calls of an overload are not a burst. Else the target, or a share of ``left``,
-        if longer (a burst being worked off: its callers gave it that time)."""
-        target = self.queue_target
-        if queue.outpaced or queued < queue.outpaced_until:
-            patience = target - queue.slower
-            return patience if patience > 0.5 * target else 0.5 * target
-        patience = PATIENCE * left
-        return patience if patience > target else target
-
-    def _shed(self, call: Call, queue: Waiting) -> None:
-        """``call`` (out of every table) is refused OVERLOADED: its name's queue stands.
-        While the queue is probed (``Waiting.probe``), the reply to one of this node's
-        callers goes out two intervals late, unless its deadline comes first."""
-        self.stats.overloaded += 1
-        self.stats.shed += 1
-        hint = max(int(queue.waited * 1000), 1)
-        msg = [ERROR, call.cid, errors.OVERLOADED,
-               f"every provider of {call.name!r} is busy and calls have waited {hint} ms "
-               "for one: shed (not run); retry later", hint]
-        due = self._now + 2 * self.queue_interval
-        if (queue.probing and not call.local_only and type(call.caller) is not Gather
-                and call.deadline > due + self.queue_interval):
-            self._conclude(call, msg, queue.held, due)
-        else:
-            self._conclude(call, msg)
-
-    def _send_held(self, held: Iterable[tuple[Any, list[Any]]]) -> None:
-        """Send the replies a probe held back (``_shed``) to callers still connected."""
-        for caller, msg in held:
-            if caller.closed:
-                self.stats.discarded += 1
-            else:
-                caller.send(msg)
-
-    def _serves(self, peer: Peer, name: str) -> bool:
-        """``peer`` is a target of ``name`` here: a provider of it on this node, or a node
-        the cluster knows provides it."""
-        if not peer.is_node:
-            return name in peer.provides
-        cluster = self.cluster
-        if cluster is None:
-            return False
-        found = cluster.targets(name, self._now, False)
-        return found is not None and any(p is peer and n > 0 for p, n in found)
-
-    def _reroute_waiting(self, name: str) -> None:
-        """The targets of ``name`` changed for the worse: its waiting calls are routed
-        afresh (nobody provides it any more: NO_PROVIDER; else they wait again)."""
-        queue = self._waiting.pop(name, None)
-        if queue is None:
-            return
-        self._send_held(queue.release())
-        calls: list[Call] = [entry[2] for entry in sorted(queue.heap)]
-        for call in calls:
-            if self._calls.get(call.id) is call:
-                del self._calls[call.id]
-                call.queued = -1.0
-                self._route(call, self._now, discover=False)
 
     def _no_target(self, call: Call) -> None:
         if self.draining and not call.local_only and type(call.caller) is not Gather:
@@ -1711,8 +908,3 @@ class Router:
             held.append((due, caller, msg))
         else:
             caller.send(msg)
-
-
-def _reach(local: int, remote: Iterable[tuple[Any, float]]) -> int:
-    """The providers a call_all reaches: ``local`` here, and each other node's count."""
-    return local + int(sum(weight for _, weight in remote if weight > 0))

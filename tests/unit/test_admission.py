@@ -270,7 +270,7 @@ def test_an_outpaced_queue_leaves_the_target_room_for_the_providers_own_queue():
     latency (it holds a few calls, each also waiting there), is offered two to four
     calls per one it serves for 2 s: each answered call is answered within the target
     (0.1 s) and a step or two of coming, its wait at the provider included, as the
-    node's queue waits that much less (``Router._patience``). Before, it waited the
+    node's queue waits that much less (broker/queueing.py ``patience``). Before, it waited the
     whole target at the node, then at the provider: 0.114 s. The calls that came last
     keep that patience once calls stop coming (``Waiting.outpaced_until``); served as a
     burst, they were answered up to 0.144 s after they came."""

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpcbus import errors
-from rpcbus.broker.router import ACK_CHECK, Router
+from rpcbus.broker.router import Router
 from rpcbus.cluster import messages as m
 from rpcbus.cluster.membership import Membership
 from rpcbus.cluster.providers import HandoverWait, ProviderCache
-from rpcbus.protocol import ACCEPT, CANCEL, ERROR, REQUEST, RESPONSE, STREAM
+from rpcbus.protocol import ACCEPT, ACK_CHECK, CANCEL, ERROR, REQUEST, RESPONSE, STREAM
 
 from .test_router import Peer, requests_to
 

@@ -497,7 +497,8 @@ class Gate:
 
     @staticmethod
     def seconds_left(user: User) -> float | None:
-        """Seconds until ``user``'s token expires (None: it has no expiry)."""
+        """Seconds until ``user``'s token expires by this host's wall clock (None: it has
+        no expiry). The shell's reading: a session's rules get it with the login's answer."""
         return None if user.grant is None else user.grant.expires - time.time()
 
     def limiter_for(self, user: User | None) -> WindowLimiter | None:

@@ -20,7 +20,7 @@ GAP per topic once the transport has written the backlog: ``resume_writing``).
 from __future__ import annotations
 
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -35,6 +35,7 @@ from rpcbus.websocket import HttpAnswer, ServerConnection
 if TYPE_CHECKING:
     from rpcbus.broker.auth import User
     from rpcbus.broker.node import Node
+    from rpcbus.broker.session_policy import Login
 
 log = structlog.get_logger(module="rpcbus.session")
 
@@ -232,11 +233,13 @@ class Session(ServerConnection):
     def later(self, delay: float, callback: Any) -> None:
         self.loop.call_later(delay, callback)
 
-    def check_login(self, params: dict[str, Any],
-                    done: Callable[[User | None, str], None]) -> None:
+    def check_login(self, params: dict[str, Any], done: Login) -> None:
         """The node's gate checks it (broker/gate.py: threads, off the loop); ``done``
-        runs on the loop, unless this connection ended first."""
-        self.node.gate.login(params, done, self.address, self._still_open)
+        runs on the loop, unless this connection ended first, with how long the user's
+        token stays valid by this host's wall clock (JWT ``exp`` is wall time)."""
+        def checked(user: User | None, reason: str) -> None:
+            done(user, reason, None if user is None else self.node.gate.seconds_left(user))
+        self.node.gate.login(params, checked, self.address, self._still_open)
 
     def _still_open(self) -> bool:
         return not self.core.closed

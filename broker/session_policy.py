@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from rpcbus.broker.router import Router
     from rpcbus.broker.session_rules import NodeView
 
+    # an AUTH checked: the user (None: refused), why not, and the seconds its token
+    # stays valid from now (None: no token, or one without expiry)
+    Login = Callable[[User | None, str, float | None], None]
+
 log = structlog.get_logger(module="rpcbus.session")
 
 BUSY_HOLD = 0.25   # s an AUTH answered BUSY waits for its answer
@@ -62,6 +66,7 @@ class SessionPolicy:
     _perms: Permissions | None
     _login_token: str | None
     _rights_ended: str
+    _expiry_timer: int
     _limiter: WindowLimiter | None
     _gated: bool
     logging_in: bool
@@ -76,8 +81,9 @@ class SessionPolicy:
     later: Callable[[float, Callable[[], None]], None]  # a timer
     logged_in: Callable[[], None]              # AUTH completed: the login timer stops
     # check AUTH params where the node checks them (threads, off the loop); the answer
-    # comes back as an event, done(user, reason), unless the connection ended first
-    check_login: Callable[[dict[str, Any], Callable[[User | None, str], None]], None]
+    # comes back as an event, done(user, reason, valid_for: the seconds its token stays
+    # valid from now, None without one), unless the connection ended first
+    check_login: Callable[[dict[str, Any], Login], None]
 
     # -- who may do what --------------------------------------------------------------
 
@@ -184,9 +190,11 @@ class SessionPolicy:
         self.logging_in = True
         token = params.get("token")
         self._login_token = token_digest(token) if isinstance(token, str) else None
-        self.check_login(params, lambda user, reason: self._checked(user, reason, name))
+        self.check_login(params, lambda user, reason, valid_for:
+                         self._checked(user, reason, valid_for, name))
 
-    def _checked(self, user: User | None, reason: str, name: str | None) -> None:
+    def _checked(self, user: User | None, reason: str, valid_for: float | None,
+                 name: str | None) -> None:
         if self.closed:
             return
         gate = self.node.gate
@@ -214,7 +222,7 @@ class SessionPolicy:
         self.user = user
         self._perms = user.permissions
         self._authenticated(user, name)
-        self._watch_expiry(user)
+        self._watch_expiry(valid_for)
 
     def _refuse_auth(self, event: str, reason: str, told: str) -> None:
         """An AUTH refused: counted, logged as ``event``, answered AUTH_FAIL ``told``;
@@ -229,11 +237,15 @@ class SessionPolicy:
             self.flush()
             self.close_for_policy("too many failed AUTH attempts")
 
-    def _watch_expiry(self, user: User) -> None:
-        """A token user's rights end when its token expires (``_token_expired``)."""
-        left = self.node.gate.seconds_left(user)
-        if left is not None:
-            self.later(max(left, 0.0), self._token_expired)
+    def _watch_expiry(self, valid_for: float | None) -> None:
+        """A token user's rights end when its token expires, ``valid_for`` seconds from
+        now (``_token_expired``); None: they do not. A timer set for an earlier token
+        of the session (a renewal) is void from now on."""
+        self._expiry_timer += 1
+        if valid_for is not None:
+            timer = self._expiry_timer
+            self.later(valid_for if valid_for > 0.0 else 0.0,
+                       lambda: self._token_expired(timer))
 
     def rights_changed(self) -> None:
         """The node reloaded its users: from now on this session has the rights its user
@@ -245,17 +257,15 @@ class SessionPolicy:
             return  # auth none, still logging in (that checks the new table), or expired
         self._set_rights(self.node.gate.now_for(old, self._login_token))
 
-    def _token_expired(self) -> None:
-        """Its token's expiry (timed at login): from now on the session may do nothing,
-        and says so with NOT_AUTHENTICATED; what it provides is withdrawn, its calls in
-        flight finish. The connection stays: the client may close it, or be closed
-        by the node's other rules."""
+    def _token_expired(self, timer: int) -> None:
+        """Its token's expiry (timed at login or renewal, as ``timer``): from now on the
+        session may do nothing, and says so with NOT_AUTHENTICATED; what it provides is
+        withdrawn, its calls in flight finish. The connection stays: the client may
+        close it, or be closed by the node's other rules. The timer of a token renewed
+        since does nothing."""
         user, gate = self.user, self.node.gate
-        if self.closed or user is None or self._rights_ended:
-            return
-        left = gate.seconds_left(user)
-        if left is not None and left > 0.0:   # a timer may fire a little early
-            self.later(left, self._token_expired)
+        if (self.closed or user is None or self._rights_ended
+                or timer != self._expiry_timer):
             return
         self._rights_ended = (f"the token of user {user.name!r} has expired: log in "
                               "again with a new token")
@@ -368,7 +378,7 @@ class SessionPolicy:
         self.logging_in = True
         self.check_login({"token": token}, self._renewed)
 
-    def _renewed(self, new: User | None, reason: str) -> None:
+    def _renewed(self, new: User | None, reason: str, valid_for: float | None) -> None:
         if self.closed:
             return
         self.logging_in = False
@@ -385,8 +395,7 @@ class SessionPolicy:
         gate.stats["tokens_renewed"] += 1
         log.info("session_token_renewed", session=self.sid, user=new.name, after_expiry=bool(ended))
         self.send([AUTH_OK, self._welcome()])
-        if ended:   # else the timer set at login moves itself on
-            self._watch_expiry(new)
+        self._watch_expiry(valid_for)  # the new token's expiry, the old one's timer void
 
     def invalid(self, ref: int | None, reason: str, now: float) -> None:
         """Answer a malformed message with INVALID_MESSAGE and count a strike."""

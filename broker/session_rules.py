@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from rpcbus.broker.limits import WindowLimiter
     from rpcbus.broker.presence import Presence
     from rpcbus.broker.router import Router
+    from rpcbus.broker.session_policy import Login
 
 class NodeView(Protocol):
     """What the rules read of their node (broker/node.py ``Node``, or the simulator's)."""
@@ -114,8 +115,7 @@ class Shell(Protocol):
     def close_for_policy(self, reason: str) -> None: ...
     def later(self, delay: float, callback: Callable[[], None]) -> None: ...
     def logged_in(self) -> None: ...
-    def check_login(self, params: dict[str, Any],
-                    done: Callable[[User | None, str], None]) -> None: ...
+    def check_login(self, params: dict[str, Any], done: Login) -> None: ...
 
 
 class SessionRules(SessionPolicy):
@@ -175,6 +175,7 @@ class SessionRules(SessionPolicy):
         self._perms: Permissions | None = None      # None: everything allowed
         self._login_token: str | None = None        # the digest of the token it logged in with
         self._rights_ended = ""                     # why, once its token expired
+        self._expiry_timer = 0  # the live expiry timer's number (``_watch_expiry``)
         self._limiter: WindowLimiter | None = None  # None: no rate limit
         self._gated = False                         # either of the two is set
         self.logging_in = False

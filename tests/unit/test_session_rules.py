@@ -1,16 +1,19 @@
 """The session rules (broker/session_rules.py ``SessionRules``) driven with examples: a
 client's frames in, what it is answered out, with a real router and gate (auth mode
-``none``: who the client says it is) and no socket."""
+``none``: who the client says it is; with users, the test answers the logins) and no
+socket."""
 
 from collections import Counter
 
 from rpcbus import errors
+from rpcbus.broker.auth import Permissions, User
 from rpcbus.broker.config import Config
 from rpcbus.broker.events import Events
 from rpcbus.broker.gate import Gate
 from rpcbus.broker.presence import Presence
 from rpcbus.broker.router import Router
 from rpcbus.broker.session_rules import SessionRules
+from rpcbus.broker.tokens import Grant
 from rpcbus.protocol import (
     ACCEPT_UPTO,
     AUTH,
@@ -148,3 +151,57 @@ def test_a_draining_node_refuses_new_calls_unrun_but_lets_answers_in():
     provider.core.handle([[RESPONSE, request[1], "finished"]], 0.4)
     assert caller.take() == [[RESPONSE, 1, "finished"]]
     assert provider.take() == [] and node.router.pending == 0
+
+
+class TokenConn(Conn):
+    """A shell of a node with users: the test answers its logins and fires its timers."""
+
+    def __init__(self, node: Node, sid: str) -> None:
+        super().__init__(node, sid)
+        self.logins: list = []   # each AUTH's ``done``, as the gate would call it
+        self.timers: list = []   # (delay, callback)
+
+    def later(self, delay, callback) -> None:
+        self.timers.append((delay, callback))
+
+    def check_login(self, params, done) -> None:
+        self.logins.append(done)
+
+
+def token_user(name: str) -> User:
+    grant = Grant(user=name, expires=0.0, kid="k", issuer=None, audience=None, claims={})
+    return User(name=name, password_hash=None, token_sha256=None,
+                permissions=Permissions(("*",), ("*",)), max_connections=0,
+                rate_messages=None, rate_bytes=None, grant=grant)
+
+
+def test_a_token_s_rights_end_when_the_login_said_unless_a_renewal_moved_that():
+    """How long a token stays valid comes with its login's answer (the rules read no
+    clock): the timer set then ends the session's rights; a renewal's answer sets the
+    new token's timer, sooner or later than the old one, and the old one does nothing."""
+    node = Node()
+    node.gate.mode = "users"
+    conn = TokenConn(node, "s1")
+    conn.core.handle([[AUTH, {"token": "first"}]], 0.0)
+    conn.logins[0](token_user("relay"), "", 30.0)
+    assert [msg[0] for msg in conn.take()] == [AUTH_OK]
+    [(valid_for, first_expiry)] = conn.timers
+    assert valid_for == 30.0
+    conn.core.handle([[AUTH, {"token": "second"}]], 0.1)   # renewed: valid 10 s only
+    conn.logins[1](token_user("relay"), "", 10.0)
+    assert [msg[0] for msg in conn.take()] == [AUTH_OK]
+    assert conn.timers[1][0] == 10.0
+    first_expiry()                                          # the old token's: void
+    conn.core.handle([[REQUEST, 1, "f", None, None]], 0.2)
+    assert [msg[:3] for msg in conn.take()] == [[ERROR, 1, errors.NO_PROVIDER]]
+    conn.timers[1][1]()                                     # the renewed token's
+    [[kind, ref, code, reason]] = conn.take()
+    assert (kind, ref, code) == (ERROR, None, errors.NOT_AUTHENTICATED), reason
+    conn.core.handle([[REQUEST, 2, "f", None, None]], 0.3)
+    assert [msg[:3] for msg in conn.take()] == [[ERROR, 2, errors.NOT_AUTHENTICATED]]
+    conn.core.handle([[AUTH, {"token": "third"}]], 0.4)    # renewed after its expiry
+    conn.logins[2](token_user("relay"), "", 5.0)
+    assert [msg[0] for msg in conn.take()] == [AUTH_OK]
+    conn.core.handle([[REQUEST, 3, "f", None, None]], 0.5)
+    assert [msg[:3] for msg in conn.take()] == [[ERROR, 3, errors.NO_PROVIDER]]
+    assert [delay for delay, _ in conn.timers] == [30.0, 10.0, 5.0]

@@ -305,7 +305,9 @@ class Client:
             try:
                 return await self._handshake(url)
             except (OSError, TimeoutError, HandshakeError, errors.RpcError) as exc:
-                self._last_error, self._last_exc = f"{url}: {exc}", exc
+                said = str(exc) or (f"no answer within open_timeout ({self._open_timeout:g} s)"
+                                    if isinstance(exc, TimeoutError) else type(exc).__name__)
+                self._last_error, self._last_exc = f"{url}: {said}", exc
                 if isinstance(exc, HandshakeRefused) and (
                         exc.status == 429 or (exc.status == 503
                                               and exc.body.startswith(SOON))):

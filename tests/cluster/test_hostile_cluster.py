@@ -366,7 +366,8 @@ async def test_a_login_flood_does_not_lock_out_password_users(guarded):
         await asyncio.sleep(0.5)                     # the checks queue up
 
         async def login():
-            async with rpcbus.connect(n1.url, user="pw", password="right") as client:
+            async with rpcbus.connect(n1.url, user="pw", password="right",
+                                      open_timeout=wait(10)) as client:
                 return client.session["user"]
 
         async with asyncio.timeout(wait(30)):

@@ -63,6 +63,8 @@ def drop_peer(router: Router, peer: Peer, now: float, acks_may_follow: bool = Fa
     if peer.is_node and router._waiting:  # calls waiting for it go where they now can
         for name in list(router._waiting):
             router._reroute_waiting(name)
+    assert not peer.calls and (acks_may_follow or all(
+        c.provider is not peer for c in router._calls.values())), "a call left at a peer gone"
 
 
 def cluster_down(router: Router, now: float) -> None:
@@ -140,6 +142,7 @@ def fail_peer(router: Router, peer: Peer, code: str, message: str) -> None:
         if not peer.closed:
             peer.send([CANCEL, call.id])
         router._conclude(call, [ERROR, call.cid, code, message])
+    assert all(c.provider is not peer for c in router._calls.values()), "an attempt left"
 
 
 def hand_back(router: Router) -> int:
@@ -164,4 +167,5 @@ def hand_back(router: Router) -> int:
                 router._conclude(call, [ERROR, call.cid, errors.SHUTTING_DOWN,
                                         "the node is shutting down: not run, call again "
                                         "on another node"])
+    assert not router._waiting and not router._parked, "a call still waiting after its drain"
     return handed

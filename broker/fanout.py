@@ -185,6 +185,7 @@ def gathered(router: Router, gather: Gather) -> None:
     gather.done = True
     for child in list(gather.calls.values()):
         router._cancel(child)
+    assert not gather.calls and gather.inflight == 0, "a child of an ended call_all"
     parent = gather.parent
     router._conclude(parent, [RESPONSE, parent.cid, gather.replies])
 

@@ -119,6 +119,7 @@ def enqueue(router: Router, call: Call, now: float) -> None:
     router._calls[attempt] = call
     router._deadlines.add(attempt, call.deadline)
     queue.push(call, now, made)
+    assert call.queued == now and call.provider is None, "a waiting call held by a target"
 
 
 def is_waiting(router: Router, call: Call) -> bool:
@@ -177,6 +178,8 @@ def release(router: Router, peer: Peer, now: float) -> None:
             shed(router, call, queue)
             continue
         queue.served += 1
+        assert call.deadline > now and (call.tried is None or peer not in call.tried), (
+            "a slot given to a call that may not take it")
         router._dispatch(call, (), (), now, peer)
 
 

@@ -65,6 +65,7 @@ def tick(router: Router, now: float) -> None:
 
 def too_late(router: Router, call: Call, now: float) -> list[Any]:
     """``call``'s deadline passed: the ERROR its caller gets, counted."""
+    assert now >= call.deadline, "a call ended before its deadline"
     if call.queued >= 0:
         # waited for a free slot all its time: never sent (not run)
         router.stats.overloaded += 1
@@ -106,6 +107,7 @@ def not_acked(router: Router, call: Call, provider: Peer, attempt: int, now: flo
     asked whether it started it (the ask's own timeout comes here again), else the
     attempt is given up (``give_up``): the call moves on, or fails where moving it
     could run it twice."""
+    assert not (call.accepted or call.acked), "an accepted attempt taken for silent"
     if call.checked < 0:  # at a node when the bus went down (``cluster_down``)
         if call.checked == BUS_DOWN:  # still down: it waits, as it may be running
             router._deadlines.add(attempt, call.deadline)
@@ -158,6 +160,7 @@ def not_acked(router: Router, call: Call, provider: Peer, attempt: int, now: flo
 def give_up(router: Router, call: Call, attempt: int, msg: list[Any] | None, now: float) -> None:
     """End ``attempt`` (cancelled at its provider): the call ends with ``msg``, or with
     None moves to another provider."""
+    assert router._calls.get(attempt) is call, "an attempt given up twice"
     del router._calls[attempt]
     if call.provider is not None:
         router._took(call.provider, call)

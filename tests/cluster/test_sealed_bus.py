@@ -165,7 +165,9 @@ async def test_nodes_find_the_master_through_sentinel(tmp_path):
     """redis+sentinel://: the nodes ask a Sentinel for the master and route through it;
     when the master dies, the Sentinel promotes the replica and the nodes follow."""
     master = RedisServer().start()
-    replica = RedisServer(args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    # its own folder: a replica writes the master's snapshot where it runs
+    replica = RedisServer(args=["--replicaof", "127.0.0.1", str(master.port),
+                                "--dir", str(tmp_path)]).start()
     sentinel = RedisSentinel(master.port, directory=str(tmp_path)).start()
     url = f"redis+sentinel://127.0.0.1:{sentinel.port}/rpcbus"
     cluster = None

@@ -117,7 +117,7 @@ class DeepstreamSession(Session):
                     return
         except Exception:  # a bug here must cost one frame, never the node
             node.stats["internal_errors"] += 1
-            log.exception("frame_handling_failed", session=self.sid)
+            log.exception("frame_handling_failed", session=self.core.sid)
         self._pause_if_full()
 
     # -- out ---------------------------------------------------------------------------

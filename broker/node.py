@@ -454,7 +454,7 @@ class Node:
         # one line per client; connections that never logged in are counted (/stats) and
         # logged at debug only, so a flood of them cannot flood the log
         (log.info if core.authenticated else log.debug)(
-            "session_closed", session=session.sid, label=core.label,
+            "session_closed", session=core.sid, label=core.label,
             frames_in=session.frames_in, frames_out=session.frames_out,
             dropped_out=session.dropped_out)
 

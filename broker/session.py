@@ -52,9 +52,8 @@ class Session(ServerConnection):
         self.max_head = limits.max_handshake_bytes
         super().__init__()  # the connection's (ServerConnection's) init
         self.node = node
-        self.address = ""
+        # its id and the client's address are the rules' (``core.sid``, ``core.address``)
         self.core = SessionRules(node, node.new_session_id(), self)
-        self.sid = self.core.sid
         self.max_size = limits.max_frame_bytes
         self.close_timeout = node.config.server.close_timeout
         self.max_out_frame = limits.max_frame_bytes
@@ -75,17 +74,17 @@ class Session(ServerConnection):
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
-        self.address = self.core.address = peer[0] if peer else ""
+        self.core.address = peer[0] if peer else ""
         self.node.connections.add(self)
         self._counted = True
-        refusal = self.node.gate.opened(self.address)
+        refusal = self.node.gate.opened(self.core.address)
         if refusal is not None:
             status, text = refusal
             self._refuse_handshake(status, text)
             return
         self._auth_timer = self.loop.call_later(self.node.config.limits.auth_timeout,
                                                 self._auth_timeout)
-        hold = self.node.gate.hold_for(self.address)
+        hold = self.node.gate.hold_for(self.core.address)
         if hold:  # its address failed or flooded lately: read it later (Gate.hold_for)
             self.node.stats["connections_held"] += 1
             self._held = []
@@ -111,12 +110,12 @@ class Session(ServerConnection):
             lost = self.core.events_caught_up()
             if lost:
                 self.node.events.stats["lost"] += lost
-                self.node.warnings.warn("events_lost_slow_subscriber", session=self.sid,
-                                        address=self.address, lost=lost)
+                self.node.warnings.warn("events_lost_slow_subscriber", session=self.core.sid,
+                                        address=self.core.address, lost=lost)
 
     def _refuse_handshake(self, status: int, text: str) -> None:
         """Answer with HTTP ``status`` and close, whatever of the request has arrived."""
-        self.node.warnings.warn("connection_refused", address=self.address, status=status,
+        self.node.warnings.warn("connection_refused", address=self.core.address, status=status,
                                  reason=text)
         self.answer_and_close(status, text.encode() + b"\n")
 
@@ -157,8 +156,8 @@ class Session(ServerConnection):
         self._bytes_before_auth += n
         if self._bytes_before_auth > limits.max_bytes_before_auth:
             self.node.stats["closed_before_auth"] += 1
-            self.node.warnings.warn("closing_before_auth", session=self.sid,
-                                     address=self.address, received=self._bytes_before_auth)
+            self.node.warnings.warn("closing_before_auth", session=self.core.sid,
+                                     address=self.core.address, received=self._bytes_before_auth)
             self.fail_now(CloseCode.POLICY_VIOLATION, "too much data before AUTH")
             return False
         return True
@@ -184,10 +183,10 @@ class Session(ServerConnection):
         if self.transport.is_closing() or self._failed:
             return
         self.node.stats["closed_for_control_frames"] += 1
-        self.node.warnings.warn("closing_control_flood", session=self.sid,
-                                address=self.address, frames=frames)
+        self.node.warnings.warn("closing_control_flood", session=self.core.sid,
+                                address=self.core.address, frames=frames)
         if not self.core.authenticated:
-            self.node.gate.abused(self.address)
+            self.node.gate.abused(self.core.address)
         self.fail_now(CloseCode.POLICY_VIOLATION, reason)
         # a flooding peer is not read for the grace (its bytes would only be dropped): it
         # costs this process nothing more, and a peer that stops sending still closes
@@ -219,7 +218,7 @@ class Session(ServerConnection):
         gate = self.node.gate
         if self._counted:
             self._counted = False
-            gate.closed(self.address, self.core.authenticated)
+            gate.closed(self.core.address, self.core.authenticated)
         self.node.session_closed(self)
 
     # -- what the rules need -----------------------------------------------------------
@@ -239,7 +238,7 @@ class Session(ServerConnection):
         token stays valid by this host's wall clock (JWT ``exp`` is wall time)."""
         def checked(user: User | None, reason: str) -> None:
             done(user, reason, None if user is None else self.node.gate.seconds_left(user))
-        self.node.gate.login(params, checked, self.address, self._still_open)
+        self.node.gate.login(params, checked, self.core.address, self._still_open)
 
     def _still_open(self) -> bool:
         return not self.core.closed
@@ -252,7 +251,7 @@ class Session(ServerConnection):
     def _auth_timeout(self) -> None:
         self._auth_timer = None
         if not self.core.authenticated and not self.core.closed:
-            log.info("auth_timeout", session=self.sid)
+            log.info("auth_timeout", session=self.core.sid)
             self.fail_now(CloseCode.POLICY_VIOLATION, "no AUTH in time")
 
     def flush(self) -> None:
@@ -279,7 +278,7 @@ class Session(ServerConnection):
         sent that data hears why, at once, and every call keeps its one outcome."""
         self.dropped_out += 1
         kind = msg[0]
-        log.warning("unencodable_message", session=self.sid, kind=kind, error=str(exc),
+        log.warning("unencodable_message", session=self.core.sid, kind=kind, error=str(exc),
                     call_id=msg[1] if len(msg) > 1 else None)
         if kind == RESPONSE:  # a provider's answer to this client
             return [ERROR, msg[1], errors.PROVIDER_ERROR, "the response could not be encoded"]
@@ -299,7 +298,7 @@ class Session(ServerConnection):
 
     def on_slow_consumer(self) -> None:
         self.node.stats["slow_consumers"] += 1
-        log.warning("slow_consumer_closed", session=self.sid,
+        log.warning("slow_consumer_closed", session=self.core.sid,
                     buffered=self.transport.get_write_buffer_size())
         super().on_slow_consumer()
 
@@ -322,5 +321,5 @@ class Session(ServerConnection):
             self.core.handle(msgs, now, len(data))
         except Exception:  # a bug here must cost one frame, never the node
             self.node.stats["internal_errors"] += 1
-            log.exception("frame_handling_failed", session=self.sid)
+            log.exception("frame_handling_failed", session=self.core.sid)
         self._pause_if_full()

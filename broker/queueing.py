@@ -111,13 +111,7 @@ def enqueue(router: Router, call: Call, now: float) -> None:
             shed(router, call, queue)  # it would wait longer than it may
             return
     router.stats.waited += 1
-    router._seq = attempt = router._seq + 1
-    call.id = attempt
-    call.provider = None
-    call.accepted = call.acked = False
-    call.checked = 0.0
-    router._calls[attempt] = call
-    router._deadlines.add(attempt, call.deadline)
+    router._file_unsent(call)
     queue.push(call, now, made)
     assert call.queued == now and call.provider is None, "a waiting call held by a target"
 

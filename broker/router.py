@@ -614,6 +614,13 @@ class Router:
 
     def _park(self, call: Call) -> None:
         self.stats.parked += 1
+        self._file_unsent(call)
+        self._parked.setdefault(call.name, []).append(call)
+
+    def _file_unsent(self, call: Call) -> None:
+        """``call`` waits at no target (for discovery, or for a slot): it is in the call
+        table under an attempt id of its own, with its deadline filed, so a CANCEL, its
+        caller's leaving or its deadline finds it as any attempt's."""
         self._seq = attempt = self._seq + 1
         call.id = attempt
         call.provider = None
@@ -621,7 +628,6 @@ class Router:
         call.checked = 0.0
         self._calls[attempt] = call
         self._deadlines.add(attempt, call.deadline)
-        self._parked.setdefault(call.name, []).append(call)
 
     def _dispatch(self, call: Call, local: Sequence[Peer],
                   remote: Sequence[tuple[Peer, float]], now: float,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from rpcbus import errors
+from rpcbus.broker import queueing
 from rpcbus.broker.calls import ASKED_AGAIN, BUS_DOWN, Call
 from rpcbus.protocol import ACK_CHECK, CANCEL, ERROR
 from rpcbus.schema import Outcome
@@ -62,7 +63,7 @@ def drop_peer(router: Router, peer: Peer, now: float, acks_may_follow: bool = Fa
             router._retry(call, now)
     if peer.is_node and router._waiting:  # calls waiting for it go where they now can
         for name in list(router._waiting):
-            router._reroute_waiting(name)
+            queueing.reroute_waiting(router, name)
     assert not peer.calls and (acks_may_follow or all(
         c.provider is not peer for c in router._calls.values())), "a call left at a peer gone"
 
@@ -152,7 +153,7 @@ def hand_back(router: Router) -> int:
     """
     handed = 0
     for queue in router._waiting.values():
-        router._send_held(queue.release())
+        queueing.send_held(router, queue.release())
     waiting: dict[str, list[Call]] = {name: [entry[2] for entry in queue.heap]
                                       for name, queue in router._waiting.items()}
     router._waiting.clear()

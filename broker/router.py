@@ -193,7 +193,8 @@ class Router:
         self.new_batch: Callable[[], None] = self.draws.new_batch
 
     # -- rules kept beside this class: functions of the router in their own modules,
-    # bound here as its methods (one lookup, as a method of its own)
+    # bound here as its methods (one lookup, as a method of its own) where the node or
+    # this class calls them; those modules call each other's functions directly
 
     # streams (broker/streams.py): a call answered in parts, within its caller's credit
     part = streams.part
@@ -207,12 +208,9 @@ class Router:
     # admission (broker/queueing.py): each target's pace, calls waiting for a slot, shedding
     admission = queueing.admission
     _pace = queueing.new_pace
-    _check_probes = queueing.check_probes
     _free = queueing.free
-    _pace_new_nodes = queueing.pace_new_nodes
     _enqueue = queueing.enqueue
     _release = queueing.release
-    _send_held = queueing.send_held
     _reroute_waiting = queueing.reroute_waiting
     # the deadline sweep (broker/sweep.py): ack timeouts, response timeouts, waiting calls
     tick = sweep.tick
@@ -886,7 +884,7 @@ class Router:
                   held: deque[tuple[float, Any, list[Any]]] | None = None,
                   due: float = 0.0) -> None:
         """The call's one outcome; the call must already be out of every table. With
-        ``held``, its reply goes there, to be sent at ``due`` (``_send_held``)."""
+        ``held``, its reply goes there, to be sent at ``due`` (broker/queueing.py ``send_held``)."""
         if not call.local_only:  # a call of this node's own caller (an INVOKE is the origin's)
             answered = msg[0] == RESPONSE
             if answered:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rpcbus import errors
+from rpcbus.broker import queueing
 from rpcbus.broker.calls import BUS_DOWN, Call
 from rpcbus.broker.discovery import HALF
 from rpcbus.broker.figures import RATE_SAMPLE, failed_at
@@ -31,17 +32,17 @@ def tick(router: Router, now: float) -> None:
     router._held.tick(now)
     figures = router.figures
     if router._probing and now >= figures.sampled + RATE_SAMPLE:
-        router._check_probes()
+        queueing.check_probes(router)
     if router._waiting:  # slots are handed over as they free; the sweep makes sure
         interval = router.queue_interval
         for queue in router._waiting.values():
             if queue.outpaced or queue.probing or queue.stood_outpaced or queue.held:
-                router._send_held(queue.probe(now, interval))
+                queueing.send_held(router, queue.probe(now, interval))
         if router.cluster is not None:
-            router._pace_new_nodes(now)
+            queueing.pace_new_nodes(router, now)
         for peer in list(router._paced):
             if peer.pace is not None and peer.load < peer.pace.limit:
-                router._release(peer, now)
+                queueing.release(router, peer, now)
     if now >= figures.rotated + HALF:  # each provider's last minute moves on (discovery)
         figures.rotate(now)
     if now >= figures.sampled + RATE_SAMPLE and router.local_first:
